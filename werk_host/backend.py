@@ -1,0 +1,176 @@
+"""Types that cross the plugin boundary between the host and a backend adapter.
+
+The host never interprets backend state: a prefilled state is an opaque ``handle``
+plus an opaque byte snapshot the host stores and streams back verbatim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Protocol, runtime_checkable
+
+from werk_host.protocol.base import CapabilityStatus, Tier
+from werk_host.protocol.pd import MessagesInput, TextInput
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """A live backend adapter instance.
+
+    ``instance_id`` names this adapter (e.g. ``llamacpp:my-model``); ``backend`` is the
+    backend id reported as ``active_backend``; ``plugin_name`` is the name its plugin
+    was registered under, which the host uses to dispatch operation hooks to the owner.
+    """
+
+    instance_id: str
+    backend: str
+    plugin_name: str
+
+    def identity(self) -> str:
+        """The exact adapter/process identity; changes whenever the backend process changes.
+
+        Handoffs are bound to it: a handoff issued under another identity is expired."""
+
+    def close(self) -> None:
+        """Release every process and resource the adapter owns. Idempotent."""
+
+
+@dataclass(frozen=True)
+class CapabilityReport:
+    """A backend's evidence-based status for one capability id.
+
+    ``probe_on_use`` may accompany ``unavailable`` when the deciding evidence is a functional
+    probe that an explicitly opted-in request runs (llama.cpp before its first prefill): the
+    host then lets opted-in requests through to the adapter, which probes and fails closed.
+    """
+
+    status: CapabilityStatus
+    detail: str
+    operations: tuple[str, ...] | None = None
+    probe_on_use: bool = False
+
+
+@dataclass(frozen=True)
+class AdapterFactory:
+    """Offered by a plugin through ``werk_adapter_factories``.
+
+    ``accepts(model)`` says whether this backend can serve a model manifest (``None``
+    means no model was selected); ``create(config, model)`` builds the adapter.
+    """
+
+    backend: str
+    plugin_name: str
+    accepts: Callable[[Any | None], bool]
+    create: Callable[[Any, Any | None], Adapter]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    """What the host asks a backend to prefill. ``model_id`` is the installed model name."""
+
+    model_id: str
+    input: TextInput | MessagesInput
+    want_snapshot: bool
+
+
+@dataclass
+class PrefilledState:
+    """A backend's prefilled state.
+
+    ``handle`` is opaque to the host. ``envelope`` is the complete producer compatibility
+    envelope (every dimension a string). ``snapshot_capable`` says whether ``werk_snapshot``
+    can produce a disk-persistable snapshot of this state. ``volatile_tier`` is the live tier
+    the backend can retain the state in as a named volatile state, or ``None``.
+    """
+
+    handle: Any
+    prompt_tokens: int
+    envelope: dict[str, str]
+    snapshot_capable: bool
+    volatile_tier: Tier | None = None
+    bytes: int | None = None
+    adapter_meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An opaque snapshot: ``chunks`` yields bounded byte chunks; ``close`` frees temp files."""
+
+    chunks: Iterable[bytes]
+    size: int | None
+    close: Callable[[], None]
+    adapter_meta: dict[str, Any] = field(default_factory=dict)
+
+
+#: Opens the verified opaque payload of a stored state (integrity checked before yielding).
+PayloadOpener = Callable[[], AbstractContextManager[BinaryIO]]
+
+
+@dataclass(frozen=True)
+class StoredStateRef:
+    """A stored state the backend may need to restore before decoding."""
+
+    state_id: str
+    envelope: dict[str, str]
+    prompt_tokens: int | None
+    bytes: int | None
+    adapter_meta: dict[str, Any]
+    open_payload: PayloadOpener
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """Decode from a handed-off state: a live ``handle`` when the backend still holds one,
+    else ``stored`` to restore from (a backend restores only from the verified payload)."""
+
+    handle: Any | None
+    stored: StoredStateRef | None
+    options: DecodeOptions
+
+
+@dataclass
+class DecodeOutput:
+    text: str
+    completion_tokens: int
+    finish_reason: str
+    next_state: PrefilledState | None = None
+
+
+@dataclass(frozen=True)
+class MoveWork:
+    state: StoredStateRef
+    action: str
+    target_tier: Tier | None
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class MoveOutput:
+    tier: Tier
+    changed: bool
+    delete_stored: bool = False
+
+
+@dataclass
+class InferenceResponse:
+    """A proxied inference response: status, headers and a streamed body.
+
+    ``body`` yields raw bytes as they arrive; ``close`` cancels the upstream request.
+    """
+
+    status: int
+    headers: dict[str, str]
+    body: Iterator[bytes]
+    close: Callable[[], None]

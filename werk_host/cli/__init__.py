@@ -1,0 +1,185 @@
+"""The ``werk`` command: serve, plugins, models, cache and runtime sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from werk_host import __version__
+from werk_host.config import HostConfig, PersistenceDefaults
+from werk_host.errors import WerkError
+from werk_host.models import ModelManifest, ModelRegistry, parse_param
+from werk_host.paths import werk_home
+from werk_host.protocol import MAX_TTL_SECONDS, PersistenceMode, ReusePolicy
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+# -- serve -------------------------------------------------------------------------------
+def _ttl(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_TTL_SECONDS:
+        raise argparse.ArgumentTypeError(f"TTL must be 1..{MAX_TTL_SECONDS}")
+    return value
+
+
+def collect_api_keys(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str, ...]:
+    keys: list[str] = list(args.api_key or [])
+    keys += [k.strip() for k in environ.get("WERK_API_KEYS", "").split(",") if k.strip()]
+    if args.api_key_file:
+        from werk_host.service.principals import read_key_file
+
+        keys += read_key_file(Path(args.api_key_file))
+    return tuple(dict.fromkeys(keys))
+
+
+def persistence_defaults(args: argparse.Namespace) -> PersistenceDefaults | None:
+    granular = (args.persistence_mode, args.persistence_reuse, args.persistence_ttl_seconds)
+    if not (args.persistence or args.persistence_pin or any(v is not None for v in granular)):
+        return None
+    return PersistenceDefaults(
+        mode=PersistenceMode(args.persistence_mode or "auto"),
+        reuse=ReusePolicy(args.persistence_reuse or "prefer"),
+        ttl_seconds=args.persistence_ttl_seconds,
+        pin=bool(args.persistence_pin),
+    )
+
+
+def _backend_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    options: dict[str, dict[str, Any]] = {}
+    for item in args.backend_option or []:
+        plugin, _, rest = item.partition(".")
+        key, value = parse_param(rest)
+        options.setdefault(plugin, {})[key] = value
+    return options
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from werk_host.server import configure_logging, serve
+
+    keys = collect_api_keys(args, dict(os.environ))
+    configure_logging(args.log_level, keys)
+    config = HostConfig(
+        home=werk_home(args.home),
+        api_keys=keys,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        model=args.model,
+        persistence=persistence_defaults(args),
+        backend_options=_backend_options(args),
+    )
+    return serve(config)
+
+
+def add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve Werk Protocol 1.0 and /v1")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=11434)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--api-key", action="append", help="accepted API key (repeatable)")
+    p.add_argument("--api-key-file", help="file with one API key per line")
+    p.add_argument("--model", help="model manifest NAME or a model file PATH")
+    p.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
+    p.add_argument("--persistence", action="store_true", help="server-side Prefill defaults (auto/prefer)")
+    p.add_argument("--persistence-mode", choices=[m.value for m in PersistenceMode])
+    p.add_argument("--persistence-reuse", choices=[r.value for r in ReusePolicy])
+    p.add_argument("--persistence-ttl-seconds", type=_ttl)
+    p.add_argument("--persistence-pin", action="store_true")
+    p.add_argument(
+        "--backend-option",
+        action="append",
+        metavar="PLUGIN.KEY=VALUE",
+        help="backend setting, e.g. llamacpp.llama_server=/path/to/llama-server",
+    )
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(handler=cmd_serve)
+
+
+# -- plugins -----------------------------------------------------------------------------
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from werk_host.plugins import PluginHost
+
+    host = PluginHost()
+    host.load_entry_points()
+    print_json(host.inventory())
+    return 0
+
+
+# -- models ------------------------------------------------------------------------------
+def cmd_models_add(args: argparse.Namespace) -> int:
+    params = dict(parse_param(p) for p in args.param or [])
+    manifest = ModelManifest.from_paths(args.name, [Path(args.path)], backend=args.backend, params=params)
+    ModelRegistry(werk_home(args.home)).add(manifest)
+    print_json({**manifest.as_dict(), "identity": manifest.identity})
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    print_json([{**m.as_dict(), "identity": m.identity} for m in ModelRegistry(werk_home(args.home)).list()])
+    return 0
+
+
+def cmd_models_rm(args: argparse.Namespace) -> int:
+    removed = ModelRegistry(werk_home(args.home)).remove(args.name)
+    print_json({"name": args.name, "removed": removed})
+    return 0 if removed else 1
+
+
+def add_models(sub: Any) -> None:
+    p = sub.add_parser("models", help="manage model manifests")
+    msub = p.add_subparsers(dest="models_command", required=True)
+    add = msub.add_parser("add", help="register a model file under NAME")
+    add.add_argument("name")
+    add.add_argument("path")
+    add.add_argument("--backend")
+    add.add_argument("--param", action="append", metavar="KEY=VALUE")
+    add.set_defaults(handler=cmd_models_add)
+    msub.add_parser("list", help="list manifests").set_defaults(handler=cmd_models_list)
+    rm = msub.add_parser("rm", help="remove a manifest (not the model file)")
+    rm.add_argument("name")
+    rm.set_defaults(handler=cmd_models_rm)
+    for parser in (add, rm, msub.choices["list"]):
+        parser.add_argument("--home", help="WERK_HOME")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="werk", description="Werk host")
+    parser.add_argument("--version", action="version", version=f"werk-host {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve(sub)
+    sub.add_parser("plugins", help="list discovered plugins").set_defaults(handler=cmd_plugins)
+    add_models(sub)
+    for module in ("werk_host.cli.cache", "werk_host.cli.runtime"):
+        try:
+            mod = __import__(module, fromlist=["register"])
+        except ImportError:
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except WerkError as err:
+        print(json.dumps({"error": {"code": err.code.value, "message": err.message}}), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""``werk cache list`` and ``werk cache purge <ID> | --all [--dry-run]``.
+
+Both work on ``WERK_HOME/runtime-state/v1`` through :class:`werk_host.store.StateStore`,
+so a purge takes the same process mutex and ``.lock`` advisory lock as a running server
+and is safe while one runs. ``list`` is strictly read-only. Purge skips pinned states and
+active ones (a payload currently open for use by any process). Output is JSON on stdout;
+errors are JSON on stderr with a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from werk_host.errors import WerkError, invalid, not_found
+from werk_host.paths import werk_home
+from werk_host.store import StateStore, runtime_state_root
+
+
+def _store(args: argparse.Namespace) -> StateStore:
+    return StateStore(runtime_state_root(werk_home(getattr(args, "home", None))))
+
+
+def _emit(value: Any, out: TextIO) -> None:
+    out.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def _fail(err: WerkError, err_out: TextIO) -> int:
+    err_out.write(json.dumps({"error": {"code": err.code.value, "message": err.public_message()}}) + "\n")
+    return 2 if err.code.value == "invalid_request" else 1
+
+
+def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """Print the runtime-state inventory (read-only: creates and changes nothing)."""
+    out = out or sys.stdout
+    entries = _store(args).inventory()
+    states = [e for e in entries if e.kind == "state"]
+    _emit(
+        {
+            "runtime_states": [e.to_json() for e in entries],
+            "totals": {
+                "entries": len(entries),
+                "states": len(states),
+                "pinned": sum(1 for e in states if e.pinned),
+                "active": sum(1 for e in entries if e.active),
+                "expired": sum(1 for e in states if e.expired),
+                "invalid": sum(1 for e in states if e.invalid),
+                "quarantined": sum(1 for e in entries if e.kind == "quarantine"),
+                "disk_bytes": sum(e.disk_bytes or 0 for e in entries),
+            },
+        },
+        out,
+    )
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Remove one entry or everything removable; pinned and active entries are skipped."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    cache_id: str | None = args.id
+    purge_all = bool(args.purge_all)
+    try:
+        if (cache_id is None) == (not purge_all):
+            raise invalid("give exactly one of <ID> or --all")
+        outcome = _store(args).purge(
+            ids=[cache_id] if cache_id is not None else None,
+            all=purge_all,
+            dry_run=bool(args.dry_run),
+        )
+        if cache_id is not None and outcome.matched == 0:
+            raise not_found("no runtime-state cache entry with that id")
+    except WerkError as exc:
+        return _fail(exc, err)
+    _emit(outcome.to_json(), out)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``cache`` command group (``list``, ``purge``) to the ``werk`` parser."""
+    cache = subparsers.add_parser("cache", help="inspect and clean local runtime-state storage")
+    sub = cache.add_subparsers(dest="cache_command", required=True)
+    lst = sub.add_parser("list", help="inventory runtime states with sizes, pinned and active marks")
+    lst.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
+    lst.set_defaults(handler=cmd_list)
+    purge = sub.add_parser("purge", help="remove a runtime state (or --all), skipping pinned/active")
+    purge.add_argument("id", nargs="?", metavar="ID", help="state id or quarantine entry from `cache list`")
+    purge.add_argument("--all", dest="purge_all", action="store_true", help="everything removable")
+    purge.add_argument("--dry-run", action="store_true", help="preview only; changes nothing")
+    purge.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
+    purge.set_defaults(handler=cmd_purge)

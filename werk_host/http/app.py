@@ -1,0 +1,95 @@
+"""The Falcon WSGI application: ``create_app`` wires middleware, routes and error mapping."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import falcon
+
+from werk_host.control import WerkControl
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.http import openai
+from werk_host.http.errors import error_body, from_falcon, status_for
+from werk_host.http.middleware import (
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    BodyTooLarge,
+    NegotiationMiddleware,
+    RequestIdMiddleware,
+    is_openai_path,
+    protocol_headers,
+)
+from werk_host.http.resources import ROUTES, OpenApiResource
+from werk_host.openapi import build_openapi
+from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from werk_host.service.principals import Authenticator
+
+log = logging.getLogger("werk_host.http")
+
+
+def _render_error(req: falcon.Request, resp: falcon.Response, error: WerkError) -> None:
+    request_id = getattr(req.context, "request_id", None) or "req_unknown"
+    status = status_for(error, body_limit=isinstance(error, BodyTooLarge))
+    if is_openai_path(req.path):
+        openai.render_error(resp, status, error)
+        return
+    resp.status = status
+    protocol_headers(resp, request_id)
+    if error.code is ErrorCode.UNAUTHORIZED:
+        resp.set_header("WWW-Authenticate", "Bearer")
+    resp.text = json.dumps(
+        {
+            "protocol": {"major": PROTOCOL_MAJOR, "minor": PROTOCOL_MINOR},
+            "request_id": request_id,
+            "error": error_body(error),
+        },
+        separators=(",", ":"),
+    )
+
+
+def _handle_werk_error(req: falcon.Request, resp: falcon.Response, ex: WerkError, params: dict[str, Any]) -> None:
+    if ex.code in (ErrorCode.INTERNAL, ErrorCode.CORRUPT_STATE):
+        log.error("request %s failed: %s: %s", getattr(req.context, "request_id", "?"), ex.code.value, ex.message)
+    _render_error(req, resp, ex)
+
+
+def _handle_http_error(
+    req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: dict[str, Any]
+) -> None:
+    error = from_falcon(ex)
+    _render_error(req, resp, error)
+    if ex.status_code == 405:
+        resp.status = 405
+        allowed = (ex.headers or {}).get("Allow")
+        if allowed:
+            resp.set_header("Allow", allowed)
+
+
+def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:
+    if isinstance(ex, falcon.HTTPError):
+        _handle_http_error(req, resp, ex, params)
+        return
+    log.exception("request %s raised an unexpected error", getattr(req.context, "request_id", "?"))
+    _render_error(req, resp, WerkError(ErrorCode.INTERNAL, "internal error"))
+
+
+def create_app(control: WerkControl, auth: Authenticator, *, inference: Any | None = None) -> falcon.App:
+    """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given)."""
+    app = falcon.App(
+        middleware=[RequestIdMiddleware(), AuthMiddleware(auth), NegotiationMiddleware(), BodyLimitMiddleware()],
+    )
+    app.req_options.auto_parse_qs_csv = False
+    app.req_options.keep_blank_qs_values = True
+    app.resp_options.default_media_type = "application/json"
+    for path, resource_class in ROUTES:
+        app.add_route(path, resource_class(control))
+    app.add_route("/werk/v1/openapi.json", OpenApiResource(build_openapi()))
+    if inference is not None:
+        openai.add_routes(app, inference)
+    # Registration order matters: Falcon picks the most specific handler class.
+    app.add_error_handler(Exception, _handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, _handle_http_error)
+    app.add_error_handler(WerkError, _handle_werk_error)
+    return app

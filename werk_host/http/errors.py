@@ -1,0 +1,72 @@
+"""The one mapping from typed errors to HTTP: status codes and the protocol error envelope."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import falcon
+from pydantic import ValidationError
+
+from werk_host.errors import ErrorCode, WerkError
+
+log = logging.getLogger("werk_host.http")
+
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.INCOMPATIBLE_PROTOCOL: 406,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.INCOMPATIBLE_STATE: 409,
+    ErrorCode.EXPIRED_HANDOFF: 410,
+    ErrorCode.EXPERIMENTAL_OPT_IN_REQUIRED: 428,
+    ErrorCode.RESOURCE_EXHAUSTED: 429,
+    ErrorCode.UNSUPPORTED: 501,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.CORRUPT_STATE: 500,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+def validation_message(err: ValidationError) -> str:
+    """A useful message naming each failing field, never echoing submitted values."""
+    parts = []
+    for item in err.errors(include_input=False, include_url=False)[:5]:
+        loc = ".".join(str(p) for p in item.get("loc", ()) if p not in ("function-after",)) or "body"
+        parts.append(f"{loc}: {item.get('msg', 'invalid')}")
+    more = len(err.errors()) - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def error_body(error: WerkError) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "code": error.code.value,
+        "message": error.public_message(),
+        "retryable": error.retryable,
+    }
+    details = error.public_details()
+    if details:
+        body["details"] = details
+    return body
+
+
+def status_for(error: WerkError, *, body_limit: bool = False) -> int:
+    if body_limit:
+        return 413
+    return STATUS[error.code]
+
+
+def from_falcon(err: falcon.HTTPError) -> WerkError:
+    """Translate framework errors (404, 405, ...) into protocol errors."""
+    status = err.status_code
+    if status == 404:
+        return WerkError(ErrorCode.NOT_FOUND, "no such route")
+    if status == 405:
+        return WerkError(ErrorCode.INVALID_REQUEST, "method not allowed on this route")
+    if status == 413:
+        return WerkError(ErrorCode.RESOURCE_EXHAUSTED, "request body exceeds the limit", retryable=False)
+    if status in (400, 411, 415, 422):
+        return WerkError(ErrorCode.INVALID_REQUEST, str(err.title or "invalid request"))
+    return WerkError(ErrorCode.INTERNAL, "internal error")

@@ -1,0 +1,78 @@
+"""Request parsing and envelope rendering shared by every protocol resource."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import falcon
+from pydantic import BaseModel, ValidationError
+
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.http.errors import validation_message
+from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from werk_host.service.principals import Principal
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def json_body(req: falcon.Request) -> Any:
+    raw: bytes = req.context.body
+    if not raw:
+        raise WerkError(ErrorCode.INVALID_REQUEST, "a JSON request body is required")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, f"malformed JSON: {err.msg} at position {err.pos}") from err
+    except UnicodeDecodeError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, "malformed JSON: the body is not valid UTF-8") from err
+
+
+def parse_body(req: falcon.Request, model: type[M]) -> M:
+    payload = json_body(req)
+    if not isinstance(payload, dict):
+        raise WerkError(ErrorCode.INVALID_REQUEST, "the request body must be a JSON object")
+    try:
+        return model.model_validate(payload)
+    except ValidationError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+
+
+def parse_query(req: falcon.Request, model: type[M], *, booleans: tuple[str, ...] = ()) -> M:
+    params: dict[str, Any] = {}
+    for name, value in req.params.items():
+        if isinstance(value, list):
+            raise WerkError(ErrorCode.INVALID_REQUEST, f"query parameter {name} given more than once")
+        if name in booleans:
+            if value not in ("true", "false"):
+                raise WerkError(ErrorCode.INVALID_REQUEST, f"{name} must be true or false")
+            params[name] = value == "true"
+        else:
+            params[name] = value
+    try:
+        return model.model_validate(params)
+    except ValidationError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+
+
+def principal(req: falcon.Request) -> Principal:
+    found: Principal = req.context.principal
+    return found
+
+
+def render_data(req: falcon.Request, resp: falcon.Response, data: Any, status: int = 200) -> None:
+    if isinstance(data, BaseModel):
+        payload: Any = data.model_dump(mode="json")
+    elif isinstance(data, list):
+        payload = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
+    else:
+        payload = data
+    resp.status = status
+    resp.text = json.dumps(
+        {
+            "protocol": {"major": PROTOCOL_MAJOR, "minor": PROTOCOL_MINOR},
+            "request_id": req.context.request_id,
+            "data": payload,
+        },
+        separators=(",", ":"),
+    )

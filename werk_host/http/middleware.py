@@ -1,0 +1,160 @@
+"""Request-scoped middleware: request id, authentication, negotiation and the body bound.
+
+Order per request: request id → authentication (401) → protocol negotiation for
+``/werk/v1`` (406) → body bound on POST (413) → resource.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import falcon
+
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_MINOR, PROTOCOL_VERSION
+from werk_host.service.principals import Authenticator
+
+PROTOCOL_PREFIX = "/werk/v1"
+OPENAI_PREFIX = "/v1"
+
+
+def is_protocol_path(path: str) -> bool:
+    return path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
+
+
+def is_openai_path(path: str) -> bool:
+    return path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/")
+
+
+class BodyTooLarge(WerkError):
+    """The fixed 1 MiB HTTP body limit (413, code ``resource_exhausted``)."""
+
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.RESOURCE_EXHAUSTED, "request body exceeds 1 MiB", retryable=False)
+
+
+def protocol_headers(resp: falcon.Response, request_id: str) -> None:
+    resp.set_header("X-Werk-Request-Id", request_id)
+    resp.set_header("X-Werk-Protocol-Version", PROTOCOL_VERSION)
+    resp.set_header("Cache-Control", "no-store")
+    resp.set_header("Vary", "accept")
+    resp.set_header("X-Content-Type-Options", "nosniff")
+    resp.content_type = "application/json"
+
+
+class RequestIdMiddleware:
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.request_id = "req_" + secrets.token_urlsafe(12)
+
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource: Any, ok: bool) -> None:
+        if is_protocol_path(req.path):
+            protocol_headers(resp, req.context.request_id)
+
+
+def presented_key(req: falcon.Request) -> str | None:
+    auth = req.get_header("Authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    api_key = req.get_header("X-API-Key")
+    return api_key.strip() if api_key else None
+
+
+class AuthMiddleware:
+    def __init__(self, auth: Authenticator) -> None:
+        self._auth = auth
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not (is_protocol_path(req.path) or is_openai_path(req.path)):
+            return
+        principal = self._auth.authenticate(presented_key(req))
+        if principal is None:
+            raise WerkError(ErrorCode.UNAUTHORIZED, "missing or invalid API key")
+        req.context.principal = principal
+
+
+def _media_quality(accept: str) -> float:
+    """Quality the Accept header gives ``application/json`` (most specific range wins)."""
+    best: tuple[int, float] | None = None
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        media = fields[0].lower()
+        if not media:
+            continue
+        quality = 1.0
+        for param in fields[1:]:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value.strip())
+                except ValueError:
+                    quality = 0.0
+                if not 0.0 <= quality <= 1.0:
+                    quality = 0.0
+        specificity = {"application/json": 3, "application/*": 2, "*/*": 1}.get(media)
+        if specificity is None:
+            continue
+        if best is None or specificity > best[0]:
+            best = (specificity, quality)
+    return best[1] if best else 0.0
+
+
+def accept_allows_json(accept: str | None) -> bool:
+    return accept is None or _media_quality(accept) > 0.0
+
+
+def versions_consumable(header: str | None) -> bool:
+    """Every listed ``MAJOR.MINOR`` must consume 1.0 (same major, minor >= 0)."""
+    if header is None:
+        return True
+    values = [v.strip() for v in header.split(",")]
+    if not values or any(not v for v in values):
+        return False
+    for value in values:
+        major, dot, minor = value.partition(".")
+        if not dot or not major.isdigit() or not minor.isdigit():
+            return False
+        if int(major) != PROTOCOL_MAJOR or int(minor) < PROTOCOL_MINOR:
+            return False
+    return True
+
+
+class NegotiationMiddleware:
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not is_protocol_path(req.path):
+            return
+        if not accept_allows_json(req.get_header("Accept")):
+            raise WerkError(ErrorCode.INCOMPATIBLE_PROTOCOL, "Accept must allow application/json")
+        if not versions_consumable(req.get_header("X-Werk-Protocol-Version")):
+            raise WerkError(
+                ErrorCode.INCOMPATIBLE_PROTOCOL,
+                f"this server speaks Werk Protocol {PROTOCOL_VERSION}; the requested version cannot consume it",
+            )
+
+
+class BodyLimitMiddleware:
+    """Reads every POST body up to 1 MiB into ``req.context.body`` (chunked bodies too)."""
+
+    def __init__(self, limit: int = MAX_REQUEST_BYTES) -> None:
+        self._limit = limit
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.body = b""
+        if req.method not in ("POST", "PUT", "PATCH"):
+            return
+        length = req.content_length
+        if length is not None and length > self._limit:
+            raise BodyTooLarge()
+        if length is None:
+            # Chunked (or unframed) body: waitress marks a de-chunked, terminated input.
+            if not req.env.get("wsgi.input_terminated"):
+                req.context.body = b""
+                return
+            data = req.stream.read(self._limit + 1)
+        else:
+            data = req.bounded_stream.read(self._limit + 1)
+        if len(data) > self._limit:
+            raise BodyTooLarge()
+        req.context.body = data

@@ -1,0 +1,97 @@
+"""OpenAI-compatible ``/v1`` routes. Errors use OpenAI's error shape, not the Werk envelope."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import falcon
+
+from werk_host.backend import InferenceResponse
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.http.io import json_body, principal
+from werk_host.service.principals import Principal
+
+_TYPES = {
+    ErrorCode.INVALID_REQUEST: "invalid_request_error",
+    ErrorCode.UNAUTHORIZED: "authentication_error",
+    ErrorCode.NOT_FOUND: "not_found_error",
+    ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
+}
+
+
+class InferenceControl(Protocol):
+    def chat_completion(self, principal: Principal, body: dict[str, Any]) -> InferenceResponse: ...
+    def text_completion(self, principal: Principal, body: dict[str, Any]) -> InferenceResponse: ...
+    def list_models(self, principal: Principal) -> list[dict[str, Any]]: ...
+
+
+def render_error(resp: falcon.Response, status: int, error: WerkError) -> None:
+    resp.status = status
+    resp.content_type = "application/json"
+    if error.code is ErrorCode.UNAUTHORIZED:
+        resp.set_header("WWW-Authenticate", "Bearer")
+    code = error.details.get("openai_code") if error.details else None
+    resp.text = json.dumps(
+        {
+            "error": {
+                "message": error.public_message(),
+                "type": _TYPES.get(error.code, "server_error" if status >= 500 else "invalid_request_error"),
+                "param": None,
+                "code": code or error.code.value,
+            }
+        }
+    )
+
+
+def _object_body(req: falcon.Request) -> dict[str, Any]:
+    body = json_body(req)
+    if not isinstance(body, dict):
+        raise WerkError(ErrorCode.INVALID_REQUEST, "the request body must be a JSON object")
+    return body
+
+
+def _stream(response: InferenceResponse) -> Iterator[bytes]:
+    try:
+        yield from response.body
+    finally:
+        response.close()  # also runs when the client disconnects and the server closes us
+
+
+def _relay(resp: falcon.Response, response: InferenceResponse) -> None:
+    resp.status = response.status
+    for name, value in response.headers.items():
+        resp.set_header(name, value)
+    resp.stream = _stream(response)
+
+
+class ChatCompletions:
+    def __init__(self, inference: InferenceControl) -> None:
+        self.inference = inference
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _relay(resp, self.inference.chat_completion(principal(req), _object_body(req)))
+
+
+class Completions:
+    def __init__(self, inference: InferenceControl) -> None:
+        self.inference = inference
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _relay(resp, self.inference.text_completion(principal(req), _object_body(req)))
+
+
+class Models:
+    def __init__(self, inference: InferenceControl) -> None:
+        self.inference = inference
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = "application/json"
+        resp.text = json.dumps({"object": "list", "data": self.inference.list_models(principal(req))})
+
+
+def add_routes(app: falcon.App, inference: InferenceControl) -> None:
+    app.add_route("/v1/chat/completions", ChatCompletions(inference))
+    app.add_route("/v1/completions", Completions(inference))
+    app.add_route("/v1/models", Models(inference))

@@ -1,0 +1,157 @@
+"""``/werk/v1`` resources: thin adapters from HTTP to :class:`WerkControl` operations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+from pydantic import Field
+
+from werk_host.control import WerkControl
+from werk_host.http.io import parse_body, parse_query, principal, render_data
+from werk_host.protocol import (
+    DEFAULT_OUTPUT_TOKENS,
+    ChatRequest,
+    DecodeRequest,
+    ExpertActionRequest,
+    ExpertListQuery,
+    PrefillRequest,
+    PruneRequest,
+    StateActionRequest,
+    StateListQuery,
+    StrictModel,
+)
+
+
+class _Resource:
+    def __init__(self, control: WerkControl) -> None:
+        self.control = control
+
+
+class InfoResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        render_data(req, resp, self.control.info(principal(req)))
+
+
+class CapabilitiesResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        render_data(req, resp, self.control.capabilities(principal(req)))
+
+
+class MemoryResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        render_data(req, resp, self.control.memory(principal(req)))
+
+
+class ObservabilityResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        render_data(req, resp, self.control.observability(principal(req)))
+
+
+class StatesResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        query = parse_query(req, StateListQuery)
+        render_data(req, resp, self.control.list_states(principal(req), query))
+
+
+class StateActionsResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response, state_id: str) -> None:
+        request = parse_body(req, StateActionRequest)
+        render_data(req, resp, self.control.state_action(principal(req), state_id, request))
+
+
+class PruneResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, PruneRequest)
+        render_data(req, resp, self.control.prune_states(principal(req), request))
+
+
+class ExpertsResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        query = parse_query(req, ExpertListQuery, booleans=("allow_experimental",))
+        render_data(req, resp, self.control.list_experts(principal(req), query))
+
+
+class ExpertActionsResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, ExpertActionRequest)
+        render_data(req, resp, self.control.expert_action(principal(req), request))
+
+
+class PrefillResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, PrefillRequest)
+        render_data(req, resp, self.control.prefill(principal(req), request))
+
+
+class DecodeResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, DecodeRequest)
+        render_data(req, resp, self.control.decode(principal(req), request))
+
+
+class CountTokensResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, ChatRequest)
+        render_data(req, resp, self.control.count_tokens(principal(req), request))
+
+
+class AdmissionResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, ChatRequest)
+        render_data(req, resp, self.control.admission(principal(req), request))
+
+
+class ModelQuery(StrictModel):
+    model: str | None = Field(None, min_length=1, max_length=256)
+
+
+class ReasoningQuery(StrictModel):
+    model: str | None = Field(None, min_length=1, max_length=256)
+    max_output_tokens: int = Field(DEFAULT_OUTPUT_TOKENS, ge=1, le=1 << 24)
+
+
+class LimitsResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        query = parse_query(req, ModelQuery)
+        render_data(req, resp, self.control.chat_limits(principal(req), query.model))
+
+
+class ReasoningResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        query = parse_query(req, ReasoningQuery)
+        render_data(req, resp, self.control.reasoning(principal(req), query.model, query.max_output_tokens))
+
+
+class DeploymentsResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        render_data(req, resp, self.control.deployments(principal(req)))
+
+
+class OpenApiResource:
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        render_data(req, resp, self.document)
+
+
+#: (path, resource class) for every ``/werk/v1`` route.
+ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
+    ("/werk/v1/info", InfoResource),
+    ("/werk/v1/capabilities", CapabilitiesResource),
+    ("/werk/v1/memory", MemoryResource),
+    ("/werk/v1/observability", ObservabilityResource),
+    ("/werk/v1/chat/count_tokens", CountTokensResource),
+    ("/werk/v1/chat/admission", AdmissionResource),
+    ("/werk/v1/chat/reasoning", ReasoningResource),
+    ("/werk/v1/chat/limits", LimitsResource),
+    ("/werk/v1/states", StatesResource),
+    ("/werk/v1/states/prune", PruneResource),
+    ("/werk/v1/states/{state_id}/actions", StateActionsResource),
+    ("/werk/v1/experts", ExpertsResource),
+    ("/werk/v1/experts/actions", ExpertActionsResource),
+    ("/werk/v1/prefill", PrefillResource),
+    ("/werk/v1/decode", DecodeResource),
+    ("/werk/v1/deployments", DeploymentsResource),
+)

@@ -1,0 +1,149 @@
+"""OpenAPI 3.1 document for ``/werk/v1``, generated from the protocol DTOs.
+
+``python -m werk_host.openapi > docs/openapi.json`` regenerates the committed copy; a test
+fails when the committed file is stale.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
+from pydantic.json_schema import models_json_schema
+
+from werk_host import protocol as p
+from werk_host.http.resources import ModelQuery, ReasoningQuery
+
+REF = "#/components/schemas/{model}"
+
+# (method, path, summary, request body model, query model, data model or list-of model)
+_OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None, Any]] = [
+    ("get", "/werk/v1/info", "Runtime info and limits", None, None, p.RuntimeInfo),
+    ("get", "/werk/v1/capabilities", "Capability array", None, None, list[p.Capability]),
+    ("get", "/werk/v1/memory", "Memory telemetry and accounting", None, None, p.MemoryReport),
+    ("get", "/werk/v1/observability", "Chat, worker and memory observations", None, None, p.Observability),
+    ("post", "/werk/v1/chat/count_tokens", "Exact native input token count", p.ChatRequest, None, p.TokenCount),
+    ("post", "/werk/v1/chat/admission", "Planning budget for a chat request", p.ChatRequest, None, p.Admission),
+    ("get", "/werk/v1/chat/reasoning", "Reasoning tiers", None, ReasoningQuery, p.ReasoningProfile),
+    ("get", "/werk/v1/chat/limits", "Context, output and concurrency limits", None, ModelQuery, p.ChatLimits),
+    ("get", "/werk/v1/states", "One page of runtime states", None, p.StateListQuery, p.StatePage),
+    ("post", "/werk/v1/states/{state_id}/actions", "Act on a state", p.StateActionRequest, None, p.StateActionResult),
+    ("post", "/werk/v1/states/prune", "Prune states by explicit selector", p.PruneRequest, None, p.PruneResult),
+    ("get", "/werk/v1/experts", "One page of expert metadata", None, p.ExpertListQuery, p.ExpertPage),
+    ("post", "/werk/v1/experts/actions", "Act on explicit experts", p.ExpertActionRequest, None, p.ExpertActionResult),
+    ("post", "/werk/v1/prefill", "Prefill and issue a handoff", p.PrefillRequest, None, p.PrefillResult),
+    ("post", "/werk/v1/decode", "Decode from a handoff", p.DecodeRequest, None, p.DecodeResult),
+    ("get", "/werk/v1/deployments", "Deployment inventory, plans and slots", None, None, p.Deployments),
+]
+
+_ERROR_STATUSES = {
+    "400": "invalid_request",
+    "401": "unauthorized",
+    "404": "not_found",
+    "406": "incompatible_protocol",
+    "409": "conflict or incompatible_state",
+    "410": "expired_handoff",
+    "413": "resource_exhausted (body limit)",
+    "428": "experimental_opt_in_required",
+    "429": "resource_exhausted",
+    "500": "internal or corrupt_state",
+    "501": "unsupported",
+    "503": "unavailable",
+}
+
+
+def _envelope_schema(data_schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["protocol", "request_id", "data"],
+        "properties": {
+            "protocol": {"$ref": REF.format(model="ProtocolVersion")},
+            "request_id": {"type": "string"},
+            "data": data_schema,
+        },
+        "additionalProperties": False,
+    }
+
+
+def build_openapi() -> dict[str, Any]:
+    request_models = {m for _, _, _, m, _, _ in _OPERATIONS if m is not None}
+    response_models: set[type[BaseModel]] = {p.ProtocolVersion, p.ErrorEnvelope}
+    for *_, data in _OPERATIONS:
+        response_models.add(data.__args__[0] if getattr(data, "__origin__", None) is list else data)
+    inputs = [(m, "validation") for m in sorted(request_models, key=lambda m: m.__name__)]
+    outputs = [(m, "serialization") for m in sorted(response_models, key=lambda m: m.__name__)]
+    _, defs = models_json_schema(
+        [*inputs, *outputs],  # type: ignore[list-item]
+        ref_template=REF,
+    )
+    schemas: dict[str, Any] = dict(sorted(defs.get("$defs", {}).items()))
+    paths: dict[str, Any] = {}
+    for method, path, summary, body, query, data in _OPERATIONS:
+        data_schema = TypeAdapter(data).json_schema(mode="serialization", ref_template=REF)
+        operation: dict[str, Any] = {
+            "summary": summary,
+            "operationId": method + path.replace("/werk/v1", "").replace("/", "_").replace("{", "").replace("}", ""),
+            "security": [{"bearer": []}, {"apiKey": []}],
+            "parameters": [
+                {"name": "X-Werk-Protocol-Version", "in": "header", "required": False, "schema": {"type": "string"}},
+            ],
+            "responses": {
+                "200": {
+                    "description": "Success envelope",
+                    "content": {"application/json": {"schema": _envelope_schema(data_schema)}},
+                },
+                **{
+                    status: {
+                        "description": meaning,
+                        "content": {"application/json": {"schema": {"$ref": REF.format(model="ErrorEnvelope")}}},
+                    }
+                    for status, meaning in _ERROR_STATUSES.items()
+                },
+            },
+        }
+        if "{state_id}" in path:
+            operation["parameters"].append(
+                {"name": "state_id", "in": "path", "required": True, "schema": {"type": "string"}}
+            )
+        if query is not None:
+            for name, field in query.model_fields.items():
+                schema = TypeAdapter(field.annotation).json_schema(ref_template=REF)
+                operation["parameters"].append(
+                    {"name": name, "in": "query", "required": field.is_required(), "schema": schema}
+                )
+        if body is not None:
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": REF.format(model=body.__name__)}}},
+            }
+        paths.setdefault(path, {})[method] = operation
+    paths["/werk/v1/openapi.json"] = {
+        "get": {
+            "summary": "This document",
+            "operationId": "get_openapi",
+            "security": [{"bearer": []}, {"apiKey": []}],
+            "responses": {"200": {"description": "Success envelope holding this OpenAPI document"}},
+        }
+    }
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Werk Protocol", "version": "1.0"},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            },
+        },
+    }
+
+
+def main() -> None:
+    print(json.dumps(build_openapi(), indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Chat-planning DTOs: token counting, admission, limits, reasoning and deployments."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS, DataModel, StrictModel
+
+
+class ReasoningTierId(StrEnum):
+    NONE = "none"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    MAX = "max"
+    ULTRA = "ultra"
+
+
+class ReasoningSelection(StrictModel):
+    tier: str = Field(min_length=1, max_length=32)
+
+
+class WerkChatExtension(StrictModel):
+    reasoning: ReasoningSelection | None = None
+
+
+class ChatMessage(BaseModel):
+    """An OpenAI chat message; content may be text or content parts; tool fields pass through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    role: str = Field(min_length=1, max_length=64)
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(BaseModel):
+    """The OpenAI chat-completions request shape, as accepted by counting and admission.
+
+    Unknown OpenAI options are kept (``extra="allow"``) and validated by the backend's template.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    model: str | None = Field(None, min_length=1, max_length=256)
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stream: bool | None = None
+    reasoning_effort: str | None = None
+    werk: WerkChatExtension | None = None
+
+    def requested_output_tokens(self) -> int:
+        explicit = self.max_completion_tokens or self.max_tokens
+        return explicit if explicit is not None else DEFAULT_OUTPUT_TOKENS
+
+
+class TokenCount(DataModel):
+    model: str
+    input_tokens: int
+
+
+class Admission(DataModel):
+    model: str
+    input_tokens: int
+    max_output_tokens: int
+    context_tokens: int | None
+    token_count_method: Literal["native", "estimate"]
+
+
+class ChatLimits(DataModel):
+    schema_version: Literal[1] = 1
+    model: str
+    context_tokens: int | None
+    max_output_tokens: int | None
+    max_concurrent_requests: int | None
+
+
+class ReasoningLimits(DataModel):
+    context_tokens: int | None
+    output_tokens: int
+    answer_reserve_tokens: int | None
+    reasoning_tokens: int | None
+
+
+class ReasoningTier(DataModel):
+    id: ReasoningTierId
+    label: str
+    available: bool
+    reasoning_tokens: int | None
+    minimum_output_tokens: int
+
+
+class ReasoningProfile(DataModel):
+    schema_version: Literal[1] = 1
+    model: str | None
+    backend: str | None
+    supported: bool
+    source: str | None
+    default_tier: ReasoningTierId | None
+    default_adjusted_to_limits: bool
+    limits: ReasoningLimits | None
+    tiers: list[ReasoningTier]
+
+
+class Deployments(DataModel):
+    inventory: list[dict[str, Any]]
+    plans: list[dict[str, Any]]
+    slots: list[dict[str, Any]]

@@ -1,0 +1,141 @@
+"""Named runtime-state DTOs: summaries, actions and prune selectors."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, model_validator
+
+from werk_host.protocol.base import (
+    MAX_PAGE_SIZE,
+    MAX_STATE_IDS_PER_OPERATION,
+    TIER_ORDER,
+    DataModel,
+    StrictModel,
+    Tier,
+)
+
+StateId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^st_[A-Za-z0-9_-]+$")]
+
+
+class StateStatus(StrEnum):
+    READY = "ready"
+    LOADING = "loading"
+    MOVING = "moving"
+    UNAVAILABLE = "unavailable"
+    QUARANTINED = "quarantined"
+
+
+class StateSummary(DataModel):
+    id: str
+    model_id: str
+    backend: str
+    tier: Tier
+    status: StateStatus
+    bytes: int | None
+    created_unix_ms: int
+    last_accessed_unix_ms: int
+    expires_unix_ms: int | None
+    pinned: bool
+    reusable: bool
+
+
+class StatePage(DataModel):
+    states: list[StateSummary]
+    next_cursor: str | None
+
+
+class StateListQuery(StrictModel):
+    model_id: str | None = Field(None, min_length=1, max_length=256)
+    tier: Tier | None = None
+    limit: int = Field(MAX_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE)
+    cursor: str | None = Field(None, min_length=1, max_length=512)
+
+
+class StateActionKind(StrEnum):
+    PIN = "pin"
+    UNPIN = "unpin"
+    PROMOTE = "promote"
+    DEMOTE = "demote"
+    EVICT = "evict"
+
+
+class StateActionRequest(StrictModel):
+    action: StateActionKind
+    target_tier: Tier | None = None
+    dry_run: bool = False
+    allow_experimental: bool = False
+
+    @model_validator(mode="after")
+    def _target_rules(self) -> Self:
+        moving = self.action in (StateActionKind.PROMOTE, StateActionKind.DEMOTE)
+        if moving and self.target_tier is None:
+            raise ValueError(f"target_tier is required for {self.action.value}")
+        if not moving and self.target_tier is not None:
+            raise ValueError(f"target_tier must be omitted for {self.action.value}")
+        if self.target_tier is Tier.EXTERNAL:
+            raise ValueError("external cannot be a local movement target")
+        return self
+
+
+def tier_moves_in_direction(current: Tier, target: Tier, action: StateActionKind) -> bool:
+    """Whether ``target`` is strictly faster (promote) or slower (demote) than ``current``."""
+    here, there = TIER_ORDER.index(current), TIER_ORDER.index(target)
+    return there < here if action is StateActionKind.PROMOTE else there > here
+
+
+class StateActionResult(DataModel):
+    state: StateSummary
+    changed: bool
+    dry_run: bool
+
+
+class IdsSelector(StrictModel):
+    kind: Literal["ids"]
+    ids: list[StateId] = Field(min_length=1, max_length=MAX_STATE_IDS_PER_OPERATION)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Self:
+        if len(set(self.ids)) != len(self.ids):
+            raise ValueError("ids must be unique")
+        return self
+
+
+class FilterSelector(StrictModel):
+    kind: Literal["filter"]
+    model_id: str | None = Field(None, min_length=1, max_length=256)
+    tier: Tier | None = None
+    older_than_unix_ms: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _constrained(self) -> Self:
+        if self.model_id is None and self.tier is None and self.older_than_unix_ms is None:
+            raise ValueError("a filter selector needs at least one non-null restriction")
+        return self
+
+
+class AllSelector(StrictModel):
+    kind: Literal["all"]
+    confirm: bool = False
+
+    @model_validator(mode="after")
+    def _confirmed(self) -> Self:
+        if self.confirm is not True:
+            raise ValueError("selector 'all' requires confirm: true")
+        return self
+
+
+PruneSelector = Annotated[IdsSelector | FilterSelector | AllSelector, Field(discriminator="kind")]
+
+
+class PruneRequest(StrictModel):
+    selector: PruneSelector
+    dry_run: bool = True
+
+
+class PruneResult(DataModel):
+    matched: int
+    removed: int
+    bytes: int | None
+    dry_run: bool

@@ -1,0 +1,66 @@
+"""Memory and observability DTOs."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from werk_host.protocol.base import DataModel, Pressure, Topology
+
+
+class TierMemory(DataModel):
+    capacity_bytes: int | None
+    available_bytes: int | None
+    managed_bytes: int = Field(ge=0)
+    reserved_bytes: int = Field(ge=0)
+    pressure: Pressure
+
+
+class MemoryCounters(DataModel):
+    active_reservations: int = 0
+    managed_allocations: int = 0
+    pressure_actions_in_flight: int = 0
+    completed_demotions: int = 0
+    completed_evictions: int = 0
+    failed_releases: int = 0
+    orphaned_release_bytes: int = 0
+    telemetry_errors: int = 0
+    backend_cleanup_failures: int = 0
+    backend_cleanup_latched: int = Field(0, ge=0, le=1)
+
+
+class MemoryReport(DataModel):
+    observed_at_unix_ms: int
+    overall_pressure: Pressure
+    topology: Topology
+    host: TierMemory
+    accelerator: TierMemory
+    last_action_unix_ms: int | None
+    counters: MemoryCounters
+
+
+class ChatCounters(DataModel):
+    requests_total: int = 0
+    requests_active: int = 0
+    requests_failed: int = 0
+    requests_rejected: int = 0
+    prompt_tokens_total: int = 0
+    completion_tokens_total: int = 0
+
+
+class WorkerObservation(DataModel):
+    model: str
+    backend: str
+    pid: int | None
+    state: str
+    slots: int | None
+    context_per_request_tokens: int | None
+    context_capacity_tokens: int | None
+
+
+class Observability(DataModel):
+    observed_at_unix_ms: int
+    chat: ChatCounters
+    workers: list[WorkerObservation]
+    context_per_request_tokens: int | None
+    context_capacity_tokens: int | None
+    memory: MemoryReport

@@ -1,0 +1,164 @@
+"""Assembling a host (plugins, service, app) and serving it under waitress."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import falcon
+
+from werk_host.config import HostConfig
+from werk_host.http.app import create_app
+from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
+from werk_host.paths import ensure_private_dir
+from werk_host.plugins import PluginHost
+from werk_host.service.inference import InferenceService
+from werk_host.service.local import LocalControlService
+from werk_host.service.principals import Authenticator, load_or_create_namespace_secret
+from werk_host.service.runtime import BackendRuntime
+from werk_host.store import StateStore
+
+log = logging.getLogger("werk_host.server")
+
+
+@dataclass
+class Host:
+    """A fully wired host: call :meth:`close` to stop backend processes."""
+
+    config: HostConfig
+    plugins: PluginHost
+    runtime: BackendRuntime
+    service: LocalControlService
+    auth: Authenticator
+    app: falcon.App
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def build_host(
+    config: HostConfig,
+    *,
+    plugins: PluginHost | None = None,
+    memory: MemoryManager | None = None,
+    load_entry_points: bool = True,
+) -> Host:
+    """Wire plugins → runtime → service → app. Activates the configured model's adapter."""
+    ensure_private_dir(config.home)
+    if plugins is None:
+        plugins = PluginHost()
+        if load_entry_points:
+            plugins.load_entry_points()
+    secret = load_or_create_namespace_secret(config.home)
+    auth = Authenticator(config.api_keys, secret)
+    runtime = BackendRuntime(plugins, config)
+    memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
+    store = StateStore(config.home / "runtime-state" / "v1")
+    service = LocalControlService(
+        runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret
+    )
+    inference = InferenceService(runtime, service.chat_stats)
+    app = create_app(service, auth, inference=inference)
+    host = Host(config, plugins, runtime, service, auth, app)
+    if config.model:
+        try:
+            runtime.activate(config.model)
+        except BaseException:
+            host.close()
+            raise
+    return host
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg (+ exc)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+class RedactingFilter(logging.Filter):
+    """Belt and braces: masks any configured secret that reaches a log record."""
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        super().__init__()
+        self._secrets = tuple(s for s in secrets if len(s) >= 4)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._secrets:
+            message = record.getMessage()
+            masked = message
+            for secret in self._secrets:
+                masked = masked.replace(secret, "[redacted]")
+            if masked != message:
+                record.msg, record.args = masked, None
+        return True
+
+
+def configure_logging(level: str, secrets: tuple[str, ...]) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RedactingFilter(secrets))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class _Stop(BaseException):
+    pass
+
+
+def serve(config: HostConfig) -> int:
+    """Run ``werk serve`` until SIGINT/SIGTERM/SIGHUP; always stops backend processes."""
+    from waitress.server import create_server
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stop(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    host: Host | None = None
+    server = None
+    try:
+        host = build_host(config)
+        if not host.auth.enabled:
+            log.warning(
+                "NO API KEYS CONFIGURED: every request is the shared local principal; "
+                "this server is not an isolation boundary. Use --api-key or WERK_API_KEYS."
+            )
+        server = create_server(
+            host.app,
+            host=config.host,
+            port=config.port,
+            threads=config.threads,
+            max_request_body_size=8 << 20,
+            ident="werk-host",
+        )
+        bound = server.getsockname() if hasattr(server, "getsockname") else (config.host, config.port)
+        log.info("serving Werk Protocol 1.0 on http://%s:%s", bound[0], bound[1])
+        print(json.dumps({"event": "listening", "host": bound[0], "port": bound[1]}), flush=True)
+        server.run()
+    except _Stop as stopped:
+        log.info("received signal %s; shutting down", stopped.args[0])
+    finally:
+        started = time.monotonic()
+        if server is not None:
+            server.close()
+        if host is not None:
+            host.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        log.info("stopped in %.2fs", time.monotonic() - started)
+    return 0

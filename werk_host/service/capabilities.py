@@ -1,0 +1,60 @@
+"""Capability discovery: every id of the seeds, each status computed from evidence now."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from werk_host.backend import Adapter, CapabilityReport
+from werk_host.plugins import PluginHost
+from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityStatus
+
+#: Capabilities the host itself answers for (memory telemetry comes from its own sampling).
+HOST_OWNED = ("runtime.memory.telemetry.host", "runtime.memory.telemetry.accelerator")
+
+HostEvidence = Callable[[], dict[str, CapabilityReport]]
+
+
+class CapabilityResolver:
+    """Merges host evidence with the active adapter's ``werk_capabilities`` report."""
+
+    def __init__(self, plugins: PluginHost, host_evidence: HostEvidence) -> None:
+        self._plugins = plugins
+        self._host_evidence = host_evidence
+
+    def reports(self, adapter: Adapter | None) -> dict[str, CapabilityReport]:
+        backend: dict[str, CapabilityReport] = {}
+        if adapter is not None:
+            backend = self._plugins.call("werk_capabilities", adapter) or {}
+        host = self._host_evidence()
+        merged: dict[str, CapabilityReport] = {}
+        for cap_id in CAPABILITY_OPERATIONS:
+            if cap_id in host:
+                merged[cap_id] = host[cap_id]
+            elif cap_id in backend:
+                merged[cap_id] = backend[cap_id]
+            elif cap_id == "runtime.memory.reservations":
+                merged[cap_id] = CapabilityReport(
+                    CapabilityStatus.UNAVAILABLE,
+                    "no active adapter supplies a positive bounded memory requirement before load, restore or decode",
+                )
+            elif adapter is None:
+                merged[cap_id] = CapabilityReport(CapabilityStatus.UNSUPPORTED, "no backend adapter is active")
+            else:
+                merged[cap_id] = CapabilityReport(
+                    CapabilityStatus.UNSUPPORTED, f"not implemented by backend {adapter.backend}"
+                )
+        return merged
+
+    def one(self, adapter: Adapter | None, cap_id: str) -> CapabilityReport:
+        return self.reports(adapter)[cap_id]
+
+    def listing(self, adapter: Adapter | None) -> list[Capability]:
+        return [
+            Capability(
+                id=cap_id,
+                status=report.status,
+                detail=report.detail,
+                operations=list(report.operations or CAPABILITY_OPERATIONS[cap_id]),
+            )
+            for cap_id, report in self.reports(adapter).items()
+        ]

@@ -1,0 +1,571 @@
+"""The local control service: principals, policy, catalog, handoffs and delegation.
+
+It implements :class:`werk_host.control.WerkControl` by combining the persistent store,
+the handoff registry and the memory manager, and reaches the backend only through
+operation hooks dispatched to the active adapter's owning plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from werk_host import __version__
+from werk_host.backend import (
+    Adapter,
+    CapabilityReport,
+    DecodeOptions,
+    DecodeOutput,
+    DecodeWork,
+    MoveOutput,
+    MoveWork,
+    PrefilledState,
+    PrefillWork,
+    Snapshot,
+    StoredStateRef,
+)
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.memory import MemoryManager
+from werk_host.protocol import (
+    MAX_COMPLETION_TEXT_BYTES,
+    Admission,
+    Capability,
+    CapabilityStatus,
+    ChatLimits,
+    ChatRequest,
+    DecodeRequest,
+    DecodeResult,
+    Deployments,
+    ExpertActionRequest,
+    ExpertActionResult,
+    ExpertListQuery,
+    ExpertPage,
+    FinishReason,
+    MemoryReport,
+    Observability,
+    PersistenceMode,
+    PrefillRequest,
+    PrefillResult,
+    ProtocolVersion,
+    PruneRequest,
+    PruneResult,
+    ReasoningProfile,
+    ReusePolicy,
+    RuntimeInfo,
+    StateActionKind,
+    StateActionRequest,
+    StateActionResult,
+    StateListQuery,
+    StatePage,
+    StateStatus,
+    StateSummary,
+    Tier,
+    TokenCount,
+    WorkerObservation,
+    tier_moves_in_direction,
+)
+from werk_host.protocol.states import AllSelector, FilterSelector, IdsSelector
+from werk_host.service.admission import estimate_input_tokens
+from werk_host.service.capabilities import CapabilityResolver
+from werk_host.service.counters import ChatStats
+from werk_host.service.cursors import CursorCodec
+from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, Reservation
+from werk_host.service.policy import gate, resolve_prefill_policy
+from werk_host.service.principals import Authenticator, Principal
+from werk_host.service.runtime import BackendRuntime
+from werk_host.store import StateRecord, StateStore
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "werk-host"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def prompt_material(model_id: str, request: PrefillRequest) -> bytes:
+    """Canonical bytes of (model, input) that a prompt fingerprint is computed over."""
+    return json.dumps(
+        {"model_id": model_id, "input": request.input.model_dump(mode="json")},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode("utf-8", "surrogatepass")
+
+
+def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str]:
+    return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
+
+
+class LocalControlService:
+    """Transport-neutral implementation of every ``/werk/v1`` operation."""
+
+    def __init__(
+        self,
+        *,
+        runtime: BackendRuntime,
+        auth: Authenticator,
+        store: StateStore,
+        memory: MemoryManager,
+        handoffs: HandoffRegistry | None = None,
+        cursor_secret: bytes,
+    ) -> None:
+        self.runtime = runtime
+        self.plugins = runtime.plugins
+        self.auth = auth
+        self.store = store
+        self.memory_manager = memory
+        self.handoffs = handoffs or HandoffRegistry(on_expire=self._release_expired_handle)
+        self.cursors = CursorCodec(cursor_secret)
+        self.chat_stats = ChatStats()
+        self.capability_resolver = CapabilityResolver(self.plugins, self._host_evidence)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _host_evidence(self) -> dict[str, CapabilityReport]:
+        host_status, host_detail = self.memory_manager.host_telemetry_status()
+        acc_status, acc_detail = self.memory_manager.accelerator_telemetry_status()
+        return {
+            "runtime.memory.telemetry.host": CapabilityReport(CapabilityStatus(host_status), host_detail),
+            "runtime.memory.telemetry.accelerator": CapabilityReport(CapabilityStatus(acc_status), acc_detail),
+        }
+
+    def _gate(self, adapter: Adapter | None, cap_id: str, opted_in: bool) -> CapabilityReport:
+        report = self.capability_resolver.one(adapter, cap_id)
+        gate(cap_id, report.status, report.detail, opted_in, probe_on_use=report.probe_on_use)
+        return report
+
+    def _status(self, adapter: Adapter | None, cap_id: str) -> CapabilityStatus:
+        return self.capability_resolver.one(adapter, cap_id).status
+
+    def _release_expired_handle(self, record: HandoffRecord) -> None:
+        adapter = self.runtime.adapter
+        if record.handle is None or adapter is None:
+            return
+        try:
+            self.plugins.call("werk_release_state", adapter, handle=record.handle)
+        except Exception:  # release is best effort; the backend reclaims on its own terms
+            log.warning("backend failed to release an expired handoff's live state", exc_info=True)
+
+    def _require_model(self, model_id: str) -> None:
+        if model_id not in self.runtime.model_ids():
+            raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
+
+    def _envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
+        try:
+            envelope = self.plugins.call("werk_producer_envelope", adapter, model_id=model_id)
+        except WerkError:
+            return None
+        return dict(envelope) if envelope is not None else None
+
+    def _summary(self, record: StateRecord, envelope: dict[str, str] | None, now_ms: int) -> StateSummary:
+        expired = record.is_expired(now_ms)
+        return StateSummary(
+            id=record.id,
+            model_id=record.model_id,
+            backend=record.backend,
+            tier=Tier(record.tier),
+            status=StateStatus.UNAVAILABLE if expired else StateStatus.READY,
+            bytes=record.bytes,
+            created_unix_ms=record.created_unix_ms,
+            last_accessed_unix_ms=record.last_accessed_unix_ms,
+            expires_unix_ms=record.expires_unix_ms,
+            pinned=record.pinned,
+            reusable=(not expired) and envelope is not None and envelope == record.envelope,
+        )
+
+    def _record_or_404(self, principal: Principal, state_id: str) -> StateRecord:
+        record = self.store.get(principal.id, state_id)
+        if record is None:
+            raise WerkError(ErrorCode.NOT_FOUND, "no such state")
+        return record
+
+    def _stored_ref(self, principal: Principal, record: StateRecord) -> StoredStateRef:
+        store, pid, sid = self.store, principal.id, record.id
+        return StoredStateRef(
+            state_id=record.id,
+            envelope=dict(record.envelope),
+            prompt_tokens=record.prompt_tokens,
+            bytes=record.bytes,
+            adapter_meta=dict(record.adapter_meta),
+            open_payload=lambda: store.open_payload(pid, sid),
+        )
+
+    # -- discovery -----------------------------------------------------------------------
+    def info(self, principal: Principal) -> RuntimeInfo:
+        adapter = self.runtime.adapter
+        return RuntimeInfo(
+            service=SERVICE_NAME,
+            service_version=__version__,
+            protocol=ProtocolVersion(),
+            active_backend=adapter.backend if adapter else None,
+        )
+
+    def capabilities(self, principal: Principal) -> list[Capability]:
+        return self.capability_resolver.listing(self.runtime.adapter)
+
+    def memory_report(self) -> MemoryReport:
+        return MemoryReport.model_validate(self.memory_manager.snapshot())
+
+    def memory(self, principal: Principal) -> MemoryReport:
+        return self.memory_report()
+
+    def observability(self, principal: Principal) -> Observability:
+        adapter = self.runtime.adapter
+        workers: list[WorkerObservation] = []
+        if adapter is not None:
+            workers = list(self.plugins.call("werk_workers", adapter) or [])
+        per_request = [w.context_per_request_tokens for w in workers]
+        capacity = [w.context_capacity_tokens for w in workers]
+        return Observability(
+            observed_at_unix_ms=_now_ms(),
+            chat=self.chat_stats.snapshot(),
+            workers=workers,
+            context_per_request_tokens=min(per_request) if per_request and None not in per_request else None,  # type: ignore[type-var]
+            context_capacity_tokens=sum(capacity) if capacity and None not in capacity else None,  # type: ignore[arg-type]
+            memory=self.memory_report(),
+        )
+
+    def deployments(self, principal: Principal) -> Deployments:
+        return Deployments(inventory=[], plans=[], slots=[])
+
+    # -- states --------------------------------------------------------------------------
+    def list_states(self, principal: Principal, query: StateListQuery) -> StatePage:
+        scope = f"states:{principal.id}:{query.model_id}:{query.tier}"
+        after = self.cursors.decode(query.cursor, scope) if query.cursor else None
+        records, next_after = self.store.list(
+            principal.id,
+            model_id=query.model_id,
+            tier=query.tier.value if query.tier else None,
+            limit=query.limit,
+            after=after,
+        )
+        adapter = self.runtime.adapter
+        envelopes: dict[str, dict[str, str] | None] = {}
+        now = _now_ms()
+        summaries = []
+        for record in records:
+            if record.model_id not in envelopes:
+                envelopes[record.model_id] = self._envelope(adapter, record.model_id) if adapter else None
+            summaries.append(self._summary(record, envelopes[record.model_id], now))
+        cursor = self.cursors.encode(next_after, scope) if next_after else None
+        return StatePage(states=summaries, next_cursor=cursor)
+
+    def state_action(self, principal: Principal, state_id: str, request: StateActionRequest) -> StateActionResult:
+        record = self._record_or_404(principal, state_id)
+        adapter = self.runtime.adapter
+        envelope = self._envelope(adapter, record.model_id) if adapter else None
+        now = _now_ms()
+        current = self._summary(record, envelope, now)
+        action = request.action
+        if action in (StateActionKind.PIN, StateActionKind.UNPIN):
+            want = action is StateActionKind.PIN
+            if request.dry_run:
+                return StateActionResult(
+                    state=current.model_copy(update={"pinned": want}), changed=record.pinned != want, dry_run=True
+                )
+            self.memory_manager.check_mutation_allowed()
+            updated = self.store.set_pinned(principal.id, state_id, want)
+            return StateActionResult(
+                state=self._summary(updated, envelope, now), changed=record.pinned != want, dry_run=False
+            )
+        if action is StateActionKind.EVICT:
+            if record.id in self.handoffs.live_state_ids() and not request.dry_run:
+                raise WerkError(ErrorCode.CONFLICT, "state is referenced by a live handoff")
+            projected = current.model_copy(update={"status": StateStatus.UNAVAILABLE, "reusable": False})
+            if request.dry_run:
+                return StateActionResult(state=projected, changed=True, dry_run=True)
+            self.memory_manager.check_mutation_allowed()
+            removed = self.store.delete(principal.id, state_id)
+            return StateActionResult(state=projected, changed=removed, dry_run=False)
+        # promote / demote: direction first, then the target tier's capability, then the adapter.
+        target = request.target_tier
+        assert target is not None  # the DTO guarantees it for promote/demote
+        if not tier_moves_in_direction(current.tier, target, action):
+            raise WerkError(
+                ErrorCode.INVALID_REQUEST, f"{action.value} cannot move a {current.tier.value} state to {target.value}"
+            )
+        self._gate(adapter, f"runtime.state.tier.{target.value}", request.allow_experimental)
+        adapter = self.runtime.require_adapter("state movement")
+        if not request.dry_run:
+            self.memory_manager.check_mutation_allowed()
+        work = MoveWork(self._stored_ref(principal, record), action.value, target, request.dry_run)
+        moved: MoveOutput = self.plugins.require("werk_state_move", adapter, "state movement", work=work)
+        projected = current.model_copy(update={"tier": moved.tier})
+        if not request.dry_run and moved.delete_stored:
+            self.store.delete(principal.id, state_id)
+        return StateActionResult(state=projected, changed=moved.changed, dry_run=request.dry_run)
+
+    def prune_states(self, principal: Principal, request: PruneRequest) -> PruneResult:
+        selector = request.selector
+        kwargs: dict[str, Any] = {}
+        if isinstance(selector, IdsSelector):
+            kwargs["ids"] = list(selector.ids)
+        elif isinstance(selector, FilterSelector):
+            kwargs.update(
+                model_id=selector.model_id,
+                tier=selector.tier.value if selector.tier else None,
+                older_than_unix_ms=selector.older_than_unix_ms,
+            )
+        elif isinstance(selector, AllSelector):
+            kwargs["all"] = True
+        if not request.dry_run:
+            self.memory_manager.check_mutation_allowed()
+        outcome = self.store.prune(principal.id, dry_run=request.dry_run, **kwargs)
+        return PruneResult(
+            matched=outcome.matched, removed=outcome.removed, bytes=outcome.bytes, dry_run=request.dry_run
+        )
+
+    # -- experts -------------------------------------------------------------------------
+    def list_experts(self, principal: Principal, query: ExpertListQuery) -> ExpertPage:
+        adapter = self.runtime.adapter
+        self._gate(adapter, "runtime.experts.residency", query.allow_experimental)
+        adapter = self.runtime.require_adapter("expert residency")
+        page: ExpertPage = self.plugins.require("werk_list_experts", adapter, "expert residency", query=query)
+        return page
+
+    def expert_action(self, principal: Principal, request: ExpertActionRequest) -> ExpertActionResult:
+        adapter = self.runtime.adapter
+        self._gate(adapter, "runtime.experts.residency", request.allow_experimental)
+        adapter = self.runtime.require_adapter("expert residency")
+        result: ExpertActionResult = self.plugins.require(
+            "werk_expert_action", adapter, "expert residency", request=request
+        )
+        return result
+
+    # -- prefill / decode ----------------------------------------------------------------
+    def prefill(self, principal: Principal, request: PrefillRequest) -> PrefillResult:
+        policy, opted_in = resolve_prefill_policy(request, self.runtime.config.persistence)
+        adapter = self.runtime.adapter
+        self._gate(adapter, "runtime.pd.prefill", opted_in)
+        self._gate(adapter, "runtime.pd.handoff", opted_in)
+        adapter = self.runtime.require_adapter("prefill")
+        self._require_model(request.model_id)
+        mode = policy.mode
+        if mode is PersistenceMode.MEMORY:
+            statuses = [self._status(adapter, f"runtime.state.tier.{t}") for t in ("ram", "vram")]
+            if all(s in (CapabilityStatus.UNSUPPORTED, CapabilityStatus.METADATA_ONLY) for s in statuses):
+                raise WerkError(ErrorCode.UNSUPPORTED, "memory mode needs an operational RAM or VRAM state tier")
+        if mode is PersistenceMode.DISK:
+            self._gate(adapter, "runtime.state.persistence", opted_in)
+            self._gate(adapter, "runtime.state.tier.disk", opted_in)
+
+        reservation = self.handoffs.reserve(principal.id)
+        with ExitStack() as cleanup:
+            cleanup.callback(reservation.rollback)
+            fingerprint = self.auth.prompt_fingerprint(principal, prompt_material(request.model_id, request))
+            if policy.reuse is not ReusePolicy.DISABLED:
+                reused = self._try_reuse(principal, adapter, request.model_id, fingerprint, policy.reuse, reservation)
+                if reused is not None:
+                    cleanup.pop_all()
+                    return reused
+            want_snapshot = mode in (PersistenceMode.DISK, PersistenceMode.AUTO)
+            work = PrefillWork(model_id=request.model_id, input=request.input, want_snapshot=want_snapshot)
+            state: PrefilledState = self.plugins.require("werk_prefill", adapter, "prefill", work=work)
+            cleanup.callback(self._release_handle, adapter, state.handle)
+            state_id: str | None = None
+            tier: Tier | None = None
+            expires: int | None = None
+            if mode is not PersistenceMode.EPHEMERAL:
+                if want_snapshot and state.snapshot_capable:
+                    record = self._persist(principal, adapter, request.model_id, state, fingerprint, policy)
+                    state_id, tier, expires = record.id, Tier(record.tier), record.expires_unix_ms
+                elif mode is PersistenceMode.DISK:
+                    raise WerkError(ErrorCode.UNSUPPORTED, "disk mode needs a disk-persistable snapshot")
+                else:
+                    raise WerkError(
+                        ErrorCode.UNSUPPORTED,
+                        f"{mode.value} mode needs a named state tier this backend cannot retain",
+                    )
+            secret = self.handoffs.issue(
+                reservation,
+                HandoffRecord(principal.id, adapter.identity(), request.model_id, state_id, handle=state.handle),
+            )
+            cleanup.pop_all()
+            return PrefillResult(
+                handoff=secret,  # type: ignore[arg-type]
+                state_id=state_id,
+                prompt_tokens=state.prompt_tokens,
+                reused=False,
+                tier=tier,
+                expires_unix_ms=expires,
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _release_handle(self, adapter: Adapter, handle: Any) -> None:
+        if handle is not None:
+            self.plugins.call("werk_release_state", adapter, handle=handle)
+
+    def _try_reuse(
+        self,
+        principal: Principal,
+        adapter: Adapter,
+        model_id: str,
+        fingerprint: str,
+        reuse: ReusePolicy,
+        reservation: Reservation,
+    ) -> PrefillResult | None:
+        candidates = [c for c in self.store.find_by_fingerprint(principal.id, fingerprint) if c.model_id == model_id]
+        envelope = self._envelope(adapter, model_id)
+        compatible = [c for c in candidates if envelope is not None and c.envelope == envelope]
+        if compatible:
+            record = max(compatible, key=lambda c: (c.created_unix_ms, c.id))
+            secret = self.handoffs.issue(
+                reservation, HandoffRecord(principal.id, adapter.identity(), model_id, record.id, handle=None)
+            )
+            return PrefillResult(
+                handoff=secret,  # type: ignore[arg-type]
+                state_id=record.id,
+                prompt_tokens=record.prompt_tokens or 0,
+                reused=True,
+                tier=Tier(record.tier),
+                expires_unix_ms=record.expires_unix_ms,
+            )
+        if reuse is ReusePolicy.REQUIRED:
+            if candidates and envelope is not None:
+                newest = max(candidates, key=lambda c: (c.created_unix_ms, c.id))
+                raise WerkError(
+                    ErrorCode.INCOMPATIBLE_STATE,
+                    "a stored state matches the prompt but its producer envelope differs",
+                    details={"mismatch_fields": mismatch_fields(envelope, newest.envelope)},
+                )
+            raise WerkError(ErrorCode.CONFLICT, "reuse is required but no compatible state exists")
+        return None
+
+    def _persist(
+        self,
+        principal: Principal,
+        adapter: Adapter,
+        model_id: str,
+        state: PrefilledState,
+        fingerprint: str,
+        policy: Any,
+    ) -> StateRecord:
+        snapshot: Snapshot = self.plugins.require("werk_snapshot", adapter, "state snapshot", state=state)
+        try:
+            return self.store.commit(
+                principal.id,
+                model_id=model_id,
+                backend=adapter.backend,
+                envelope=dict(state.envelope),
+                payload=snapshot.chunks,
+                prompt_fingerprint=fingerprint,
+                prompt_tokens=state.prompt_tokens,
+                ttl_seconds=policy.ttl_seconds,
+                pinned=policy.pin,
+                adapter_meta={**state.adapter_meta, **snapshot.adapter_meta},
+            )
+        finally:
+            snapshot.close()
+
+    def decode(self, principal: Principal, request: DecodeRequest) -> DecodeResult:
+        adapter = self.runtime.adapter
+        self._gate(adapter, "runtime.pd.decode", request.allow_experimental)
+        adapter = self.runtime.require_adapter("decode")
+        secret = request.handoff.get_secret_value()
+        record, replacement = self.handoffs.consume(principal.id, secret, adapter.identity())
+        with ExitStack() as cleanup:
+            cleanup.callback(replacement.rollback)
+            stored: StoredStateRef | None = None
+            if record.state_id is not None:
+                stored_record = self._record_or_404(principal, record.state_id)
+                envelope = self._envelope(adapter, record.model_id)
+                if envelope is None or envelope != stored_record.envelope:
+                    raise WerkError(
+                        ErrorCode.INCOMPATIBLE_STATE,
+                        "the stored state was produced by a different backend configuration",
+                        details={"mismatch_fields": mismatch_fields(envelope or {}, stored_record.envelope)},
+                    )
+                stored = self._stored_ref(principal, stored_record)
+            options = DecodeOptions(
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
+                stop=tuple(request.stop or ()),
+            )
+            output: DecodeOutput = self.plugins.require(
+                "werk_decode", adapter, "decode", work=DecodeWork(record.handle, stored, options)
+            )
+            if len(output.text.encode("utf-8", "surrogatepass")) > MAX_COMPLETION_TEXT_BYTES:
+                raise WerkError(ErrorCode.RESOURCE_EXHAUSTED, "backend completion text exceeds 1 MiB")
+            next_handoff: str | None = None
+            if output.next_state is not None:
+                cleanup.pop_all()
+                next_handoff = self.handoffs.issue(
+                    replacement,
+                    HandoffRecord(
+                        principal.id, adapter.identity(), record.model_id, None, handle=output.next_state.handle
+                    ),
+                )
+            try:
+                finish = FinishReason(output.finish_reason)
+            except ValueError:
+                finish = FinishReason.STOP
+            return DecodeResult(
+                text=output.text,
+                handoff=next_handoff,  # type: ignore[arg-type]
+                completion_tokens=output.completion_tokens,
+                finish_reason=finish,
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- chat planning -------------------------------------------------------------------
+    def _chat_adapter(self, cap_id: str, what: str) -> Adapter:
+        adapter = self.runtime.adapter
+        self._gate(adapter, cap_id, False)
+        return self.runtime.require_adapter(what)
+
+    def _model_name(self, requested: str | None) -> str:
+        if requested is not None:
+            self._require_model(requested)
+            return requested
+        if self.runtime.model is None:
+            raise WerkError(ErrorCode.NOT_FOUND, "no model is selected on this server")
+        return self.runtime.model.name
+
+    def count_tokens(self, principal: Principal, request: ChatRequest) -> TokenCount:
+        adapter = self._chat_adapter("api.chat.token_count", "token counting")
+        model = self._model_name(request.model)
+        count: int = self.plugins.require("werk_count_tokens", adapter, "token counting", request=request)
+        return TokenCount(model=model, input_tokens=count)
+
+    def admission(self, principal: Principal, request: ChatRequest) -> Admission:
+        adapter = self._chat_adapter("api.chat.admission", "admission")
+        model = self._model_name(request.model)
+        method = "native"
+        count: int | None = None
+        if self._status(adapter, "api.chat.token_count") is CapabilityStatus.SUPPORTED:
+            try:
+                count = self.plugins.call("werk_count_tokens", adapter, request=request)
+            except WerkError as err:
+                if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
+                    raise
+        if count is None:
+            method, count = "estimate", estimate_input_tokens(request)
+        limits = self.chat_limits(principal, model)
+        return Admission(
+            model=model,
+            input_tokens=count,
+            max_output_tokens=min(request.requested_output_tokens(), limits.max_output_tokens or 1 << 31),
+            context_tokens=limits.context_tokens,
+            token_count_method=method,  # type: ignore[arg-type]
+        )
+
+    def chat_limits(self, principal: Principal, model: str | None) -> ChatLimits:
+        adapter = self._chat_adapter("api.chat.limits", "chat limits")
+        name = self._model_name(model)
+        limits: ChatLimits = self.plugins.require("werk_chat_limits", adapter, "chat limits", model=name)
+        return limits
+
+    def reasoning(self, principal: Principal, model: str | None, max_output_tokens: int) -> ReasoningProfile:
+        adapter = self._chat_adapter("api.chat.reasoning", "reasoning profiles")
+        name = self._model_name(model)
+        profile: ReasoningProfile = self.plugins.require(
+            "werk_reasoning_profile", adapter, "reasoning profiles", model=name, max_output_tokens=max_output_tokens
+        )
+        return profile
+

@@ -1,0 +1,113 @@
+"""API-key authentication and opaque principals.
+
+An accepted key becomes ``Principal(id=HMAC-SHA-256(namespace_secret, key))``; the raw
+key never leaves this module. The namespace secret lives at
+``WERK_HOME/auth/runtime-namespace.key``: created atomically, owner-only, never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from werk_host.paths import ensure_private_dir
+
+_SECRET_BYTES = 32
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller. ``id`` is opaque lowercase hex; never the key itself."""
+
+    id: str
+
+    def __repr__(self) -> str:
+        return f"Principal({self.id[:8]}…)"
+
+
+def load_or_create_namespace_secret(home: Path) -> bytes:
+    """Read the namespace secret, creating it atomically (0600, no-follow) when absent."""
+    auth_dir = ensure_private_dir(home / "auth")
+    path = auth_dir / "runtime-namespace.key"
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    tmp = auth_dir / f".runtime-namespace.key.{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, secrets.token_bytes(_SECRET_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # atomic create-if-absent: a concurrent creator wins cleanly
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    dir_fd = os.open(auth_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return _read_secret(path)
+
+
+def _read_secret(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        data = os.read(fd, _SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != _SECRET_BYTES:
+        raise RuntimeError("runtime namespace key is malformed; refusing to derive principals")
+    return data
+
+
+class Authenticator:
+    """Checks presented keys in constant time and maps them to principals."""
+
+    def __init__(self, api_keys: tuple[str, ...], namespace_secret: bytes) -> None:
+        self._keys = tuple(k.encode() for k in api_keys if k)
+        self._secret = namespace_secret
+        self._local = Principal(hmac.new(namespace_secret, b"local-principal", hashlib.sha256).hexdigest())
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def authenticate(self, presented: str | None) -> Principal | None:
+        """The principal for ``presented``, ``None`` when rejected; local when auth is off."""
+        if not self._keys:
+            return self._local
+        if not presented:
+            return None
+        candidate = presented.encode()
+        matched = False
+        for key in self._keys:  # compare against every key: no early exit
+            matched |= hmac.compare_digest(candidate, key)
+        if not matched:
+            return None
+        return Principal(hmac.new(self._secret, b"principal:" + candidate, hashlib.sha256).hexdigest())
+
+    def prompt_fingerprint(self, principal: Principal, material: bytes) -> str:
+        """A principal-keyed fingerprint: identical prompts of two principals never collide."""
+        key = hmac.new(self._secret, b"prompt-key:" + principal.id.encode(), hashlib.sha256).digest()
+        return hmac.new(key, material, hashlib.sha256).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Authenticator(<{len(self._keys)} keys>)"
+
+
+def read_key_file(path: Path) -> list[str]:
+    """One key per line; blank lines and ``#`` comments ignored."""
+    return [
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
