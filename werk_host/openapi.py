@@ -108,7 +108,7 @@ def build_openapi() -> dict[str, Any]:
             )
         if query is not None:
             for name, field in query.model_fields.items():
-                schema = TypeAdapter(field.annotation).json_schema(ref_template=REF)
+                schema = TypeAdapter(field.annotation).json_schema(ref_template=REF)  # type: ignore[arg-type]
                 operation["parameters"].append(
                     {"name": name, "in": "query", "required": field.is_required(), "schema": schema}
                 )

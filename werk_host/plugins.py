@@ -89,7 +89,7 @@ class PluginHost:
         def on_failure(_mgr: object, entry_point: EntryPoint, err: BaseException) -> None:
             failures[entry_point.name] = err
 
-        manager = NamedExtensionManager(
+        manager: NamedExtensionManager[Any] = NamedExtensionManager(
             namespace=ENTRY_POINT_GROUP,
             names=enabled,
             invoke_on_load=False,

@@ -36,7 +36,7 @@ class Host:
     runtime: BackendRuntime
     service: LocalControlService
     auth: Authenticator
-    app: falcon.App
+    app: falcon.App[Any, Any]
 
     def close(self) -> None:
         self.runtime.close()
@@ -123,7 +123,7 @@ class _Stop(BaseException):
 
 def serve(config: HostConfig) -> int:
     """Run ``werk serve`` until SIGINT/SIGTERM/SIGHUP; always stops backend processes."""
-    from waitress.server import create_server
+    from waitress.server import create_server  # type: ignore[import-untyped]
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise _Stop(signum)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
+import random
 import stat
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,7 @@ class FakeClock:
 
 def payload_for(seed: int, size: int) -> bytes:
     """Deterministic payload bytes for ``seed`` (checkable by content, not only by hash)."""
-    out = bytearray()
-    counter = 0
-    while len(out) < size:
-        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest()
-        counter += 1
-    return bytes(out[:size])
+    return random.Random(seed).randbytes(size)
 
 
 def commit(store: StateStore, principal: str = P1, data: bytes = b"state-bytes", **kw: Any) -> StateRecord:

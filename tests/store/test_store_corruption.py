@@ -124,13 +124,10 @@ def test_quarantine_retention_is_bounded(make_store: Callable[..., StateStore], 
 
 
 def test_uninspectable_entries_are_deleted(store: StateStore, root: Path) -> None:
-    rec = commit(store)
-    nested = state_dir(root, P1, rec.id) / "deep" / "deeper"
-    nested.mkdir(parents=True)
-    crowded = commit(store)
+    rec, crowded, odd = commit(store), commit(store), commit(store)
+    (state_dir(root, P1, rec.id) / "deep" / "deeper").mkdir(parents=True)
     for i in range(40):
         (state_dir(root, P1, crowded.id) / f"junk{i}").write_bytes(b"")
-    odd = commit(store)
     (state_dir(root, P1, odd.id) / "unexpected").write_bytes(b"?")
     report = store.reconcile()
     assert report.deleted_uninspectable == 2 and report.quarantined == 1

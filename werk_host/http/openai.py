@@ -91,7 +91,7 @@ class Models:
         resp.text = json.dumps({"object": "list", "data": self.inference.list_models(principal(req))})
 
 
-def add_routes(app: falcon.App, inference: InferenceControl) -> None:
+def add_routes(app: falcon.App[Any, Any], inference: InferenceControl) -> None:
     app.add_route("/v1/chat/completions", ChatCompletions(inference))
     app.add_route("/v1/completions", Completions(inference))
     app.add_route("/v1/models", Models(inference))

@@ -218,14 +218,15 @@ class LocalControlService:
         workers: list[WorkerObservation] = []
         if adapter is not None:
             workers = list(self.plugins.call("werk_workers", adapter) or [])
-        per_request = [w.context_per_request_tokens for w in workers]
-        capacity = [w.context_capacity_tokens for w in workers]
+        per_request = [w.context_per_request_tokens for w in workers if w.context_per_request_tokens is not None]
+        capacity = [w.context_capacity_tokens for w in workers if w.context_capacity_tokens is not None]
+        complete = bool(workers) and len(per_request) == len(workers) and len(capacity) == len(workers)
         return Observability(
             observed_at_unix_ms=_now_ms(),
             chat=self.chat_stats.snapshot(),
             workers=workers,
-            context_per_request_tokens=min(per_request) if per_request and None not in per_request else None,  # type: ignore[type-var]
-            context_capacity_tokens=sum(capacity) if capacity and None not in capacity else None,  # type: ignore[arg-type]
+            context_per_request_tokens=min(per_request) if complete else None,
+            context_capacity_tokens=sum(capacity) if complete else None,
             memory=self.memory_report(),
         )
 
@@ -273,8 +274,6 @@ class LocalControlService:
                 state=self._summary(updated, envelope, now), changed=record.pinned != want, dry_run=False
             )
         if action is StateActionKind.EVICT:
-            if record.id in self.handoffs.live_state_ids() and not request.dry_run:
-                raise WerkError(ErrorCode.CONFLICT, "state is referenced by a live handoff")
             projected = current.model_copy(update={"status": StateStatus.UNAVAILABLE, "reusable": False})
             if request.dry_run:
                 return StateActionResult(state=projected, changed=True, dry_run=True)
@@ -386,7 +385,7 @@ class LocalControlService:
             )
             cleanup.pop_all()
             return PrefillResult(
-                handoff=secret,  # type: ignore[arg-type]
+                handoff=secret,
                 state_id=state_id,
                 prompt_tokens=state.prompt_tokens,
                 reused=False,
@@ -417,7 +416,7 @@ class LocalControlService:
                 reservation, HandoffRecord(principal.id, adapter.identity(), model_id, record.id, handle=None)
             )
             return PrefillResult(
-                handoff=secret,  # type: ignore[arg-type]
+                handoff=secret,
                 state_id=record.id,
                 prompt_tokens=record.prompt_tokens or 0,
                 reused=True,
@@ -507,7 +506,7 @@ class LocalControlService:
                 finish = FinishReason.STOP
             return DecodeResult(
                 text=output.text,
-                handoff=next_handoff,  # type: ignore[arg-type]
+                handoff=next_handoff,
                 completion_tokens=output.completion_tokens,
                 finish_reason=finish,
             )
@@ -552,7 +551,7 @@ class LocalControlService:
             input_tokens=count,
             max_output_tokens=min(request.requested_output_tokens(), limits.max_output_tokens or 1 << 31),
             context_tokens=limits.context_tokens,
-            token_count_method=method,  # type: ignore[arg-type]
+            token_count_method=method,
         )
 
     def chat_limits(self, principal: Principal, model: str | None) -> ChatLimits:
