@@ -6,7 +6,7 @@ from pathlib import Path
 import falcon.testing
 import pytest
 
-from tests.support.hosts import make_host, backend_host
+from tests.support.hosts import backend_host, make_host
 from tests.support.testadapter import MemoryBackendPlugin
 from werk_host.server import Host
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import KEY
 from tests.support.api import Api
-from tests.support.hosts import running, backend_host
+from tests.support.hosts import backend_host, running
 from tests.support.testadapter import MemoryAdapter, MemoryBackendPlugin
 from werk_host.config import PersistenceDefaults
 from werk_host.protocol import CapabilityStatus, PersistenceMode, ReusePolicy

@@ -75,11 +75,14 @@ def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception
     _render_error(req, resp, WerkError(ErrorCode.INTERNAL, "internal error"))
 
 
-def create_app(
-    control: WerkControl, auth: Authenticator, *, inference: Any | None = None
-) -> falcon.App[Any, Any]:
+def create_app(control: WerkControl, auth: Authenticator, *, inference: Any | None = None) -> falcon.App[Any, Any]:
     """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given)."""
-    middleware: list[Any] = [RequestIdMiddleware(), AuthMiddleware(auth), NegotiationMiddleware(), BodyLimitMiddleware()]
+    middleware: list[Any] = [
+        RequestIdMiddleware(),
+        AuthMiddleware(auth),
+        NegotiationMiddleware(),
+        BodyLimitMiddleware(),
+    ]
     app: falcon.App[Any, Any] = falcon.App(middleware=middleware)
     app.req_options.auto_parse_qs_csv = False
     app.req_options.keep_blank_qs_values = True

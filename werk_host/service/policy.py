@@ -14,9 +14,7 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import CapabilityStatus, Policy, PrefillRequest
 
 
-def resolve_prefill_policy(
-    request: PrefillRequest, server: PersistenceDefaults | None
-) -> tuple[Policy, bool]:
+def resolve_prefill_policy(request: PrefillRequest, server: PersistenceDefaults | None) -> tuple[Policy, bool]:
     """The effective (policy, allow_experimental) of a prefill request."""
     if request.policy is not None:
         policy = request.policy
@@ -35,7 +33,8 @@ def gate(
 
     ``supported`` passes; ``experimental`` needs the opt-in (428 otherwise); ``unavailable``
     is 503, except that an opted-in request passes when the adapter reports ``probe_on_use``
-    (it then runs its functional probe and fails closed); everything else (``unsupported``, ``externally_managed``, ``metadata_only``) is 501.
+    (it then runs its functional probe and fails closed); everything else (``unsupported``,
+    ``externally_managed``, ``metadata_only``) is 501.
     """
     if status is CapabilityStatus.SUPPORTED:
         return
