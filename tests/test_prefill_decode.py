@@ -284,15 +284,11 @@ def test_concurrent_prefills_never_exceed_bounds_or_leak(home: Path) -> None:
         def worker(n: int) -> None:
             api = e.api.as_key(keys[n % len(keys)])
             for i in range(24):
-                inject = i % 7 == 3
-                if inject:
-                    e.adapter.fail.add("prefill")
+                text = f"FAIL {n}-{i}" if i % 7 == 3 else f"{n}-{i}"  # injected backend failures
                 status, _ = api.post(
                     "/werk/v1/prefill",
-                    {"model_id": "tiny", "input": {"type": "text", "text": f"{n}-{i}"}, "policy": {"mode": "ephemeral"}, "allow_experimental": True},
+                    {"model_id": "tiny", "input": {"type": "text", "text": text}, "policy": {"mode": "ephemeral"}, "allow_experimental": True},
                 )
-                if inject:
-                    e.adapter.fail.discard("prefill")
                 with lock:
                     results.append(status)
 
@@ -306,4 +302,4 @@ def test_concurrent_prefills_never_exceed_bounds_or_leak(home: Path) -> None:
         assert total == results.count(200)  # every success is live; no reservation leaked
         assert total <= 1024
         assert results.count(429) > 0  # the bounds were actually reached
-        assert set(results) <= {200, 429, 500}
+        assert set(results) == {200, 429, 500}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from pydantic import ValidationError
+
 
 class ErrorCode(StrEnum):
     """The seed's error codes (protocol reference, "Errors")."""
@@ -102,3 +104,13 @@ def corrupt(message: str = "stored state failed integrity validation") -> WerkEr
 
 def internal(message: str = "internal error") -> WerkError:
     return WerkError(ErrorCode.INTERNAL, message)
+
+
+def validation_message(err: ValidationError) -> str:
+    """A useful message naming each failing field, never echoing submitted values."""
+    parts = []
+    for item in err.errors(include_input=False, include_url=False)[:5]:
+        loc = ".".join(str(p) for p in item.get("loc", ()) if p not in ("function-after",)) or "body"
+        parts.append(f"{loc}: {item.get('msg', 'invalid')}")
+    more = len(err.errors()) - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")

@@ -117,16 +117,19 @@ def configure_logging(level: str, secrets: tuple[str, ...]) -> None:
     root.setLevel(level.upper())
 
 
-class _Stop(BaseException):
-    pass
+class _Stop(SystemExit):
+    """Raised by the signal handler; waitress's loop treats SystemExit as "stop serving"."""
 
 
 def serve(config: HostConfig) -> int:
     """Run ``werk serve`` until SIGINT/SIGTERM/SIGHUP; always stops backend processes."""
     from waitress.server import create_server  # type: ignore[import-untyped]
 
+    received: list[int] = []
+
     def stop(signum: int, frame: FrameType | None) -> None:
-        raise _Stop(signum)
+        received.append(signum)
+        raise _Stop(0)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     host: Host | None = None
@@ -149,10 +152,12 @@ def serve(config: HostConfig) -> int:
         bound = server.getsockname() if hasattr(server, "getsockname") else (config.host, config.port)
         log.info("serving Werk Protocol 1.0 on http://%s:%s", bound[0], bound[1])
         print(json.dumps({"event": "listening", "host": bound[0], "port": bound[1]}), flush=True)
-        server.run()
-    except _Stop as stopped:
-        log.info("received signal %s; shutting down", stopped.args[0])
+        server.run()  # returns once the handler's SystemExit reaches waitress's loop
+    except _Stop:
+        pass
     finally:
+        if received:
+            log.info("received signal %s; shutting down", received[0])
         started = time.monotonic()
         if server is not None:
             server.close()

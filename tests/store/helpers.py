@@ -77,7 +77,7 @@ def state_dir(root: Path, principal: str, state_id: str) -> Path:
 
 
 def staging_leftovers(root: Path) -> list[str]:
-    found = []
+    found: list[str] = []
     if not root.exists():
         return found
     for pdir in root.iterdir():

@@ -54,7 +54,7 @@ def test_ids_are_random_not_prompt_derived(store: StateStore) -> None:
 
 
 def test_iterable_payload_and_expected_sha(store: StateStore) -> None:
-    chunks = [b"abc", bytearray(b"def"), memoryview(b"ghi")]
+    chunks: list[bytes | bytearray | memoryview] = [b"abc", bytearray(b"def"), memoryview(b"ghi")]
     want = hashlib.sha256(b"abcdefghi").hexdigest()
     rec = store.commit(P1, model_id="m", backend="b", envelope={}, payload=iter(chunks), expected_sha256=want)
     assert rec.bytes == 9 and rec.payload_sha256 == want
@@ -113,7 +113,7 @@ def test_failing_source_leaves_nothing(store: StateStore, root: Path) -> None:
 )
 def test_commit_validation(store: StateStore, werk_home_dir: Path, kw: dict[str, object]) -> None:
     with pytest.raises(WerkError) as err:
-        commit(store, **kw)
+        commit(store, **kw)  # type: ignore[arg-type]
     assert err.value.code is ErrorCode.INVALID_REQUEST
     assert list(werk_home_dir.iterdir()) == []  # rejected before anything is created
 

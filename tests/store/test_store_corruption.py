@@ -36,7 +36,7 @@ def _tamper_checksum(path: Path) -> None:
     path.write_text(("0" if text[0] != "0" else "1") + text[1:])
 
 
-DAMAGE: dict[str, tuple[str, Callable[[Path], None]]] = {
+DAMAGE: dict[str, tuple[str, Callable[[Path], object]]] = {
     "flipped payload byte": ("payload.bin", _flip_payload),
     "tampered metadata.json": ("metadata.json", _tamper_meta),
     "tampered metadata.sha256": ("metadata.sha256", _tamper_checksum),

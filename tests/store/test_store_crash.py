@@ -15,18 +15,25 @@ from werk_host.store import StateStore
 from .helpers import P1, P2, payload_for, read_payload, staging_leftovers
 
 CHILD = Path(__file__).with_name("_crash_child.py")
-KILLS = int(os.environ.get("WERK_STORE_CRASH_KILLS", "220"))
+KILLS = int(os.environ.get("WERK_STORE_CRASH_KILLS", "300"))
 
 
 def _spawn(root: Path, principal: str, seed: int, mode: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
+    """Start a child; it imports everything, then waits for :func:`_go`."""
+    return subprocess.Popen(
         [sys.executable, str(CHILD), str(root), principal, str(seed), mode],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=CHILD.parent,
     )
-    assert proc.stdout is not None
+
+
+def _go(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    assert proc.stdout is not None and proc.stdin is not None
     assert proc.stdout.readline() == b"ready\n"
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
     return proc
 
 
@@ -66,18 +73,65 @@ def _no_leftovers(root: Path) -> None:
     assert not quarantine.exists() or os.listdir(quarantine) == []  # nothing partial was ever published
 
 
+class _Zygote:
+    """A pre-imported parent that forks one committing child per round."""
+
+    def __init__(self, root: Path, principal: str, ackdir: Path) -> None:
+        self.ackdir = ackdir
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), "zygote", str(root), principal, str(ackdir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=CHILD.parent,
+        )
+
+    def _line(self) -> list[str]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        assert line, "zygote died"
+        return line.split()
+
+    def kill_after(self, seed: int, delay: float) -> bytes:
+        """Fork a committing child, SIGKILL it after ``delay`` seconds, return its acks."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"fork {seed}\n".encode())
+        self.proc.stdin.flush()
+        tag, pid = self._line()
+        assert tag == "pid"
+        time.sleep(delay)
+        os.kill(int(pid), signal.SIGKILL)
+        tag, dead, status = self._line()
+        assert (tag, dead) == ("exit", pid)
+        code = int(status)
+        assert os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGKILL, "child failed before the kill"
+        path = self.ackdir / f"{seed}.acks"
+        return path.read_bytes() if path.exists() else b""
+
+    def close(self) -> None:
+        _out, err = self.proc.communicate(input=b"", timeout=30)
+        assert self.proc.returncode == 0, err.decode()[-2000:]
+
+
 def test_sigkill_during_commits_loses_no_acknowledged_state(tmp_path: Path) -> None:
     root = tmp_path / "home" / "runtime-state" / "v1"
+    ackdir = tmp_path / "acks"
+    ackdir.mkdir()
     rng = random.Random(20240601)
     acked: dict[str, tuple[int, int]] = {}
     kills = leftovers_seen = torn_publish = 0
     started = time.monotonic()
+    zygote = _Zygote(root, P1, ackdir)
     while kills < KILLS:
-        proc = _spawn(root, P1, kills + 1, "loop")
-        time.sleep(rng.uniform(0.005, 0.060))
-        proc.send_signal(signal.SIGKILL)
-        out, err = proc.communicate()
-        assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+        delay = rng.uniform(0.005, 0.060)
+        if kills % 10 == 9:  # every tenth round: a whole fresh interpreter, killed the same way
+            proc = _go(_spawn(root, P1, kills + 1, "loop"))
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            out, err = proc.communicate()
+            assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+        else:
+            out = zygote.kill_after(kills + 1, delay)
         kills += 1
         new = _acks(out)
         acked.update(new)
@@ -88,10 +142,12 @@ def test_sigkill_during_commits_loses_no_acknowledged_state(tmp_path: Path) -> N
         assert not missing, f"acknowledged commits lost after kill {kills}: {sorted(missing)[:3]}"
         for sid, expect in new.items():
             _verify(fresh, P1, sid, expect)
-        for sid in visible - set(acked):  # committed but killed before the ack was printed
+        for sid in visible - set(acked):  # published, but killed before the ack was written
             _verify(fresh, P1, sid)
+            rec = fresh.get(P1, sid)
+            assert rec is not None
+            acked[sid] = (rec.adapter_meta["seed"], rec.adapter_meta["size"])
             torn_publish += 1
-            acked[sid] = (fresh.get(P1, sid).adapter_meta["seed"], fresh.get(P1, sid).adapter_meta["size"])  # type: ignore[union-attr]
         if kills % 25 == 0:
             for sid, expect in acked.items():
                 _verify(fresh, P1, sid, expect)
@@ -103,9 +159,11 @@ def test_sigkill_during_commits_loses_no_acknowledged_state(tmp_path: Path) -> N
         if len(acked) > 300:
             doomed = sorted(acked)[:200]
             for i in range(0, len(doomed), 100):
-                assert fresh.prune(P1, ids=doomed[i : i + 100], dry_run=False).removed == len(doomed[i : i + 100])
+                chunk = doomed[i : i + 100]
+                assert fresh.prune(P1, ids=chunk, dry_run=False).removed == len(chunk)
             for sid in doomed:
                 del acked[sid]
+    zygote.close()
     final = StateStore(root)
     final.reconcile(full=True)
     _no_leftovers(root)
@@ -122,6 +180,8 @@ def test_two_processes_commit_concurrently_lose_nothing(tmp_path: Path) -> None:
     root = tmp_path / "home" / "runtime-state" / "v1"
     writers = [_spawn(root, P1, 1, "count:25"), _spawn(root, P1, 2, "count:25"), _spawn(root, P2, 3, "count:15")]
     janitor = _spawn(root, P1, 4, "reconcile:3")  # reconciling concurrently must not touch live staging
+    for proc in [*writers, janitor]:
+        _go(proc)
     acked: dict[str, dict[str, tuple[int, int]]] = {P1: {}, P2: {}}
     for proc, principal in zip(writers, (P1, P1, P2), strict=True):
         out, err = proc.communicate(timeout=120)

@@ -68,9 +68,7 @@ def test_state_dir_link(store: StateStore, root: Path, tmp_path: Path, outside: 
 
 
 @pytest.mark.parametrize("name", ["payload.bin", "metadata.json", "metadata.sha256", "pinned"])
-def test_file_links_inside_a_state(
-    make_store: Callable[..., StateStore], root: Path, outside: Path, name: str
-) -> None:
+def test_file_links_inside_a_state(make_store: Callable[..., StateStore], root: Path, outside: Path, name: str) -> None:
     store = make_store(quarantine_limit=1)
     data = b"payload-bytes-that-would-verify"
     rec = commit(store, data=data, pinned=True)

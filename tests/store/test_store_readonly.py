@@ -39,9 +39,7 @@ def test_reads_on_absent_root_create_nothing(werk_home_dir: Path, root: Path) ->
     assert not (werk_home_dir / "missing").exists()
 
 
-def test_reads_and_dry_runs_change_nothing(
-    make_store: Callable[..., StateStore], root: Path, clock: FakeClock
-) -> None:
+def test_reads_and_dry_runs_change_nothing(make_store: Callable[..., StateStore], root: Path, clock: FakeClock) -> None:
     writer = make_store()
     good = [commit(writer, prompt_fingerprint="fp").id for _ in range(4)]
     pinned = commit(writer, pinned=True, ttl_seconds=5, prompt_fingerprint="fp").id

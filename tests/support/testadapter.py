@@ -127,6 +127,8 @@ class MemoryBackendPlugin:
     def werk_prefill(self, adapter: MemoryAdapter, work: PrefillWork) -> PrefilledState:
         adapter._maybe_fail("prefill")
         data = _prompt_bytes(work)
+        if data.startswith(b"FAIL"):
+            raise WerkError(ErrorCode.INTERNAL, "injected prefill failure for this prompt")
         with adapter._lock:
             handle = next(adapter._ids)
             adapter.live[handle] = data

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode
 
@@ -122,6 +123,13 @@ def _validation_summary(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class _Answer:
+    data: Any
+    request_id: str
+    status: int
+
+
 class WerkProtocolClient:
     """A typed, bounded Werk Protocol 1.0 client. Stateless between calls and thread-safe.
 
@@ -180,8 +188,8 @@ class WerkProtocolClient:
 
     def capabilities(self) -> list[Capability]:
         """``GET /werk/v1/capabilities``: the capability array (status is authoritative)."""
-        data = self._request("GET", "/werk/v1/capabilities")
-        return self._convert(data, _CAPABILITIES, "capabilities")
+        answer = self._request("GET", "/werk/v1/capabilities")
+        return self._convert(answer, _CAPABILITIES, "capabilities")
 
     def memory(self) -> MemoryReport:
         """``GET /werk/v1/memory``: memory telemetry and accounting."""
@@ -283,7 +291,10 @@ class WerkProtocolClient:
 
     @staticmethod
     def _encode(payload: Any) -> bytes:
-        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        try:
+            body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except ValueError:  # NaN/Infinity, or a lone surrogate that UTF-8 cannot encode
+            raise ClientConfigError("the request is not encodable as strict UTF-8 JSON") from None
         if len(body) > MAX_REQUEST_BYTES:
             raise RequestTooLargeError(f"the encoded request ({len(body)} bytes) exceeds {MAX_REQUEST_BYTES} bytes")
         return body
@@ -298,16 +309,17 @@ class WerkProtocolClient:
         body: bytes | None = None,
         secrets: tuple[str, ...] = (),
     ) -> T:
-        data = self._request(method, path, params=params, body=body, secrets=secrets)
-        return self._convert(data, TypeAdapter(model), model.__name__)
+        answer = self._request(method, path, params=params, body=body, secrets=secrets)
+        return self._convert(answer, TypeAdapter(model), model.__name__)
 
     @staticmethod
-    def _convert(data: Any, adapter: TypeAdapter[T], name: str) -> T:
+    def _convert(answer: _Answer, adapter: TypeAdapter[T], name: str) -> T:
         try:
-            return adapter.validate_python(data)
+            return adapter.validate_python(answer.data)
         except ValidationError as err:
             raise ProtocolViolationError(
-                f"the response data is not a valid {name}: {_validation_summary(err)}"
+                f"the response data is not a valid {name}: {_validation_summary(err)}",
+                status=answer.status, request_id=answer.request_id,
             ) from None
 
     def _scrub(self, text: str, secrets: tuple[str, ...]) -> str:
@@ -327,7 +339,7 @@ class WerkProtocolClient:
         params: dict[str, str] | None = None,
         body: bytes | None = None,
         secrets: tuple[str, ...] = (),
-    ) -> Any:
+    ) -> _Answer:
         target = path + (f"?{urlencode(params, quote_via=quote)}" if params else "")
         headers = [
             ("Accept", "application/json"),
@@ -353,10 +365,10 @@ class WerkProtocolClient:
         except WerkClientError as err:
             log.debug("%s %s -> %s (%s, request %s)", method, path, raw.status, err.code, err.request_id)
             raise
-        log.debug("%s %s -> %s", method, path, raw.status)
+        log.debug("%s %s -> %s (request %s)", method, path, raw.status, data.request_id)
         return data
 
-    def _open_envelope(self, raw: RawResponse, secrets: tuple[str, ...]) -> Any:
+    def _open_envelope(self, raw: RawResponse, secrets: tuple[str, ...]) -> _Answer:
         status = raw.status
         header_version = raw.single("X-Werk-Protocol-Version")
         header_request_id = raw.single("X-Werk-Request-Id")
@@ -408,7 +420,7 @@ class WerkProtocolClient:
                     f"a success response (HTTP {status}) must carry exactly protocol, request_id and data",
                     status=status, request_id=request_id,
                 )
-            return envelope["data"]
+            return _Answer(envelope["data"], request_id, status)
         error = envelope.get("error")
         if set(envelope) != {"protocol", "request_id", "error"} or not isinstance(error, dict):
             raise ProtocolViolationError(

@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 import falcon
-from pydantic import ValidationError
 
 from werk_host.errors import ErrorCode, WerkError
 
@@ -28,16 +27,6 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.CORRUPT_STATE: 500,
     ErrorCode.INTERNAL: 500,
 }
-
-
-def validation_message(err: ValidationError) -> str:
-    """A useful message naming each failing field, never echoing submitted values."""
-    parts = []
-    for item in err.errors(include_input=False, include_url=False)[:5]:
-        loc = ".".join(str(p) for p in item.get("loc", ()) if p not in ("function-after",)) or "body"
-        parts.append(f"{loc}: {item.get('msg', 'invalid')}")
-    more = len(err.errors()) - len(parts)
-    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
 
 def error_body(error: WerkError) -> dict[str, Any]:

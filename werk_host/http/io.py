@@ -8,8 +8,7 @@ from typing import Any, TypeVar
 import falcon
 from pydantic import BaseModel, ValidationError
 
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.http.errors import validation_message
+from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from werk_host.service.principals import Principal
 

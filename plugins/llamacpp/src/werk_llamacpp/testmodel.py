@@ -1,0 +1,237 @@
+"""Generate a tiny llama-architecture GGUF for tests and benchmarks.
+
+The model has random (seeded, deterministic) F32 weights, so it emits nonsense,
+but it is a real model for llama.cpp: it loads, tokenizes, prefills, generates
+and its slot KV state can be saved and restored.
+
+Tokenizer: a generated SentencePiece-style ("llama") vocabulary with byte
+fallback, so tokenization is real and any input round-trips:
+
+* ``<unk>`` (0), ``<s>`` (1), ``</s>`` (2)
+* the ChatML control tokens ``<|im_start|>`` and ``<|im_end|>``
+* 256 byte tokens ``<0x00>`` .. ``<0xFF>``
+* the word-boundary marker ``▁`` and every printable ASCII character
+* a list of English word pieces, each with all of its prefixes, so that the
+  SPM bigram merge can reach the whole word; longer pieces score higher.
+
+A ChatML jinja chat template is embedded as ``tokenizer.chat_template``.
+
+CLI::
+
+    python -m werk_llamacpp.testmodel OUT.gguf [--dim 64] [--layers 2] [--heads 4]
+        [--kv-heads N] [--ffn N] [--ctx 4096] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "BOS_ID",
+    "EOS_ID",
+    "UNK_ID",
+    "IM_START",
+    "IM_END",
+    "build_vocab",
+    "generate_model",
+    "main",
+]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+UNK_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+_SPACE = "\u2581"  # SentencePiece word-boundary marker
+
+_WORD_TEXT = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+    "they you were her she there been one all we their has would when if so no will more can about out up "
+    "them some could what into other time only new these two may first then do any like my now over such "
+    "our man me even most made after also did many before must through back years where much your way well "
+    "down should because each just those people how too little state good very make world still own see men "
+    "work long here get both between life being under never day same another know while last might us great "
+    "old year off come since against go came right used take three hello prompt model token cache state "
+    "slot save restore prefill decode werk llama server system user assistant message content answer question"
+)
+_WORDS = tuple(_WORD_TEXT.split())
+
+
+def build_vocab() -> tuple[list[str], list[float], list[int]]:
+    """Return ``(tokens, scores, token_types)`` of the generated SPM vocabulary."""
+    tokens: list[str] = []
+    scores: list[float] = []
+    types: list[int] = []
+    seen: set[str] = set()
+
+    def add(text: str, score: float, ttype: gguf.TokenType) -> None:
+        if text in seen:
+            return
+        seen.add(text)
+        tokens.append(text)
+        scores.append(score)
+        types.append(int(ttype))
+
+    add("<unk>", 0.0, gguf.TokenType.UNKNOWN)
+    add("<s>", 0.0, gguf.TokenType.CONTROL)
+    add("</s>", 0.0, gguf.TokenType.CONTROL)
+    add(IM_START, 0.0, gguf.TokenType.CONTROL)
+    add(IM_END, 0.0, gguf.TokenType.CONTROL)
+    for b in range(256):
+        add(f"<0x{b:02X}>", 0.0, gguf.TokenType.BYTE)
+    # Single characters: the SPM merge starts from these.
+    add(_SPACE, -1000.0, gguf.TokenType.NORMAL)
+    for c in range(0x21, 0x7F):
+        add(chr(c), -1000.0 - c, gguf.TokenType.NORMAL)
+    # Word pieces with every prefix so bigram merges can build whole words.
+    pieces: list[str] = []
+    for word in _WORDS:
+        full = _SPACE + word
+        for end in range(2, len(full) + 1):
+            pieces.append(full[:end])
+        for end in range(2, len(word) + 1):
+            pieces.append(word[:end])
+    for piece in sorted(set(pieces), key=lambda p: (len(p), p)):
+        # Longer pieces get higher scores, so whole words win merges.
+        add(piece, -100.0 + 10.0 * len(piece), gguf.TokenType.NORMAL)
+    return tokens, scores, types
+
+
+def generate_model(
+    path: str | Path,
+    *,
+    dim: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    ctx: int = 4096,
+    seed: int = 0,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+) -> Path:
+    """Write a tiny random-weight llama GGUF to ``path`` and return the path.
+
+    ``dim`` must be divisible by ``heads`` and ``heads`` by ``kv_heads``
+    (default: ``heads``). ``ffn`` defaults to ``4 * dim``. The same arguments
+    always produce a byte-identical file.
+    """
+    kv = heads if kv_heads is None else kv_heads
+    ff = 4 * dim if ffn is None else ffn
+    if dim <= 0 or layers <= 0 or heads <= 0 or kv <= 0 or ff <= 0 or ctx <= 0:
+        raise ValueError("dim, layers, heads, kv_heads, ffn and ctx must be positive")
+    if dim % heads or heads % kv:
+        raise ValueError("dim must be divisible by heads, and heads by kv_heads")
+    head_dim = dim // heads
+    if head_dim % 2:
+        raise ValueError("head dimension (dim / heads) must be even for RoPE")
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokens, scores, types = build_vocab()
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        # numpy (rows, cols) becomes ggml ne = [cols, rows]: cols is the input dim.
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    tmp = out.with_name(out.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch="llama")
+    try:
+        writer.add_name(f"werk-test-llama-{dim}d-{layers}l")
+        writer.add_context_length(ctx)
+        writer.add_embedding_length(dim)
+        writer.add_block_count(layers)
+        writer.add_feed_forward_length(ff)
+        writer.add_head_count(heads)
+        writer.add_head_count_kv(kv)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(n_vocab)
+        writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_unk_token_id(UNK_ID)
+        writer.add_bos_token_id(BOS_ID)
+        writer.add_eos_token_id(EOS_ID)
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
+
+        writer.add_tensor("token_embd.weight", mat(n_vocab, dim))
+        for i in range(layers):
+            writer.add_tensor(f"blk.{i}.attn_norm.weight", ones(dim))
+            writer.add_tensor(f"blk.{i}.attn_q.weight", mat(heads * head_dim, dim))
+            writer.add_tensor(f"blk.{i}.attn_k.weight", mat(kv * head_dim, dim))
+            writer.add_tensor(f"blk.{i}.attn_v.weight", mat(kv * head_dim, dim))
+            writer.add_tensor(f"blk.{i}.attn_output.weight", mat(dim, heads * head_dim))
+            writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones(dim))
+            writer.add_tensor(f"blk.{i}.ffn_gate.weight", mat(ff, dim))
+            writer.add_tensor(f"blk.{i}.ffn_up.weight", mat(ff, dim))
+            writer.add_tensor(f"blk.{i}.ffn_down.weight", mat(dim, ff))
+        writer.add_tensor("output_norm.weight", ones(dim))
+        writer.add_tensor("output.weight", mat(n_vocab, dim))
+
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    tmp.replace(out)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m werk_llamacpp.testmodel",
+        description="Generate a tiny random-weight llama GGUF with a real byte-fallback tokenizer.",
+    )
+    parser.add_argument("out", type=Path, help="output .gguf path")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=None)
+    parser.add_argument("--ffn", type=int, default=None, help="feed-forward width (default 4*dim)")
+    parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    ns = parser.parse_args(argv)
+    try:
+        out = generate_model(
+            ns.out,
+            dim=ns.dim,
+            layers=ns.layers,
+            heads=ns.heads,
+            ctx=ns.ctx,
+            seed=ns.seed,
+            kv_heads=ns.kv_heads,
+            ffn=ns.ffn,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

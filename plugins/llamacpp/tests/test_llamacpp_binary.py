@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from llamacpp_fakes import FAKE_HELP, calls, write_fake_server
+from werk_llamacpp import binary
+from werk_llamacpp.binary import (
+    BUILD_CACHE_VERSION,
+    ExecutableIdentity,
+    LlamaServerNotFound,
+    UnadvertisedFlagError,
+    find_llama_server,
+    flags_in_args,
+    inspect_executable,
+    parse_help_flags,
+    sha256_file,
+)
+
+
+def test_parse_help_flags() -> None:
+    flags = parse_help_flags(FAKE_HELP)
+    assert flags == {
+        "-h", "--help", "--usage", "--version", "-t", "--threads", "-c", "--ctx-size", "-m", "--model",
+        "--warmup", "--no-warmup", "-np", "--parallel", "--host", "--port", "--slot-save-path",
+    }
+    assert "--not-a-real-flag" not in flags  # mentioned in a description only
+
+
+def test_flags_in_args() -> None:
+    args = ["--host", "127.0.0.1", "-np", "2", "--port=8080", "-ngl", "-1", "--", "-", "--x.y"]
+    assert flags_in_args(args) == ["--host", "-np", "--port", "-ngl", "--x.y"]
+
+
+def test_sha256_and_identity(tmp_path: Path) -> None:
+    f = tmp_path / "blob"
+    f.write_bytes(os.urandom(3 << 20))
+    assert sha256_file(f, chunk_size=4096) == hashlib.sha256(f.read_bytes()).hexdigest()
+    ident = ExecutableIdentity.of(f)
+    assert ident.size == 3 << 20 and ident.still_matches()
+    f.write_bytes(b"changed")
+    assert not ident.still_matches()
+
+
+def test_discovery_order(tmp_path: Path) -> None:
+    explicit = write_fake_server(tmp_path / "explicit")
+    from_env = write_fake_server(tmp_path / "env")
+    on_path = write_fake_server(tmp_path / "path")
+    cache = tmp_path / "cache"
+    cached = write_fake_server(cache / "werk" / "llama-server" / BUILD_CACHE_VERSION)
+    env = {"WERK_LLAMA_SERVER": str(from_env), "PATH": str(on_path.parent), "XDG_CACHE_HOME": str(cache)}
+    assert find_llama_server(explicit, env=env) == explicit
+    assert find_llama_server(None, env=env) == from_env
+    env.pop("WERK_LLAMA_SERVER")
+    assert find_llama_server(None, env=env) == on_path
+    env["PATH"] = str(tmp_path / "empty")
+    assert find_llama_server(None, env=env) == cached
+    with pytest.raises(LlamaServerNotFound):
+        find_llama_server(None, env=env, use_build_cache=False)
+
+
+def test_other_cached_versions_are_a_fallback(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    other = write_fake_server(cache / "werk" / "llama-server" / "1.0.0")
+    env = {"PATH": "", "XDG_CACHE_HOME": str(cache)}
+    assert find_llama_server(None, env=env) == other
+
+
+def test_unusable_explicit_or_env_is_an_error_not_a_fallthrough(tmp_path: Path) -> None:
+    on_path = write_fake_server(tmp_path / "path")
+    env = {"PATH": str(on_path.parent)}
+    with pytest.raises(LlamaServerNotFound):
+        find_llama_server(tmp_path / "missing", env=env)
+    not_exec = tmp_path / "not-exec"
+    not_exec.write_text("x")
+    with pytest.raises(LlamaServerNotFound):
+        find_llama_server(None, env={**env, "WERK_LLAMA_SERVER": str(not_exec)})
+
+
+def test_help_is_inspected_once_per_identity(tmp_path: Path) -> None:
+    binary.clear_inspection_cache()
+    fake = write_fake_server(tmp_path)
+    a = inspect_executable(fake)
+    b = inspect_executable(fake)
+    assert a is b
+    assert calls(fake) == ["--help", "--version"]
+    assert a.help_sha256 == hashlib.sha256(FAKE_HELP.encode()).hexdigest()
+    assert a.sha256 == sha256_file(fake)
+    assert a.version_text == "version: 1 (fake)"
+    assert a.advertises("--slot-save-path") and not a.advertises("--metrics")
+    a.verify_flags(["--host", "127.0.0.1", "-np", "2", "--no-warmup"])
+    with pytest.raises(UnadvertisedFlagError) as err:
+        a.verify_flags(["--host", "h", "--metrics", "--kv-unified", "--metrics"])
+    assert err.value.flags == ("--metrics", "--kv-unified")
+    # a changed executable is a new identity and is inspected again
+    fake.write_text(fake.read_text() + "\n# changed\n")
+    c = inspect_executable(fake)
+    assert c is not a and c.sha256 != a.sha256
+    assert calls(fake) == ["--help", "--version", "--help", "--version"]
+
+
+def test_inspection_fails_for_non_llama_executable(tmp_path: Path) -> None:
+    exe = tmp_path / "true-ish"
+    exe.write_text("#!/bin/sh\necho 'nothing here'\n")
+    exe.chmod(0o755)
+    with pytest.raises(binary.InspectionError):
+        inspect_executable(exe)
+
+
+@pytest.mark.llamaserver
+def test_real_binary_help(llama_server_path: Path) -> None:
+    info = inspect_executable(llama_server_path)
+    for flag in ("--host", "--port", "-m", "--model", "-np", "--parallel", "-c", "--ctx-size",
+                 "--slot-save-path", "--no-warmup", "--warmup", "-t", "--threads"):
+        assert info.advertises(flag), flag
+    assert len(info.flags) > 100
+    assert len(info.sha256) == 64 and len(info.help_sha256) == 64
+    assert "version" in info.version_text
+    with pytest.raises(UnadvertisedFlagError):
+        info.verify_flags(["--definitely-not-a-llama-flag"])
