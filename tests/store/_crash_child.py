@@ -1,8 +1,9 @@
 """Child process for the crash and concurrency tests (run as a script, not collected).
 
 ``_crash_child.py ROOT PRINCIPAL SEED MODE`` where MODE is ``loop`` (commit until killed),
-``count:N`` (commit N states, then exit) or ``reconcile:SECONDS`` (reconcile and list in a
-loop). It prints ``ready`` after its imports and starts only when it reads ``go`` on
+``count:N`` (commit N states, then exit), ``reconcile:SECONDS`` (reconcile and list in a
+loop) or ``slow`` (one commit whose payload stream pauses after its first chunk, printing
+``streaming``, until another stdin line arrives). It prints ``ready`` after its imports and starts only when it reads ``go`` on
 stdin. After every commit returns it prints ``ack <id> <seed> <size>`` and flushes, so
 every complete printed line is an acknowledged commit.
 
@@ -21,7 +22,7 @@ import random
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from helpers import payload_for  # type: ignore[import-not-found]
@@ -84,16 +85,29 @@ def main() -> int:
     if sys.stdin.readline() != "go\n":
         return 3
     store = StateStore(root)
+
+    def emit(text: str) -> None:
+        out.write(text)
+        out.flush()
+
+    if mode == "slow":
+
+        def chunks() -> Iterator[bytes]:
+            data = payload_for(base, 3 << 20)
+            yield data[: 1 << 20]
+            emit("streaming\n")
+            sys.stdin.readline()
+            yield data[1 << 20 :]
+
+        rec = store.commit(principal, model_id="slow", backend="test", envelope={}, payload=chunks())
+        emit(f"ack {rec.id} {base} {3 << 20}\n")
+        return 0
     if mode.startswith("reconcile:"):
         end = time.monotonic() + float(mode.split(":", 1)[1])
         while time.monotonic() < end:
             store.reconcile()
             store.list(principal)
         return 0
-
-    def emit(text: str) -> None:
-        out.write(text)
-        out.flush()
 
     commit_loop(store, principal, base, int(mode.split(":", 1)[1]) if mode.startswith("count:") else None, emit)
     return 0

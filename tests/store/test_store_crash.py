@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from werk_host.store import StateStore
+from werk_host.store import StateRecord, StateStore
 
 from .helpers import P1, P2, payload_for, read_payload, staging_leftovers
 
@@ -197,3 +197,36 @@ def test_two_processes_commit_concurrently_lose_nothing(tmp_path: Path) -> None:
             _verify(store, principal, sid, expect)
     store.reconcile(full=True)
     _no_leftovers(root)
+
+
+def test_live_commit_in_another_process_is_not_reaped_and_does_not_block(tmp_path: Path) -> None:
+    """The catalog lock is not held while a payload streams; its staging entry stays live."""
+    root = tmp_path / "home" / "runtime-state" / "v1"
+    store = StateStore(root)
+    other = commit_one(store)
+    slow = _go(_spawn(root, P1, 77, "slow"))
+    assert slow.stdout is not None and slow.stdin is not None
+    assert slow.stdout.readline() == b"streaming\n"  # mid-stream, staging entry exists
+    assert len(staging_leftovers(root)) == 1
+    staging = [e for e in store.inventory() if e.kind == "staging"]
+    assert len(staging) == 1 and staging[0].active
+    t0 = time.monotonic()
+    report = store.reconcile(full=True)  # neither blocks on nor removes the live staging entry
+    assert report.staging_removed == 0 and len(staging_leftovers(root)) == 1
+    assert store.purge(all=True).removed == 1  # 'other'; the live commit is untouched
+    third = commit_one(store)
+    assert time.monotonic() - t0 < 10
+    slow.stdin.write(b"go on\n")
+    slow.stdin.flush()
+    out, err = slow.communicate(timeout=60)
+    assert slow.returncode == 0, err.decode()[-2000:]
+    acks = _acks(out)
+    assert len(acks) == 1
+    ((sid, expect),) = acks.items()
+    _verify(StateStore(root), P1, sid, expect)
+    assert set(_all_ids(store, P1)) == {sid, third.id} and other.id not in _all_ids(store, P1)
+    assert staging_leftovers(root) == []
+
+
+def commit_one(store: StateStore) -> StateRecord:
+    return store.commit(P1, model_id="m", backend="b", envelope={}, payload=iter([b"x" * 10]))

@@ -19,9 +19,11 @@ Contracts:
 * Reads (:meth:`get`, :meth:`list`, :meth:`find_by_fingerprint`, :meth:`inventory`, the
   dry runs of :meth:`prune` and :meth:`purge`) take no file lock and create, repair,
   touch, quarantine or delete nothing; invalid or expired entries are omitted.
-* Every real mutation holds the process mutex and the ``.lock`` advisory lock for its
-  whole duration and reconciles first, so staging entries found under the lock are
-  abandoned by definition.
+* Every real mutation holds the process mutex and the ``.lock`` advisory lock and
+  reconciles first. A commit streams its payload *outside* the catalog lock into a
+  ``.staging-*`` directory on which it holds an exclusive ``flock`` (its liveness lock):
+  a staging entry whose lock can be taken belongs to a dead or failed commit and is
+  removed; a live one is left alone, in this process or any other.
 * Paths are walked with descriptor-relative no-follow calls; a planted link is never
   followed, only unlinked (inside the catalog) or refused (the root itself).
 """
@@ -205,6 +207,10 @@ def _classify(names: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
             others.append(name)
     ids.sort()
     return ids, staging, others
+
+
+def _dev_ino(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
 
 
 def _os_error(exc: OSError) -> WerkError:
@@ -395,20 +401,22 @@ class StateStore:
             return cached
         return self._rescan(principal, pfd, exact=exact)
 
-    def _stamp_added(self, principal: str, pfd: int, before: _Listing, before_ident: _fs.Ident, sid: str) -> None:
-        """After our own commit under the lock: extend the listing instead of rescanning."""
-        if before_ident != before.ident or before.staging or before.others:
+    def _stamp_added(
+        self, principal: str, pfd: int, before: _Listing, before_ident: _fs.Ident, sid: str, staging: str
+    ) -> None:
+        """After our own rename under the lock: extend the listing instead of rescanning."""
+        if before_ident != before.ident:
             self._rescan(principal, pfd, exact=True)
             return
         ids = list(before.ids)
         bisect.insort(ids, sid)
         listing = _Listing(
             ident=_fs.ident(os.fstat(pfd)),
-            trusted=True,
+            trusted=before.trusted,
             ids=ids,
             id_set=before.id_set | {sid},
-            staging=[],
-            others=[],
+            staging=[n for n in before.staging if n != staging],
+            others=list(before.others),
             version=next(self._versions),
         )
         with self._cache_lock:
@@ -556,6 +564,42 @@ class StateStore:
         finally:
             os.close(sfd)
 
+    @staticmethod
+    def _staging_live(pfd: int, name: str) -> bool:
+        """Whether a commit (in any process) holds the staging entry's liveness lock."""
+        try:
+            fd = _fs.open_dir(name, pfd)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing releases a lock we just took
+        return False
+
+    def _remove_abandoned(self, pfd: int, name: str) -> bool:
+        """Remove a staging entry unless a live commit holds its lock (a dead one cannot)."""
+        st = _fs.lstat_at(name, pfd)
+        if st is None:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=pfd)
+            return True
+        try:
+            fd = _fs.open_dir(name, pfd)
+        except OSError:
+            return _fs.remove_entry(name, pfd)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return _fs.remove_entry(name, pfd)
+        finally:
+            os.close(fd)
+
     def _quarantine_fd(self, rootfd: int, c: _Counter) -> int:
         st = _fs.lstat_at(QUARANTINE, rootfd)
         if st is not None and not stat.S_ISDIR(st.st_mode):
@@ -673,8 +717,8 @@ class StateStore:
         try:
             listing = self._listing(principal, pfd, exact=True)
             changed = False
-            for name in listing.staging:  # under the lock every staging entry is abandoned
-                if _fs.remove_entry(name, pfd):
+            for name in listing.staging:
+                if self._remove_abandoned(pfd, name):
                     c.staging_removed += 1
                     changed = True
             for name in listing.others:
@@ -833,12 +877,14 @@ class StateStore:
     ) -> StateRecord:
         """Durably publish a new state and return its record.
 
-        The payload is streamed in 1 MiB chunks into a same-directory staging entry while
-        its SHA-256 is computed in the same pass (never buffered whole; more than
-        ``max_payload_bytes`` is ``resource_exhausted``). Files and directories are
-        fsynced, the staging directory is renamed atomically to ``st_<random id>`` and
-        the parent is fsynced. A mismatching ``expected_sha256`` is ``corrupt_state`` and
-        publishes nothing. On any failure nothing becomes visible.
+        Under the locks it reconciles and creates a same-directory staging entry (held by
+        a liveness ``flock``); it then streams the payload in 1 MiB chunks while computing
+        its SHA-256 in the same pass, without holding the catalog lock (never buffered
+        whole; more than ``max_payload_bytes`` is ``resource_exhausted``); finally, under
+        the locks again, it writes the metadata, fsyncs files and directory, renames the
+        staging directory atomically to ``st_<random id>`` and fsyncs the parent. A
+        mismatching ``expected_sha256`` is ``corrupt_state`` and publishes nothing. On any
+        failure, or a crash at any point, nothing becomes visible.
         """
         validate_principal(principal)
         validate_name(model_id, "model_id")
@@ -861,26 +907,89 @@ class StateStore:
             not isinstance(expected_sha256, str) or not SHA256_RE.fullmatch(expected_sha256)
         ):
             raise invalid("expected_sha256 must be 64 lowercase hex characters")
+        probe = Metadata(
+            id="st_" + "0" * 32,
+            principal=principal,
+            model_id=model_id,
+            backend=backend,
+            bytes=self._max_payload,
+            payload_sha256="0" * 64,
+            created_unix_ms=10**15,
+            expires_unix_ms=10**15,
+            envelope=env,
+            prompt_fingerprint=prompt_fingerprint,
+            prompt_tokens=prompt_tokens,
+            adapter_meta=meta_extra,
+        )
+        if len(probe.encode()) > MAX_METADATA_BYTES:
+            raise invalid("state metadata exceeds its size bound")
         try:
-            with self._mutating(create=True) as rootfd:
-                assert rootfd is not None
-                self._reconcile_locked(rootfd)
-                return self._commit_locked(
-                    rootfd,
-                    principal,
-                    model_id=model_id,
-                    backend=backend,
-                    envelope=env,
-                    payload=payload,
-                    prompt_fingerprint=prompt_fingerprint,
-                    prompt_tokens=prompt_tokens,
-                    ttl_seconds=ttl_seconds,
-                    pinned=bool(pinned),
-                    adapter_meta=meta_extra,
-                    expected_sha256=expected_sha256,
-                )
+            pfd, sfd, staging, root_id = self._begin_commit(principal)
         except OSError as exc:
             raise _os_error(exc) from exc
+        try:
+            try:
+                # Streaming runs without the catalog lock; the flock on the staging directory
+                # marks it live, so no reconciliation (in any process) removes it meanwhile.
+                pay = os.open(PAYLOAD, _fs.CREATE_FLAGS, _fs.FILE_MODE, dir_fd=sfd)
+                try:
+                    os.fchmod(pay, _fs.FILE_MODE)
+                    size, digest = self._stream_payload(pay, payload)
+                    if self._durable:
+                        os.fsync(pay)
+                finally:
+                    os.close(pay)
+                if expected_sha256 is not None and not hmac.compare_digest(digest, expected_sha256):
+                    raise corrupt("the state payload does not match its expected SHA-256")
+                with self._mutating(create=False) as rootfd:
+                    if rootfd is None or _dev_ino(os.fstat(rootfd)) != root_id:
+                        raise forbidden()
+                    return self._publish_locked(
+                        rootfd,
+                        pfd,
+                        sfd,
+                        staging,
+                        principal,
+                        model_id=model_id,
+                        backend=backend,
+                        envelope=env,
+                        size=size,
+                        digest=digest,
+                        prompt_fingerprint=prompt_fingerprint,
+                        prompt_tokens=prompt_tokens,
+                        ttl_seconds=ttl_seconds,
+                        pinned=bool(pinned),
+                        adapter_meta=meta_extra,
+                    )
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    _fs.remove_entry(staging, pfd)  # still ours: we hold its liveness lock
+                raise
+            finally:
+                os.close(sfd)
+                os.close(pfd)
+        except OSError as exc:
+            raise _os_error(exc) from exc
+
+    def _begin_commit(self, principal: str) -> tuple[int, int, str, tuple[int, int]]:
+        """Under the locks: reconcile, then create and flock a fresh staging directory.
+
+        Returns (principal fd, staging fd holding ``LOCK_EX``, staging name, root dev/ino).
+        """
+        with self._mutating(create=True) as rootfd:
+            assert rootfd is not None
+            self._reconcile_locked(rootfd)
+            pfd = self._principal_fd(rootfd, principal, create=True)
+            assert pfd is not None
+            try:
+                staging = STAGING_PREFIX + secrets.token_hex(8)
+                _fs.make_private_dir(staging, pfd)
+                sfd = _fs.open_dir(staging, pfd)
+                fcntl.flock(sfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return pfd, sfd, staging, _dev_ino(os.fstat(rootfd))
+            except BaseException:
+                os.close(pfd)
+                raise
 
     def _principal_fd(self, rootfd: int, principal: str, *, create: bool) -> int | None:
         name = "p_" + principal
@@ -899,82 +1008,64 @@ class StateStore:
         self._fsync(rootfd)
         return _fs.open_dir(name, rootfd)
 
-    def _commit_locked(
+    def _publish_locked(
         self,
         rootfd: int,
+        pfd: int,
+        sfd: int,
+        staging: str,
         principal: str,
         *,
         model_id: str,
         backend: str,
         envelope: dict[str, str],
-        payload: BinaryIO | Iterable[bytes | bytearray | memoryview],
+        size: int,
+        digest: str,
         prompt_fingerprint: str | None,
         prompt_tokens: int | None,
         ttl_seconds: int | None,
         pinned: bool,
         adapter_meta: dict[str, Any],
-        expected_sha256: str | None,
     ) -> StateRecord:
-        pfd = self._principal_fd(rootfd, principal, create=True)
-        assert pfd is not None
-        try:
-            before = self._listing(principal, pfd, exact=True)
-            before_ident = _fs.ident(os.fstat(pfd))
-            staging = STAGING_PREFIX + secrets.token_hex(8)
-            _fs.make_private_dir(staging, pfd)
-            try:
-                sfd = _fs.open_dir(staging, pfd)
-                try:
-                    pay = os.open(PAYLOAD, _fs.CREATE_FLAGS, _fs.FILE_MODE, dir_fd=sfd)
-                    try:
-                        os.fchmod(pay, _fs.FILE_MODE)
-                        size, digest = self._stream_payload(pay, payload)
-                        if self._durable:
-                            os.fsync(pay)
-                    finally:
-                        os.close(pay)
-                    if expected_sha256 is not None and not hmac.compare_digest(digest, expected_sha256):
-                        raise corrupt("the state payload does not match its expected SHA-256")
-                    now_ms = self._now_ms()
-                    sid = "st_" + secrets.token_hex(16)
-                    while _fs.lstat_at(sid, pfd) is not None:
-                        sid = "st_" + secrets.token_hex(16)
-                    meta = Metadata(
-                        id=sid,
-                        principal=principal,
-                        model_id=model_id,
-                        backend=backend,
-                        bytes=size,
-                        payload_sha256=digest,
-                        created_unix_ms=now_ms,
-                        expires_unix_ms=None if ttl_seconds is None else now_ms + ttl_seconds * 1000,
-                        envelope=envelope,
-                        prompt_fingerprint=prompt_fingerprint,
-                        prompt_tokens=prompt_tokens,
-                        adapter_meta=adapter_meta,
-                    )
-                    data = meta.encode()
-                    if len(data) > MAX_METADATA_BYTES:
-                        raise invalid("state metadata exceeds its size bound")
-                    _fs.write_new_file(META, sfd, data, durable=self._durable)
-                    _fs.write_new_file(CHECKSUM, sfd, checksum_text(data), durable=self._durable)
-                    if pinned:
-                        _fs.write_new_file(PINNED, sfd, b"", durable=self._durable)
-                    self._fsync(sfd)
-                finally:
-                    os.close(sfd)
-                os.rename(staging, sid, src_dir_fd=pfd, dst_dir_fd=pfd)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    _fs.remove_entry(staging, pfd)
-                raise
-            self._fsync(pfd)
-            self._known.setdefault(principal, {})[sid] = meta.expires_unix_ms
-            self._stamp_added(principal, pfd, before, before_ident, sid)
-            self._known_version[principal] = self._listings[principal].version
-            return meta.record(pinned=pinned, last_accessed_unix_ms=None)
-        finally:
-            os.close(pfd)
+        """Under the locks: write metadata, fsync, rename staging to a fresh id, fsync parent."""
+        pst = _fs.lstat_at("p_" + principal, rootfd)
+        if pst is None or _dev_ino(pst) != _dev_ino(os.fstat(pfd)):
+            raise forbidden("the principal directory changed during the commit")
+        sst = _fs.lstat_at(staging, pfd)
+        if sst is None or _dev_ino(sst) != _dev_ino(os.fstat(sfd)):
+            raise internal("the staging entry vanished during the commit")
+        now_ms = self._now_ms()
+        sid = "st_" + secrets.token_hex(16)
+        while _fs.lstat_at(sid, pfd) is not None:
+            sid = "st_" + secrets.token_hex(16)
+        meta = Metadata(
+            id=sid,
+            principal=principal,
+            model_id=model_id,
+            backend=backend,
+            bytes=size,
+            payload_sha256=digest,
+            created_unix_ms=now_ms,
+            expires_unix_ms=None if ttl_seconds is None else now_ms + ttl_seconds * 1000,
+            envelope=envelope,
+            prompt_fingerprint=prompt_fingerprint,
+            prompt_tokens=prompt_tokens,
+            adapter_meta=adapter_meta,
+        )
+        data = meta.encode()
+        _fs.write_new_file(META, sfd, data, durable=self._durable)
+        _fs.write_new_file(CHECKSUM, sfd, checksum_text(data), durable=self._durable)
+        if pinned:
+            _fs.write_new_file(PINNED, sfd, b"", durable=self._durable)
+        self._fsync(sfd)
+        before = self._listing(principal, pfd, exact=True)
+        before_ident = _fs.ident(os.fstat(pfd))
+        os.rename(staging, sid, src_dir_fd=pfd, dst_dir_fd=pfd)
+        self._fsync(pfd)
+        self._known.setdefault(principal, {})[sid] = meta.expires_unix_ms
+        self._stamp_added(principal, pfd, before, before_ident, sid, staging)
+        self._known_version[principal] = self._listings[principal].version
+        return meta.record(pinned=pinned, last_accessed_unix_ms=None)
 
     # ------------------------------------------------------------------ reads
 
@@ -1479,28 +1570,10 @@ class StateStore:
         finally:
             os.close(fd)
 
-    def _catalog_busy(self, rootfd: int) -> bool:
-        try:
-            fd = os.open(LOCK_NAME, _fs.READ_FLAGS, dir_fd=rootfd)
-        except OSError:
-            return False
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        finally:
-            os.close(fd)
-
     def _inventory_fd(self, rootfd: int) -> builtins.list[tuple[InventoryEntry, str | None]]:
         """Entries paired with their full principal (None for quarantine entries)."""
         now_ms = self._now_ms()
         out: builtins.list[tuple[InventoryEntry, str | None]] = []
-        busy: bool | None = None
         for name in sorted(os.listdir(rootfd)):
             st = _fs.lstat_at(name, rootfd)
             if st is None or not stat.S_ISDIR(st.st_mode):
@@ -1547,9 +1620,8 @@ class StateStore:
             try:
                 for entry in sorted(os.listdir(pfd)):
                     if entry.startswith(STAGING_PREFIX):
-                        if busy is None:
-                            busy = self._catalog_busy(rootfd)
-                        out.append((self._plain_entry("staging", entry, principal, pfd, active=busy), principal))
+                        live = self._staging_live(pfd, entry)
+                        out.append((self._plain_entry("staging", entry, principal, pfd, active=live), principal))
                         continue
                     if not STATE_ID_RE.fullmatch(entry):
                         continue
@@ -1613,8 +1685,8 @@ class StateStore:
         """Read-only inventory of every principal's states, quarantine and staging entries.
 
         ``active`` means a process holds the payload open for use (a shared ``flock`` taken
-        by :meth:`open_payload`/:meth:`copy_payload_to`), or for staging entries that a
-        mutation holds the catalog lock.
+        by :meth:`open_payload`/:meth:`copy_payload_to`), or, for a staging entry, that a
+        live commit holds its liveness lock.
         """
         rootfd = self._open_root(create=False, strict=False)
         if rootfd is None:
@@ -1654,8 +1726,7 @@ class StateStore:
             for e, principal in entries:
                 if e.kind == "staging":
                     continue
-                original = e.id.split("-", 3)[-1] if e.kind == "quarantine" else e.id
-                if not all and e.id not in wanted and original not in wanted:
+                if not all and e.id not in wanted and _original(e) not in wanted:
                     continue
                 if e.kind == "state" and e.pinned and not e.expired and not e.invalid:
                     skipped.append(e)
@@ -1693,41 +1764,55 @@ class StateStore:
             with self._mutating(create=False) as rootfd:
                 if rootfd is None:
                     return PurgeOutcome(0, 0, 0, 0, 0, False, [], [])
+                # Report against what the caller saw (the pre-reconcile view): an expired or
+                # corrupt entry that reconciliation removes or quarantines counts as purged.
+                pre_chosen, pre_skipped, n_pinned, n_active = plan(self._inventory_fd(rootfd))
                 self._reconcile_locked(rootfd, full=True)
-                chosen, skipped, n_pinned, n_active = plan(self._inventory_fd(rootfd))
-                removed: builtins.list[InventoryEntry] = []
+                post = self._inventory_fd(rootfd)
+                chosen, _skipped, _np, _na = plan(post)
+                gone: set[str] = set()
+                extra: builtins.list[InventoryEntry] = []
+                pre_names = {_original(e) for e, _p in pre_chosen}
                 for e, principal in chosen:
                     if e.kind == "quarantine":
                         qfd = _fs.open_dir(QUARANTINE, rootfd)
                         try:
-                            if _fs.remove_entry(e.id, qfd):
-                                removed.append(e)
+                            _fs.remove_entry(e.id, qfd)
                             self._fsync(qfd)
                         finally:
                             os.close(qfd)
+                    elif principal is not None:
+                        pfd = _fs.open_dir("p_" + principal, rootfd)
+                        try:
+                            self._remove_states(pfd, [e.id])
+                            self._forget(principal, e.id)
+                            self._rescan(principal, pfd, exact=True)
+                        finally:
+                            os.close(pfd)
+                    else:
                         continue
-                    if principal is None:
-                        continue
-                    pfd = _fs.open_dir("p_" + principal, rootfd)
-                    try:
-                        self._remove_states(pfd, [e.id])
-                        self._forget(principal, e.id)
-                        self._rescan(principal, pfd, exact=True)
-                    finally:
-                        os.close(pfd)
-                    removed.append(e)
+                    gone.add(_original(e))
+                    if _original(e) not in pre_names:
+                        extra.append(e)
+                remaining = {_original(e) for e, _p in post} - gone
+                removed = [e for e, _p in pre_chosen if _original(e) not in remaining] + extra
                 return PurgeOutcome(
-                    matched=len(chosen) + len(skipped),
+                    matched=len(pre_chosen) + len(pre_skipped) + len(extra),
                     removed=len(removed),
                     skipped_pinned=n_pinned,
                     skipped_active=n_active,
                     bytes=sum(e.disk_bytes or 0 for e in removed),
                     dry_run=False,
                     ids=[e.id for e in removed],
-                    skipped_ids=[e.id for e in skipped],
+                    skipped_ids=[e.id for e in pre_skipped],
                 )
         except OSError as exc:
             raise _os_error(exc) from exc
+
+
+def _original(e: InventoryEntry) -> str:
+    """A quarantine entry's original state directory name; other entries' own id."""
+    return e.id.split("-", 3)[-1] if e.kind == "quarantine" else e.id
 
 
 def all_str(values: Iterable[object]) -> bool:

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
-from werk_llamacpp.native import LlamaServerClient, NativeConnectionError, NativeHTTPError
+from werk_llamacpp.native import InvalidSlotError, LlamaServerClient, NativeConnectionError, NativeHTTPError
 from werk_llamacpp.process import LlamaServerProcess
 
 pytestmark = pytest.mark.llamaserver
@@ -39,10 +39,12 @@ def test_slot_save_erase_restore_counters(server: LlamaServerProcess) -> None:
     c.slot_erase(1)
     done = c.completion(prompt, id_slot=1, n_predict=0)
     n = done.tokens_evaluated
-    assert n is not None and done.predicted_n == 0
+    assert n is not None
+    # this llama-server still samples one token for n_predict=0 but does not evaluate it
+    assert done.tokens_cached == n
     saved = c.slot_save(1, "native-test.bin")
     assert saved.id_slot == 1 and saved.filename == "native-test.bin"
-    assert saved.n_saved == done.tokens_cached
+    assert saved.n_saved == n
     assert (server.slot_dir / "native-test.bin").stat().st_size == saved.n_written
     assert c.slot_erase(1).n_erased == saved.n_saved
     restored = c.slot_restore(1, "native-test.bin")
@@ -67,8 +69,29 @@ def test_http_errors_are_typed(server: LlamaServerProcess) -> None:
     with pytest.raises(NativeHTTPError) as err:
         c.slot_save(0, "../escape.bin")
     assert err.value.status == 400
-    with pytest.raises(NativeHTTPError):
-        c.slot_erase(99)
+    status, _ = c.request("POST", "/slots/abc?action=erase", {})
+    assert status == 400
+
+
+def test_out_of_range_slot_ids_wrap_around(server: LlamaServerProcess) -> None:
+    """llama-server maps id_slot modulo the slot count, so the managed client range-checks ids itself."""
+    assert server.port is not None
+    raw = LlamaServerClient("127.0.0.1", server.port)  # no n_slots: no client-side check
+    done = raw.completion("wrap around", id_slot=1, n_predict=1)
+    assert done.tokens_cached is not None and done.tokens_cached > 0
+    erased = raw.slot_erase(3)  # 3 % 2 == 1
+    assert erased.id_slot == 3 and erased.n_erased == done.tokens_cached
+    raw.close()
+    c = _client(server)
+    assert c.n_slots == 2
+    for bad in (2, 3, -2):
+        with pytest.raises(InvalidSlotError):
+            c.slot_erase(bad)
+        with pytest.raises(InvalidSlotError):
+            c.completion("x", id_slot=bad, n_predict=1)
+    with pytest.raises(InvalidSlotError):
+        c.slot_erase(-1)
+    assert c.completion("x", id_slot=-1, n_predict=1).id_slot in (0, 1)
 
 
 def test_random_output_is_bytes_safe(server: LlamaServerProcess) -> None:

@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 __all__ = [
     "Completion",
+    "InvalidSlotError",
     "LlamaServerClient",
     "NativeConnectionError",
     "NativeError",
@@ -49,6 +50,10 @@ class NativeError(Exception):
     def __init__(self, message: str, *, endpoint: str) -> None:
         super().__init__(message)
         self.endpoint = endpoint
+
+
+class InvalidSlotError(ValueError):
+    """A slot id outside ``0..n_slots-1`` (llama-server itself would silently wrap it modulo the slot count)."""
 
 
 class NativeConnectionError(NativeError):
@@ -195,14 +200,31 @@ def _require_int(data: JSONDict, key: str, endpoint: str) -> int:
 
 
 class LlamaServerClient:
-    """Typed client for one llama-server at ``host:port``."""
+    """Typed client for one llama-server at ``host:port``.
 
-    def __init__(self, host: str, port: int, *, timeout: float = 120.0) -> None:
+    llama-server does not range-check slot ids: it maps ``id_slot`` modulo the
+    slot count (``/slots/3?action=erase`` on a 2-slot server erases slot 1).
+    Pass ``n_slots`` and the client refuses ids outside ``0..n_slots-1`` (and
+    any negative id other than ``-1`` = "any idle slot" for completions) with
+    :class:`InvalidSlotError` before sending anything.
+    """
+
+    def __init__(self, host: str, port: int, *, timeout: float = 120.0, n_slots: int | None = None) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.n_slots = n_slots
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+
+    def check_slot(self, id_slot: int, *, allow_any: bool = False) -> int:
+        """Return ``id_slot`` if valid for this server, else raise :class:`InvalidSlotError`."""
+        if allow_any and id_slot == -1:
+            return id_slot
+        if id_slot < 0 or (self.n_slots is not None and id_slot >= self.n_slots):
+            limit = f"0..{self.n_slots - 1}" if self.n_slots is not None else "a non-negative id"
+            raise InvalidSlotError(f"slot id {id_slot} is not {limit}")
+        return id_slot
 
     # -- transport ---------------------------------------------------------------
 
@@ -380,7 +402,7 @@ class LlamaServerClient:
         """
         body: JSONDict = {
             "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
-            "id_slot": id_slot,
+            "id_slot": self.check_slot(id_slot, allow_any=True),
             "n_predict": n_predict,
             "cache_prompt": cache_prompt,
             "stream": False,
@@ -423,7 +445,7 @@ class LlamaServerClient:
         return out
 
     def _slot_action(self, id_slot: int, action: str, body: Mapping[str, Any] | None) -> tuple[str, JSONDict]:
-        path = f"/slots/{int(id_slot)}?action={quote(action)}"
+        path = f"/slots/{self.check_slot(int(id_slot))}?action={quote(action)}"
         return path, self._json_dict("POST", path, body if body is not None else {})
 
     def slot_save(self, id_slot: int, filename: str) -> SlotSave:

@@ -102,6 +102,8 @@ def run_probe(
         evidence["id_slot"] = slot
         evidence["effective_parallel"] = n_par
         check("slot_in_range", 0 <= slot < n_par, f"slot {slot} outside 0..{n_par - 1}")
+        check("explicit_slots_match_server", process.total_slots == n_par,
+              f"final argv selects {n_par} slots, the server reports {process.total_slots}")
         eff_dir = process.effective_slot_save_path()
         private = process.slot_dir
         check(
@@ -111,7 +113,7 @@ def run_probe(
         )
         assert private is not None
 
-        client = LlamaServerClient(process.host, process.port or 0, timeout=timeout)
+        client = LlamaServerClient(process.host, process.port or 0, timeout=timeout, n_slots=n_par)
         nonce = secrets.token_hex(8)
         filename = f"werk-probe-{nonce}.bin"
         snapshot = private / filename

@@ -58,7 +58,7 @@ from types import FrameType
 from typing import IO, Any
 
 from .binary import BinaryInfo, ExecutableIdentity, find_llama_server, inspect_executable
-from .native import LlamaServerClient, NativeConnectionError
+from .native import LlamaServerClient, NativeConnectionError, NativeError
 
 __all__ = [
     "ENV_ARGS",
@@ -362,6 +362,8 @@ class LlamaServerProcess:
         self.log_path: Path | None = None
         self.client: LlamaServerClient | None = None
         self.started_at: float | None = None
+        self.total_slots: int | None = None
+        """Slot count the running server reports (``/props`` ``total_slots``), read once after startup."""
         self._popen: subprocess.Popen[bytes] | None = None
         self._stopped = False
         self._log_fh: IO[bytes] | None = None
@@ -521,10 +523,21 @@ class LlamaServerProcess:
             self._wait_healthy()
             if ExecutableIdentity.of(info.path) != info.identity:
                 raise self._startup_error("llama-server executable changed while the process started")
+            self.total_slots = self._read_total_slots()
+            eff = self.effective_parallel()
+            self.client.n_slots = self.total_slots if self.total_slots is not None else (eff if eff > 0 else None)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _read_total_slots(self) -> int | None:
+        assert self.client is not None
+        try:
+            total = self.client.props().get("total_slots")
+        except NativeError:
+            return None
+        return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
 
     def _startup_error(self, reason: str) -> LlamaServerStartupError:
         return LlamaServerStartupError(
