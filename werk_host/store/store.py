@@ -199,7 +199,7 @@ def _classify(names: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
     staging: list[str] = []
     others: list[str] = []
     for name in names:
-        if STATE_ID_RE.fullmatch(name):
+        if name.startswith("st_") and STATE_ID_RE.fullmatch(name):
             ids.append(name)
         elif name.startswith(STAGING_PREFIX):
             staging.append(name)
@@ -241,7 +241,7 @@ class StateStore:
         quarantine_limit: int = 64,
         lock_timeout: float = 30.0,
         durable: bool = True,
-        audit_batch: int = 64,
+        audit_batch: int = 32,
     ) -> None:
         self._root = Path(os.path.abspath(root))
         self._anchor = self._root.parent.parent
@@ -401,23 +401,41 @@ class StateStore:
             return cached
         return self._rescan(principal, pfd, exact=exact)
 
-    def _stamp_added(
-        self, principal: str, pfd: int, before: _Listing, before_ident: _fs.Ident, sid: str, staging: str
+    def _stamp(
+        self,
+        principal: str,
+        pfd: int,
+        before: _Listing,
+        before_ident: _fs.Ident,
+        *,
+        add_id: str | None = None,
+        add_staging: str | None = None,
+        drop_staging: str | None = None,
     ) -> None:
-        """After our own rename under the lock: extend the listing instead of rescanning."""
+        """After our own change under the lock: update the listing instead of rescanning.
+
+        ``before`` must have been exact for ``before_ident`` (the directory's identity just
+        before the change); otherwise the directory is rescanned.
+        """
         if before_ident != before.ident:
             self._rescan(principal, pfd, exact=True)
             return
-        ids = list(before.ids)
-        bisect.insort(ids, sid)
+        ids, id_set = before.ids, before.id_set
+        if add_id is not None:
+            ids = list(ids)
+            bisect.insort(ids, add_id)
+            id_set = id_set | {add_id}
+        staging = [n for n in before.staging if n != drop_staging]
+        if add_staging is not None:
+            staging.append(add_staging)
         listing = _Listing(
             ident=_fs.ident(os.fstat(pfd)),
             trusted=before.trusted,
             ids=ids,
-            id_set=before.id_set | {sid},
-            staging=[n for n in before.staging if n != staging],
-            others=list(before.others),
-            version=next(self._versions),
+            id_set=id_set,
+            staging=staging,
+            others=before.others,
+            version=next(self._versions) if add_id is not None else before.version,
         )
         with self._cache_lock:
             self._listings[principal] = listing
@@ -983,7 +1001,10 @@ class StateStore:
             assert pfd is not None
             try:
                 staging = STAGING_PREFIX + secrets.token_hex(8)
+                before = self._listing(principal, pfd, exact=True)
+                before_ident = _fs.ident(os.fstat(pfd))
                 _fs.make_private_dir(staging, pfd)
+                self._stamp(principal, pfd, before, before_ident, add_staging=staging)
                 sfd = _fs.open_dir(staging, pfd)
                 fcntl.flock(sfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return pfd, sfd, staging, _dev_ino(os.fstat(rootfd))
@@ -1063,7 +1084,7 @@ class StateStore:
         os.rename(staging, sid, src_dir_fd=pfd, dst_dir_fd=pfd)
         self._fsync(pfd)
         self._known.setdefault(principal, {})[sid] = meta.expires_unix_ms
-        self._stamp_added(principal, pfd, before, before_ident, sid, staging)
+        self._stamp(principal, pfd, before, before_ident, add_id=sid, drop_staging=staging)
         self._known_version[principal] = self._listings[principal].version
         return meta.record(pinned=pinned, last_accessed_unix_ms=None)
 

@@ -172,7 +172,7 @@ def test_werk_llama_args_are_trailing_overrides(
         assert proc.effective_parallel() == 3
         assert proc.client is not None
         props = proc.client.props()
-        assert props["total_slots"] == 3  # the server really runs what the final argv says
+        assert props["total_slots"] == 3 == proc.total_slots  # the server really runs what the final argv says
         assert len(proc.client.slots()) == 3
 
 

@@ -3,24 +3,31 @@
 :func:`run_probe` proves end to end, against the exact running process, that
 named slot state works: prefill a private slot → save → erase → restore →
 replay, and checks the counters the server acknowledges (see
-``NATIVE_NOTES.md``):
+``NATIVE_NOTES.md``). Checks, in order (each is recorded in
+``evidence["checks"]``; the first failing one ends the probe):
 
-* the final argv still selects the private slot-save directory and the slot
-  exists (``id_slot < effective_parallel()``);
-* prefill: ``tokens_evaluated`` = N prompt tokens, all computed (``prompt_n`` = N);
-* save: ``n_saved`` = tokens held by the slot (> 0), ``n_written`` > 0 bytes,
-  and the snapshot file in the private directory has exactly ``n_written`` bytes;
+* ``process_alive``; ``slot_in_range``: the probe slot (default: the last one)
+  is below the ``-np`` of the *final* argv; ``explicit_slots_match_server``:
+  ``/props`` ``total_slots`` equals that ``-np``; ``private_slot_save_path``:
+  the final argv still selects the process's private snapshot directory;
+* prefill (a per-probe nonce at the front of the prompt keeps it out of
+  every other cache): ``tokens_evaluated`` = N > 1 and
+  ``prompt_n`` + ``cache_n`` = N;
+* save: ``n_saved`` ≥ N, ``n_written`` > 0, and the snapshot file in the
+  private directory has exactly ``n_written`` bytes;
 * erase: ``n_erased`` = ``n_saved``;
 * restore: ``n_restored`` = ``n_saved`` and ``n_read`` = ``n_written``;
 * replay of the same prompt (``cache_prompt``): ``tokens_evaluated`` = N,
-  ``cache_n`` + ``prompt_n`` = N, ``cache_n`` ≥ N − 1 and ``prompt_n`` ≤ 1 —
-  llama-server always recomputes at least the last prompt token to get
-  logits, so ``prompt_n`` = 1 with ``cache_n`` = N − 1 is the proof that the
-  prefix was served from the restored state instead of recomputed.
+  ``cache_n`` + ``prompt_n`` = N, ``cache_n`` ≥ N − 1, ``prompt_n`` ≤ 1 and
+  fewer tokens computed than by the prefill. llama-server always recomputes
+  the last prompt token to get logits, so ``prompt_n`` = 1 with
+  ``cache_n`` = N − 1 proves the prefix came from the restored state. (A
+  replay after an erase *without* restore reports ``cache_n`` = 0.)
 
 Only a passed probe may turn the state capabilities of that process
 generation to ``experimental``. The snapshot file is always removed and the
-probe slot erased afterwards.
+probe slot erased afterwards. Backend errors never raise: they give
+``passed=False`` with the error in ``evidence["error"]``.
 """
 
 from __future__ import annotations

@@ -82,7 +82,6 @@ LOG_TAIL_LINES = 40
 _PARALLEL_FLAGS = ("-np", "--parallel")
 _SLOT_SAVE_FLAGS = ("--slot-save-path",)
 _PORT_FLAGS = ("--port",)
-_MODEL_FLAGS = ("-m", "--model")
 _STRIPPED_ENV_PREFIXES = ("LLAMA_ARG_",)
 _STRIPPED_ENV = ("LLAMA_API_KEY",)
 
@@ -240,7 +239,7 @@ def _reap(popen: subprocess.Popen[bytes], grace: float, cleanup_dir: str | None)
 # -- registry and signals -------------------------------------------------------------
 
 _REGISTRY: weakref.WeakSet[LlamaServerProcess] = weakref.WeakSet()
-_REGISTRY_LOCK = threading.Lock()
+_REGISTRY_LOCK = threading.RLock()  # re-entrant: signal handlers run on the main thread
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 _SIGNALS_LOCK = threading.Lock()
 
