@@ -92,6 +92,14 @@ class LlamaHandle:
         return f"LlamaHandle(tokens={len(self.tokens)}, generation={self.generation[:8]})"
 
 
+def snapshot_head(handle: LlamaHandle) -> bytes:
+    """``MAGIC | u32 length | JSON header`` preceding the slot file bytes in a snapshot."""
+    header = json.dumps(
+        {"tokens": handle.tokens, "n_saved": handle.n_saved, "n_written": handle.n_written}, separators=(",", ":")
+    ).encode()
+    return MAGIC + struct.pack(">I", len(header)) + header
+
+
 def _unavailable(message: str) -> WerkError:
     return WerkError(ErrorCode.UNAVAILABLE, message, retryable=True)
 
@@ -159,7 +167,7 @@ class LlamaCppAdapter:
                 work_dir=self.work_dir,
                 warmup_tokens=self.warmup_tokens,
                 threads=self.threads,
-                extra_args=["--metrics"] if self._advertises("--metrics") else [],
+                extra_args=self._extra_args(),
             )
             try:
                 proc.start()
@@ -171,6 +179,16 @@ class LlamaCppAdapter:
                 ) from err
             self._process = proc
             return proc
+
+    def _extra_args(self) -> list[str]:
+        """``--metrics`` (child counters for observability) and ``--alias`` (the API reports the
+        manifest name, never the model's file path), each only when the help advertises it."""
+        args: list[str] = []
+        if self._advertises("--metrics"):
+            args.append("--metrics")
+        if self._advertises("--alias"):
+            args += ["--alias", self.manifest.name]
+        return args
 
     def _advertises(self, flag: str) -> bool:
         from .binary import inspect_executable
@@ -349,13 +367,11 @@ class LlamaCppAdapter:
         handle: LlamaHandle = state.handle
         if handle.snapshot is None:
             raise WerkError(ErrorCode.UNAVAILABLE, "the state's local snapshot is gone", retryable=False)
-        header = json.dumps(
-            {"tokens": handle.tokens, "n_saved": handle.n_saved, "n_written": handle.n_written}, separators=(",", ":")
-        ).encode()
+        head = snapshot_head(handle)
         path = handle.snapshot
 
         def chunks() -> Iterator[bytes]:
-            yield MAGIC + struct.pack(">I", len(header)) + header
+            yield head
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as source:
                 while chunk := source.read(CHUNK):
@@ -366,7 +382,7 @@ class LlamaCppAdapter:
             path.unlink(missing_ok=True)
             handle.snapshot = None
 
-        size = len(MAGIC) + 4 + len(header) + handle.n_written
+        size = len(head) + handle.n_written
         return Snapshot(chunks=chunks(), size=size, close=close)
 
     def _restore_from(self, proc: LlamaServerProcess, source: Reader) -> LlamaHandle:
@@ -569,11 +585,8 @@ class LlamaCppAdapter:
 class _prefixed:
     """A reader presenting a local slot file as a snapshot payload (header + bytes)."""
 
-    def __init__(self, handle: LlamaHandle, raw: BinaryIO) -> None:
-        header = json.dumps(
-            {"tokens": handle.tokens, "n_saved": handle.n_saved, "n_written": handle.n_written}
-        ).encode()
-        self._head = MAGIC + struct.pack(">I", len(header)) + header
+    def __init__(self, handle: LlamaHandle, raw: Reader) -> None:
+        self._head = snapshot_head(handle)
         self._raw = raw
 
     def read(self, n: int = -1) -> bytes:
