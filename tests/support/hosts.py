@@ -74,6 +74,7 @@ def running(host: Host) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stopping.set()
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
         server.close()
         thread.join(timeout=5)
         host.close()
