@@ -303,3 +303,46 @@ def test_concurrent_prefills_never_exceed_bounds_or_leak(home: Path) -> None:
         assert total <= 1024
         assert results.count(429) > 0  # the bounds were actually reached
         assert set(results) == {200, 429, 500}
+
+
+# -- memory reservations around backend work ---------------------------------------------
+def counters(e: Env) -> dict[str, int]:
+    status, body = e.api.get("/werk/v1/memory")
+    assert status == 200
+    return body["data"]["counters"]
+
+
+def test_bounded_adapter_reserves_before_prefill_and_releases_with_the_lease(env: Env) -> None:
+    caps = {c["id"]: c["status"] for c in env.api.get("/werk/v1/capabilities")[1]["data"]}
+    assert caps["runtime.memory.reservations"] == "unavailable"  # no bound supplied yet
+    env.adapter.memory_requirement = 4096
+    caps = {c["id"]: c["status"] for c in env.api.get("/werk/v1/capabilities")[1]["data"]}
+    assert caps["runtime.memory.reservations"] == "supported"
+    handoff = ok(env.prefill(policy={"mode": "ephemeral"}, allow_experimental=True))["handoff"]
+    c = counters(env)
+    assert (c["managed_allocations"], c["active_reservations"]) == (1, 0)
+    ok(env.decode(handoff))
+    assert counters(env)["managed_allocations"] == 0  # the handoff was the lease
+    named = ok(env.prefill("a named one", allow_experimental=True))
+    assert counters(env)["managed_allocations"] == 1
+    ok(env.decode(named["handoff"]))
+    assert counters(env)["managed_allocations"] == 1  # a named state keeps its lease
+    ok(env.api.post(f"/werk/v1/states/{named['state_id']}/actions", {"action": "evict"}))
+    assert counters(env)["managed_allocations"] == 0
+
+
+def test_denied_reservation_never_reaches_the_backend(env: Env) -> None:
+    env.adapter.memory_requirement = 1 << 60  # beyond any host
+    err(env.prefill(allow_experimental=True), 429, "resource_exhausted")
+    assert "prefill" not in env.adapter.calls
+    assert env.host.service.handoffs.counts(None)[1] == 0
+    assert counters(env)["active_reservations"] == 0
+
+
+def test_state_larger_than_its_reservation_is_not_accounted(env: Env) -> None:
+    env.adapter.memory_requirement = 3  # the prompt's state is larger than this bound
+    err(env.prefill(allow_experimental=True), 500, "internal")
+    c = counters(env)
+    assert (c["active_reservations"], c["managed_allocations"]) == (0, 0)
+    assert env.adapter.live == {}  # the disagreeing state was released
+    assert ok(env.api.get("/werk/v1/states"))["states"] == []

@@ -67,6 +67,7 @@ class MemoryAdapter:
     live: dict[int, bytes] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     closed: bool = False
+    memory_requirement: int | None = None
     _ids: Any = field(default_factory=itertools.count)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -199,6 +200,10 @@ class MemoryBackendPlugin:
         body = json.dumps({"object": "chat.completion", "choices": [{"message": {"role": "assistant", "content": "ok"}}]})
         stream = io.BytesIO(body.encode())
         return InferenceResponse(200, {"Content-Type": "application/json"}, iter([stream.read()]), lambda: None)
+
+    @hookimpl
+    def werk_memory_requirement(self, adapter: MemoryAdapter, operation: str, model_id: str) -> int | None:
+        return adapter.memory_requirement
 
     @hookimpl
     def werk_list_models(self, adapter: MemoryAdapter) -> list[dict[str, Any]]:

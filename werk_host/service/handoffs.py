@@ -34,6 +34,7 @@ class HandoffRecord:
     state_id: str | None
     handle: Any = None
     expires_at: float = 0.0
+    lease_key: str | None = None
 
     def __repr__(self) -> str:
         return f"HandoffRecord(model_id={self.model_id!r}, state_id={self.state_id!r})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -73,6 +74,7 @@ from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.counters import ChatStats
 from werk_host.service.cursors import CursorCodec
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, Reservation
+from werk_host.service.leases import MemoryLeases
 from werk_host.service.policy import gate, resolve_prefill_policy
 from werk_host.service.principals import Authenticator, Principal
 from werk_host.service.runtime import BackendRuntime
@@ -122,15 +124,20 @@ class LocalControlService:
         self.handoffs = handoffs or HandoffRegistry(on_expire=self._release_expired_handle)
         self.cursors = CursorCodec(cursor_secret)
         self.chat_stats = ChatStats()
+        self.leases = MemoryLeases(memory, self.plugins)
         self.capability_resolver = CapabilityResolver(self.plugins, self._host_evidence)
 
     # -- helpers -------------------------------------------------------------------------
     def _host_evidence(self) -> dict[str, CapabilityReport]:
         host_status, host_detail = self.memory_manager.host_telemetry_status()
         acc_status, acc_detail = self.memory_manager.accelerator_telemetry_status()
+        adapter, model = self.runtime.adapter, self.runtime.model
+        bounded = bool(adapter and model and self.leases.requirement(adapter, "load", model.name))
+        res_status, res_detail = self.memory_manager.reservations_status(bounded)
         return {
             "runtime.memory.telemetry.host": CapabilityReport(CapabilityStatus(host_status), host_detail),
             "runtime.memory.telemetry.accelerator": CapabilityReport(CapabilityStatus(acc_status), acc_detail),
+            "runtime.memory.reservations": CapabilityReport(CapabilityStatus(res_status), res_detail),
         }
 
     def _gate(self, adapter: Adapter | None, cap_id: str, opted_in: bool) -> CapabilityReport:
@@ -142,6 +149,8 @@ class LocalControlService:
         return self.capability_resolver.one(adapter, cap_id).status
 
     def _release_expired_handle(self, record: HandoffRecord) -> None:
+        if record.lease_key is not None and record.state_id is None:
+            self.leases.release(record.lease_key)
         adapter = self.runtime.adapter
         if record.handle is None or adapter is None:
             return
@@ -279,6 +288,7 @@ class LocalControlService:
                 return StateActionResult(state=projected, changed=True, dry_run=True)
             self.memory_manager.check_mutation_allowed()
             removed = self.store.delete(principal.id, state_id)
+            self.leases.release(state_id)
             return StateActionResult(state=projected, changed=removed, dry_run=False)
         # promote / demote: direction first, then the target tier's capability, then the adapter.
         target = request.target_tier
@@ -314,9 +324,16 @@ class LocalControlService:
         if not request.dry_run:
             self.memory_manager.check_mutation_allowed()
         outcome = self.store.prune(principal.id, dry_run=request.dry_run, **kwargs)
+        if not request.dry_run:
+            self._release_orphaned_leases(principal)
         return PruneResult(
             matched=outcome.matched, removed=outcome.removed, bytes=outcome.bytes, dry_run=request.dry_run
         )
+
+    def _release_orphaned_leases(self, principal: Principal) -> None:
+        for key in self.leases.keys_for(principal.id):
+            if self.store.get(principal.id, key) is None:
+                self.leases.release(key)
 
     # -- experts -------------------------------------------------------------------------
     def list_experts(self, principal: Principal, query: ExpertListQuery) -> ExpertPage:
@@ -363,8 +380,16 @@ class LocalControlService:
                     return reused
             want_snapshot = mode in (PersistenceMode.DISK, PersistenceMode.AUTO)
             work = PrefillWork(model_id=request.model_id, input=request.input, want_snapshot=want_snapshot)
+            memory = self.leases.reserve(adapter, "load", request.model_id)
+            if memory is not None:
+                cleanup.callback(memory.release)
             state: PrefilledState = self.plugins.require("werk_prefill", adapter, "prefill", work=work)
             cleanup.callback(self._release_handle, adapter, state.handle)
+            lease_key = f"handle:{secrets.token_hex(12)}"
+            self.leases.commit(  # before anything is published: a disagreeing state is discarded
+                memory, state.bytes, lease_key, lambda: self._release_handle(adapter, state.handle), owner=principal.id
+            )
+            cleanup.callback(self.leases.release, lease_key)
             state_id: str | None = None
             tier: Tier | None = None
             expires: int | None = None
@@ -372,6 +397,7 @@ class LocalControlService:
                 if want_snapshot and state.snapshot_capable:
                     record = self._persist(principal, adapter, request.model_id, state, fingerprint, policy)
                     state_id, tier, expires = record.id, Tier(record.tier), record.expires_unix_ms
+                    lease_key = self.leases.rekey(lease_key, record.id)
                 elif mode is PersistenceMode.DISK:
                     raise WerkError(ErrorCode.UNSUPPORTED, "disk mode needs a disk-persistable snapshot")
                 else:
@@ -379,10 +405,10 @@ class LocalControlService:
                         ErrorCode.UNSUPPORTED,
                         f"{mode.value} mode needs a named state tier this backend cannot retain",
                     )
-            secret = self.handoffs.issue(
-                reservation,
-                HandoffRecord(principal.id, adapter.identity(), request.model_id, state_id, handle=state.handle),
+            handoff = HandoffRecord(
+                principal.id, adapter.identity(), request.model_id, state_id, handle=state.handle, lease_key=lease_key
             )
+            secret = self.handoffs.issue(reservation, handoff)
             cleanup.pop_all()
             return PrefillResult(
                 handoff=secret,
@@ -486,6 +512,8 @@ class LocalControlService:
                 seed=request.seed,
                 stop=tuple(request.stop or ()),
             )
+            if record.state_id is None and record.lease_key is not None:
+                cleanup.callback(self.leases.release, record.lease_key)  # the handoff was the lease
             output: DecodeOutput = self.plugins.require(
                 "werk_decode", adapter, "decode", work=DecodeWork(record.handle, stored, options)
             )
@@ -496,8 +524,13 @@ class LocalControlService:
                 cleanup.pop_all()
                 next_handoff = self.handoffs.issue(
                     replacement,
-                    HandoffRecord(
-                        principal.id, adapter.identity(), record.model_id, None, handle=output.next_state.handle
+                    HandoffRecord(  # the continuation carries the ephemeral lease on
+                        principal.id,
+                        adapter.identity(),
+                        record.model_id,
+                        None,
+                        handle=output.next_state.handle,
+                        lease_key=record.lease_key if record.state_id is None else None,
                     ),
                 )
             try:
@@ -567,4 +600,3 @@ class LocalControlService:
             "werk_reasoning_profile", adapter, "reasoning profiles", model=name, max_output_tokens=max_output_tokens
         )
         return profile
-
