@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
@@ -174,3 +175,10 @@ class InferenceResponse:
     headers: dict[str, str]
     body: Iterator[bytes]
     close: Callable[[], None]
+
+
+#: Around a ``/v1`` inference hook call, the HTTP layer sets this to a callable that answers
+#: whether the client has gone away (``None``: the server cannot tell). A hook that waits on
+#: its backend before the first response byte should poll it and, once it is true, close the
+#: upstream request (so the backend stops working for nobody) and raise.
+client_disconnected: ContextVar[Callable[[], bool] | None] = ContextVar("werk_client_disconnected", default=None)

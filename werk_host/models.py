@@ -23,10 +23,11 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHUNK = 1 << 20
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: str | os.PathLike[str], *, chunk_size: int = _CHUNK) -> str:
+    """Hex SHA-256 of a file, streamed in ``chunk_size`` blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
+        while chunk := handle.read(chunk_size):
             digest.update(chunk)
     return digest.hexdigest()
 

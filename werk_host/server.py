@@ -148,6 +148,9 @@ def serve(config: HostConfig) -> int:
             threads=config.threads,
             max_request_body_size=8 << 20,
             ident="werk-host",
+            # keep reading a connection while its request runs, so that a client that leaves
+            # is noticed (waitress.client_disconnected) and its inference request cancelled
+            channel_request_lookahead=1,
         )
         bound = server.getsockname() if hasattr(server, "getsockname") else (config.host, config.port)
         log.info("serving Werk Protocol 1.0 on http://%s:%s", bound[0], bound[1])

@@ -57,7 +57,9 @@ def backend_host(home: Path, **kwargs: Any) -> tuple[Host, MemoryBackendPlugin]:
 @contextmanager
 def running(host: Host) -> Iterator[str]:
     """Serve ``host.app`` on 127.0.0.1:<ephemeral>; yields the base URL; always stops."""
-    server = create_server(host.app, host="127.0.0.1", port=0, threads=8, max_request_body_size=8 << 20)
+    server = create_server(
+        host.app, host="127.0.0.1", port=0, threads=8, max_request_body_size=8 << 20, channel_request_lookahead=1
+    )
     port = server.getsockname()[1]
     stopping = threading.Event()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from werk_host import __version__
+from werk_host.cli import cache, runtime
 from werk_host.config import HostConfig, PersistenceDefaults
 from werk_host.errors import WerkError
 from werk_host.models import ModelManifest, ModelRegistry, parse_param
@@ -159,12 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub)
     sub.add_parser("plugins", help="list discovered plugins").set_defaults(handler=cmd_plugins)
     add_models(sub)
-    for module in ("werk_host.cli.cache", "werk_host.cli.runtime"):
-        try:
-            mod = __import__(module, fromlist=["register"])
-        except ImportError:
-            continue
-        mod.register(sub)
+    cache.register(sub)
+    runtime.register(sub)
     return parser
 
 

@@ -1,14 +1,21 @@
-"""OpenAI-compatible ``/v1`` routes. Errors use OpenAI's error shape, not the Werk envelope."""
+"""OpenAI-compatible ``/v1`` routes. Errors use OpenAI's error shape, not the Werk envelope.
+
+Responses are relayed as the backend produces them. A client that disconnects is noticed in
+two places: while a response streams, the WSGI server fails the next write and closes the app
+iterator, which closes the upstream request; before the first byte, the backend's hook polls
+:data:`werk_host.backend.client_disconnected`, which is bound here to waitress's
+``waitress.client_disconnected`` check (it needs ``channel_request_lookahead >= 1``).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import falcon
 
-from werk_host.backend import InferenceResponse
+from werk_host.backend import InferenceResponse, client_disconnected
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import json_body, principal
 from werk_host.service.principals import Principal
@@ -59,7 +66,16 @@ def _stream(response: InferenceResponse) -> Iterator[bytes]:
         response.close()  # also runs when the client disconnects and the server closes us
 
 
-def _relay(resp: falcon.Response, response: InferenceResponse) -> None:
+Call = Callable[[Principal, dict[str, Any]], InferenceResponse]
+
+
+def _relay(req: falcon.Request, resp: falcon.Response, call: Call) -> None:
+    check = req.env.get("waitress.client_disconnected")
+    token = client_disconnected.set(check if callable(check) else None)
+    try:
+        response = call(principal(req), _object_body(req))
+    finally:
+        client_disconnected.reset(token)
     resp.status = response.status
     for name, value in response.headers.items():
         resp.set_header(name, value)
@@ -71,7 +87,7 @@ class ChatCompletions:
         self.inference = inference
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _relay(resp, self.inference.chat_completion(principal(req), _object_body(req)))
+        _relay(req, resp, self.inference.chat_completion)
 
 
 class Completions:
@@ -79,7 +95,7 @@ class Completions:
         self.inference = inference
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _relay(resp, self.inference.text_completion(principal(req), _object_body(req)))
+        _relay(req, resp, self.inference.text_completion)
 
 
 class Models:

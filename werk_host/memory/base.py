@@ -1,9 +1,7 @@
 """Value types shared by the memory-accounting package.
 
-The enums mirror the string values of Werk Protocol 1.0 (``pressure`` is
-``normal|soft|hard|emergency|unknown``, ``topology`` is
-``discrete|unified|unknown``) but are defined here so that accounting has no
-dependency on the DTO layer; a snapshot is a plain ``dict`` of those strings.
+``Pressure`` and ``Topology`` are the protocol's own enums (``werk_host.protocol.base`` has no
+dependencies); a snapshot is a plain ``dict`` of their string values.
 """
 
 from __future__ import annotations
@@ -12,26 +10,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from werk_host.protocol.base import Pressure as Pressure
+from werk_host.protocol.base import Topology as Topology
+
 
 class MemoryTier(StrEnum):
     """An accounting tier. Unified topology makes both names one pool."""
 
     HOST = "host"
     ACCELERATOR = "accelerator"
-
-
-class Pressure(StrEnum):
-    NORMAL = "normal"
-    SOFT = "soft"
-    HARD = "hard"
-    EMERGENCY = "emergency"
-    UNKNOWN = "unknown"
-
-
-class Topology(StrEnum):
-    DISCRETE = "discrete"
-    UNIFIED = "unified"
-    UNKNOWN = "unknown"
 
 
 #: Severity order of the known pressure classes (``unknown`` is not ranked).

@@ -4,15 +4,24 @@ Generation admission runs before the backend is called: a requested output above
 model's output ceiling is ``output_limit_exceeded``; input plus requested output above the
 per-request context is ``context_length_exceeded``. The input is the backend's exact count
 when it has one, else the shared estimator of :mod:`werk_host.service.admission`.
+
+Counters: an admitted request counts in ``requests_total`` and stays in ``requests_active``
+until its relayed response is closed. It counts as failed when the backend raised or answered
+an error status (a client that went away is not a failure). Token totals add the OpenAI
+``usage`` object when the response carries one (found in a bounded tail of the relayed bytes;
+nothing is buffered or re-serialized); without one they are not guessed.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import ValidationError
 
-from werk_host.backend import Adapter, InferenceResponse
+from werk_host.backend import Adapter, InferenceResponse, client_disconnected
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import ChatLimits, ChatRequest
 from werk_host.service.admission import estimate_input_tokens
@@ -21,9 +30,34 @@ from werk_host.service.principals import Principal
 from werk_host.service.reasoning import apply_reasoning_tier
 from werk_host.service.runtime import BackendRuntime
 
+USAGE_TAIL_BYTES = 8192
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+
 
 def admission_error(openai_code: str, message: str) -> WerkError:
     return WerkError(ErrorCode.INVALID_REQUEST, message, details={"openai_code": openai_code})
+
+
+def usage_tokens(tail: bytes) -> tuple[int, int] | None:
+    """``(prompt_tokens, completion_tokens)`` of the last OpenAI ``usage`` object in ``tail``."""
+    found = None
+    for found in _USAGE.finditer(tail):  # noqa: B007 - the last match is wanted
+        pass
+    if found is None:
+        return None
+    try:
+        usage, _ = json.JSONDecoder().raw_decode(tail[found.end() - 1 :].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
+        return None
+    return prompt, completion
+
+
+def _client_gone() -> bool:
+    gone = client_disconnected.get()
+    return gone is not None and gone()
 
 
 class InferenceService:
@@ -78,11 +112,52 @@ class InferenceService:
         adapter = self.runtime.require_adapter(what)
         if hook == "werk_chat_completion":
             body = self.admit_chat(adapter, body)
-        with self.stats.request():
+        self.stats.add(requests_total=1, requests_active=1)
+        try:
             response: InferenceResponse | None = self.runtime.plugins.call(hook, adapter, request=body)
+        except BaseException:
+            self.stats.add(requests_active=-1, requests_failed=0 if _client_gone() else 1)
+            raise
         if response is None:
+            self.stats.add(requests_active=-1, requests_failed=1)
             raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
-        return response
+        return self._tracked(response)
+
+    def _tracked(self, response: InferenceResponse) -> InferenceResponse:
+        """``response`` counted as active until closed, with its usage added to the totals."""
+        stats = self.stats
+        state: dict[str, Any] = {"tail": b"", "failed": response.status >= 400, "closed": False}
+
+        def body() -> Iterator[bytes]:
+            tail = b""
+            try:
+                for chunk in response.body:
+                    tail = (tail + chunk[-USAGE_TAIL_BYTES:])[-USAGE_TAIL_BYTES:]
+                    yield chunk
+            except GeneratorExit:
+                raise
+            except BaseException:
+                state["failed"] = True
+                raise
+            finally:
+                state["tail"] = tail
+
+        def close() -> None:
+            if state["closed"]:
+                return
+            state["closed"] = True
+            try:
+                response.close()
+            finally:
+                usage = None if state["failed"] else usage_tokens(state["tail"])
+                stats.add(
+                    requests_active=-1,
+                    requests_failed=1 if state["failed"] else 0,
+                    prompt_tokens_total=usage[0] if usage else 0,
+                    completion_tokens_total=usage[1] if usage else 0,
+                )
+
+        return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
 
     def chat_completion(self, principal: Principal, body: dict[str, Any]) -> InferenceResponse:
         return self._call("werk_chat_completion", "chat completions", body)

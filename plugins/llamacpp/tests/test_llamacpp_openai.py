@@ -511,15 +511,24 @@ def test_v1_uses_werk_keys_and_openai_error_shape(env: Env) -> None:
 @covers_hooks("werk_workers")
 def test_observability_counts_v1_requests(env: Env) -> None:
     before = env.chat_counters()
-    env.client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, extra_body={"ignore_eos": True})  # type: ignore[arg-type]
+    chat = env.client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, extra_body={"ignore_eos": True})  # type: ignore[arg-type]
+    streamed = list(env.client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=3, stream=True, stream_options={"include_usage": True},  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True},
+    ))
     list(env.client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, stream=True))  # type: ignore[arg-type]
-    env.client.completions.create(model=MODEL, prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
+    text = env.client.completions.create(model=MODEL, prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
     with pytest.raises(openai.BadRequestError):
         env.client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=CEILING + 1)  # type: ignore[arg-type]
     after = env.chat_counters()
-    assert after["requests_total"] - before["requests_total"] == 3
+    assert after["requests_total"] - before["requests_total"] == 4
     assert after["requests_rejected"] - before["requests_rejected"] == 1
-    assert after["requests_active"] == 0
+    assert after["requests_active"] == 0 and after["requests_failed"] == before["requests_failed"]
+    # Token totals add what the backend reported in usage (a stream without include_usage reports none).
+    reported = [r.usage for r in (chat, streamed[-1], text)]
+    assert all(u is not None for u in reported)
+    assert after["completion_tokens_total"] - before["completion_tokens_total"] == 9
+    assert after["prompt_tokens_total"] - before["prompt_tokens_total"] == sum(u.prompt_tokens for u in reported if u)
     obs = env.api.get("/werk/v1/observability")[1]["data"]
     (worker,) = obs["workers"]
     assert worker["model"] == MODEL and worker["slots"] == 2
@@ -536,7 +545,7 @@ def test_openai_client_against_werk_serve(tmp_path: Path, llama_server_path: Pat
     environ.pop(ENV_ARGS, None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environ, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ, text=True,
     )
     try:
         assert proc.stdout is not None

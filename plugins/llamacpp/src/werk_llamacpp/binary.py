@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from werk_host.models import sha256_file
+
 __all__ = [
     "BUILD_CACHE_VERSION",
     "BinaryInfo",
@@ -139,15 +141,6 @@ def find_llama_server(
         f"llama-server not found: pass a path, set {ENV_VAR}, put it on PATH, "
         f"or run scripts/build-llama-server.sh (cache: {build_cache_root(env)})"
     )
-
-
-def sha256_file(path: str | os.PathLike[str], *, chunk_size: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file, streamed in ``chunk_size`` blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_size):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
