@@ -1,6 +1,9 @@
 """``werk cache list`` and ``werk cache purge <ID> | --all [--dry-run]``.
 
-Both work on ``WERK_HOME/runtime-state/v1`` through :class:`werk_host.store.StateStore`,
+Runtime states live in ``WERK_HOME/runtime-state/v1`` (through :class:`werk_host.store.StateStore`);
+backend-owned caches (e.g. llama.cpp's per-process slot directories) in ``WERK_HOME/backends``
+(:mod:`werk_host.backend_caches`: an entry whose owner still holds its lock is active and kept).
+Both
 so a purge takes the same process mutex and ``.lock`` advisory lock as a running server
 and is safe while one runs. ``list`` is strictly read-only. Purge skips pinned states and
 active ones (a payload currently open for use by any process). Output is JSON on stdout;
@@ -14,6 +17,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from werk_host import backend_caches
 from werk_host.errors import WerkError, invalid, not_found
 from werk_host.paths import werk_home
 from werk_host.store import StateStore, runtime_state_root
@@ -37,9 +41,11 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     entries = _store(args).inventory()
     states = [e for e in entries if e.kind == "state"]
+    backends = backend_caches.inventory(werk_home(getattr(args, "home", None)))
     _emit(
         {
             "runtime_states": [e.to_json() for e in entries],
+            "backend_caches": [b.to_json() for b in backends],
             "totals": {
                 "entries": len(entries),
                 "states": len(states),
@@ -48,7 +54,9 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                 "expired": sum(1 for e in states if e.expired),
                 "invalid": sum(1 for e in states if e.invalid),
                 "quarantined": sum(1 for e in entries if e.kind == "quarantine"),
-                "disk_bytes": sum(e.disk_bytes or 0 for e in entries),
+                "disk_bytes": sum(e.disk_bytes or 0 for e in entries) + sum(b.bytes for b in backends),
+                "backend_caches": len(backends),
+                "backend_caches_active": sum(1 for b in backends if b.active),
             },
         },
         out,
@@ -65,6 +73,14 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
     try:
         if (cache_id is None) == (not purge_all):
             raise invalid("give exactly one of <ID> or --all")
+        home = werk_home(getattr(args, "home", None))
+        backend_ids = [cache_id] if cache_id is not None else None
+        if cache_id is not None and cache_id.startswith("backend:"):
+            removed = backend_caches.purge(home, ids=backend_ids, dry_run=bool(args.dry_run))
+            if not removed:
+                raise not_found("no inactive backend cache entry with that id")
+            _emit({"backend_caches": [b.to_json() for b in removed], "dry_run": bool(args.dry_run)}, out)
+            return 0
         outcome = _store(args).purge(
             ids=[cache_id] if cache_id is not None else None,
             all=purge_all,
@@ -72,9 +88,10 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         )
         if cache_id is not None and outcome.matched == 0:
             raise not_found("no runtime-state cache entry with that id")
+        removed = backend_caches.purge(home, ids=None, dry_run=bool(args.dry_run)) if purge_all else []
     except WerkError as exc:
         return _fail(exc, err)
-    _emit(outcome.to_json(), out)
+    _emit({**outcome.to_json(), "backend_caches": [b.to_json() for b in removed]}, out)
     return 0
 
 

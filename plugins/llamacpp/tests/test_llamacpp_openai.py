@@ -455,13 +455,35 @@ def test_client_disconnect_mid_stream_stops_the_child(slow_env: Env) -> None:
     idle_after = _wait_idle(slow_env, timeout=5)
     predicted = slow_env.metrics()["tokens_predicted_total"] - before["tokens_predicted_total"]
     per_token = max(predicted, 1) / max(time.monotonic() - gone, 1e-3)
-    print("DISCONNECT", predicted, idle_after, per_token)
     assert predicted < max_tokens / 2, (predicted, idle_after, per_token)  # stopped well before the end
     counters = slow_env.chat_counters()
     assert counters["requests_active"] == 0
     # The pool recovered: the next request is served normally.
     reply = slow_env.client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3)  # type: ignore[arg-type]
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_client_disconnect_before_a_non_streamed_answer_stops_the_child(slow_env: Env) -> None:
+    max_tokens = 1500
+    before, counters = slow_env.metrics(), slow_env.chat_counters()
+    sock = socket.create_connection((slow_env.api.host, slow_env.api.port))
+    body = json.dumps({"model": MODEL, "messages": QUESTION, "max_tokens": max_tokens, "ignore_eos": True}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: werk\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    deadline = time.monotonic() + 5
+    while not any(slot["is_processing"] for slot in slow_env.slots()):  # generating, nothing sent back yet
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    sock.close()  # the client gives up waiting
+    _wait_idle(slow_env, timeout=5)
+    predicted = slow_env.metrics()["tokens_predicted_total"] - before["tokens_predicted_total"]
+    assert predicted < max_tokens / 2, predicted
+    after = slow_env.chat_counters()
+    assert after["requests_active"] == 0 and after["requests_total"] == counters["requests_total"] + 1
+    assert after["requests_failed"] == counters["requests_failed"]  # a client leaving is not a failure
 
 
 # -- reasoning tiers -------------------------------------------------------------------------------
@@ -543,13 +565,17 @@ def test_openai_client_against_werk_serve(tmp_path: Path, llama_server_path: Pat
     _install(home, tiny_model, CEILING)
     environ = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(llama_server_path)}
     environ.pop(ENV_ARGS, None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ, text=True,
-    )
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
+            stdout=subprocess.PIPE, stderr=stderr, env=environ, text=True,
+        )
     try:
         assert proc.stdout is not None
-        port = json.loads(proc.stdout.readline())["port"]
+        line = proc.stdout.readline()
+        assert line, log.read_text()[-4000:]
+        port = json.loads(line)["port"]
         client = _client(f"http://127.0.0.1:{port}")
         assert [m.id for m in client.models.list().data] == [MODEL]
         reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)  # type: ignore[arg-type]

@@ -261,3 +261,18 @@ def test_no_child_survives_werk_serve_sigterm(tmp_path: Path, llama_server_path:
         time.sleep(0.05)
     else:
         pytest.fail(f"llama-server child {child} survived werk serve")
+
+
+def test_cache_list_shows_the_live_child_directory_as_active(env: Env) -> None:
+    import io
+    from argparse import Namespace
+
+    from werk_host.cli.cache import cmd_list
+
+    out = io.StringIO()
+    assert cmd_list(Namespace(home=str(env.host.config.home)), out=out) == 0
+    backends = json.loads(out.getvalue())["backend_caches"]
+    proc = env.adapter.current()
+    assert proc is not None and proc.run_dir is not None
+    (entry,) = [b for b in backends if b["id"].endswith(proc.run_dir.name)]
+    assert entry["active"] is True and entry["plugin"] == "llamacpp"

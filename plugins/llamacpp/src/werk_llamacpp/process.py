@@ -57,6 +57,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from werk_host.backend_caches import hold_owner_lock
+
 from .binary import BinaryInfo, ExecutableIdentity, find_llama_server, inspect_executable
 from .native import LlamaServerClient, NativeConnectionError, NativeError
 
@@ -369,6 +371,7 @@ class LlamaServerProcess:
         self._cleanup_dir: str | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._lock = threading.RLock()
+        self._owner_fd: int | None = None
 
     # -- introspection ----------------------------------------------------------------
 
@@ -475,6 +478,7 @@ class LlamaServerProcess:
                 if self._cleanup_dir is None:
                     self._cleanup_dir = str(run_dir)
                 self.run_dir = run_dir
+                self._owner_fd = hold_owner_lock(run_dir)  # `werk cache` sees the directory as active
                 self.slot_dir = ensure_private_dir(run_dir / "slots") if self.slot_save else None
                 self.log_path = run_dir / "llama-server.log"
 
@@ -589,6 +593,9 @@ class LlamaServerProcess:
     def _remove_files(self) -> None:
         if not self.keep_files and self._cleanup_dir is not None:
             shutil.rmtree(self._cleanup_dir, ignore_errors=True)
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)
+            self._owner_fd = None
 
     def __enter__(self) -> LlamaServerProcess:
         if self._popen is None:
