@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from waitress.server import create_server
+from waitress.server import create_server  # type: ignore[import-untyped]
 
 from tests.support.testadapter import MemoryBackendPlugin
 from werk_host.config import HostConfig

@@ -77,6 +77,7 @@ from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, Reservati
 from werk_host.service.leases import MemoryLeases
 from werk_host.service.policy import gate, resolve_prefill_policy
 from werk_host.service.principals import Authenticator, Principal
+from werk_host.service.reasoning import apply_reasoning_tier
 from werk_host.service.runtime import BackendRuntime
 from werk_host.store import StateRecord, StateStore
 
@@ -559,15 +560,23 @@ class LocalControlService:
             raise WerkError(ErrorCode.NOT_FOUND, "no model is selected on this server")
         return self.runtime.model.name
 
+    def _check_reasoning_tier(self, adapter: Adapter, model: str, request: ChatRequest) -> None:
+        """``werk.reasoning.tier`` on a planning request fails exactly as it would on chat."""
+        if request.werk is not None and request.werk.reasoning is not None:
+            limits: ChatLimits | None = self.plugins.call("werk_chat_limits", adapter, model=model)
+            apply_reasoning_tier(self.plugins, adapter, {}, request, limits)
+
     def count_tokens(self, principal: Principal, request: ChatRequest) -> TokenCount:
         adapter = self._chat_adapter("api.chat.token_count", "token counting")
         model = self._model_name(request.model)
+        self._check_reasoning_tier(adapter, model, request)
         count: int = self.plugins.require("werk_count_tokens", adapter, "token counting", request=request)
         return TokenCount(model=model, input_tokens=count)
 
     def admission(self, principal: Principal, request: ChatRequest) -> Admission:
         adapter = self._chat_adapter("api.chat.admission", "admission")
         model = self._model_name(request.model)
+        self._check_reasoning_tier(adapter, model, request)
         method = "native"
         count: int | None = None
         if self._status(adapter, "api.chat.token_count") is CapabilityStatus.SUPPORTED:

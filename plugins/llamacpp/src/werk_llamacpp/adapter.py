@@ -49,7 +49,7 @@ from .binary import LlamaServerNotFound, find_llama_server
 from .native import LlamaServerClient, NativeConnectionError, NativeError
 from .probe import ProbeResult, run_probe
 from .process import LlamaServerProcess, LlamaServerStartupError, last_flag_value
-from .proxy import ConnectionPool
+from .proxy import ConnectionPool, post_json
 
 log = logging.getLogger(__name__)
 
@@ -530,15 +530,13 @@ class LlamaCppAdapter:
             if key in self._count_cache:
                 self._count_cache.move_to_end(key)
                 return self._count_cache[key]
-        proc = self.process()
-        client = LlamaServerClient(proc.host, proc.port or 0, timeout=30)
+        pool = self.proxy_pool(self.process())  # keep-alive connections: no TCP setup per count
         try:
-            text = client.apply_template(body.pop("messages"), **body)
-            count = len(client.tokenize(text, add_special=True, parse_special=True))
-        except NativeError as err:
+            text = post_json(pool, "/apply-template", body)["prompt"]
+            tokens = post_json(pool, "/tokenize", {"content": text, "add_special": True, "parse_special": True})
+            count = len(tokens["tokens"])
+        except (WerkError, KeyError, TypeError) as err:
             raise _unavailable("llama-server could not count this request") from err
-        finally:
-            client.close()
         with self._life:
             self._count_cache[key] = count
             while len(self._count_cache) > 256:
