@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import io
 import statistics
 import sys
 import tempfile
@@ -22,23 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.catalog_scale_store import populate  # noqa: E402
 from tests.support.hosts import make_host, running  # noqa: E402
-from werk_host.store import StateStore  # noqa: E402
 
 KEY = "sk-werk-bench-catalog"
-
-
-def populate(home: Path, principal: str, n: int) -> None:
-    store = StateStore(home / "runtime-state" / "v1", durable=False, audit_batch=1)
-    for i in range(n):
-        store.commit(
-            principal,
-            model_id=f"model-{i % 3}",
-            backend="bench",
-            envelope={"generation": "g1"},
-            payload=io.BytesIO(i.to_bytes(8, "big") * 16),
-            prompt_fingerprint=f"fp-{i}",
-        )
 
 
 def page_ms(conn: http.client.HTTPConnection) -> float:
@@ -66,7 +52,7 @@ def main() -> int:
         principal = host.auth.authenticate(KEY)
         assert principal is not None
         started = time.perf_counter()
-        populate(home, principal.id, n)
+        populate(home / "runtime-state" / "v1", n, principal.id)
         print(f"populated {n} states in {time.perf_counter() - started:.1f}s", file=sys.stderr)
         hosts[label] = host
     samples: dict[str, list[float]] = {"small": [], "large": []}

@@ -31,11 +31,11 @@ from werk_host.store import StateStore
 PRINCIPAL = "c0ffee" * 8
 
 
-def populate(root: Path, n: int) -> None:
+def populate(root: Path, n: int, principal: str = PRINCIPAL) -> None:
     store = StateStore(root, durable=False, audit_batch=1)
     for i in range(n):
         store.commit(
-            PRINCIPAL,
+            principal,
             model_id=f"model-{i % 3}",
             backend="llamacpp",
             envelope={"process_generation": "g1"},

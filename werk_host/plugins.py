@@ -133,9 +133,6 @@ class PluginHost:
             factories.extend(offered or [])
         return factories
 
-    def _adapter_plugins(self, config: Any) -> set[str]:
-        return {f.plugin_name for f in self.adapter_factories(config)}
-
     def _owner_caller(self, hook_name: str, owner: str) -> Any:
         key = (hook_name, owner)
         with self._lock:

@@ -160,12 +160,6 @@ class HandoffRegistry:
             finally:
                 self._notify(expired)
 
-    def live_state_ids(self) -> set[str]:
-        """State ids referenced by a live handoff (the memory planner must not move them)."""
-        with self._lock:
-            now = self._clock()
-            return {r.state_id for r in self._live.values() if r.state_id and r.expires_at > now}
-
     def counts(self, principal_id: str | None = None) -> tuple[int, int]:
         """(live + reserved for ``principal_id``, live + reserved in total)."""
         with self._lock:
