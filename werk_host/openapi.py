@@ -66,6 +66,17 @@ def _envelope_schema(data_schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _query_value(schema: dict[str, Any]) -> dict[str, Any]:
+    """A query parameter is present with a value or absent: drop the model's ``null`` option."""
+    schema = {k: v for k, v in schema.items() if k not in ("title", "default")}
+    options = [o for o in schema.pop("anyOf", []) if o != {"type": "null"}]
+    if len(options) == 1:
+        schema.update(options[0])
+    elif options:
+        schema["anyOf"] = options
+    return schema
+
+
 def build_openapi() -> dict[str, Any]:
     request_models = {m for _, _, _, m, _, _ in _OPERATIONS if m is not None}
     response_models: set[type[BaseModel]] = {p.ProtocolVersion, p.ErrorEnvelope}
@@ -103,14 +114,18 @@ def build_openapi() -> dict[str, Any]:
             },
         }
         if "{state_id}" in path:
-            operation["parameters"].append(
-                {"name": "state_id", "in": "path", "required": True, "schema": {"type": "string"}}
-            )
+            state_id = TypeAdapter(p.StateId).json_schema()
+            operation["parameters"].append({"name": "state_id", "in": "path", "required": True, "schema": state_id})
         if query is not None:
-            for name, field in query.model_fields.items():
-                schema = TypeAdapter(field.annotation).json_schema(ref_template=REF)  # type: ignore[arg-type]
+            # The model's own schema, so that every Field constraint (minLength, minimum, ...)
+            # the server enforces is in the document too.
+            query_schema = query.model_json_schema(ref_template=REF)
+            schemas.update(query_schema.pop("$defs", {}))
+            required = set(query_schema.get("required", ()))
+            for name, schema in query_schema["properties"].items():
+                schema = _query_value(schema)
                 operation["parameters"].append(
-                    {"name": name, "in": "query", "required": field.is_required(), "schema": schema}
+                    {"name": name, "in": "query", "required": name in required, "schema": schema}
                 )
         if body is not None:
             operation["requestBody"] = {
@@ -124,6 +139,14 @@ def build_openapi() -> dict[str, Any]:
             "operationId": "get_openapi",
             "security": [{"bearer": []}, {"apiKey": []}],
             "responses": {"200": {"description": "Success envelope holding this OpenAPI document"}},
+        }
+    }
+    paths["/openapi.json"] = {
+        "get": {
+            "summary": "This document, bare (no envelope, no key needed)",
+            "operationId": "get_openapi_raw",
+            "security": [],
+            "responses": {"200": {"description": "This OpenAPI document", "content": {"application/json": {}}}},
         }
     }
 

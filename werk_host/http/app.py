@@ -21,7 +21,7 @@ from werk_host.http.middleware import (
     is_openai_path,
     protocol_headers,
 )
-from werk_host.http.resources import ROUTES, OpenApiResource
+from werk_host.http.resources import ROUTES, OpenApiResource, RawOpenApiResource
 from werk_host.openapi import build_openapi
 from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from werk_host.service.principals import Authenticator
@@ -89,7 +89,9 @@ def create_app(control: WerkControl, auth: Authenticator, *, inference: Any | No
     app.resp_options.default_media_type = "application/json"
     for path, resource_class in ROUTES:
         app.add_route(path, resource_class(control))
-    app.add_route("/werk/v1/openapi.json", OpenApiResource(build_openapi()))
+    document = build_openapi()
+    app.add_route("/werk/v1/openapi.json", OpenApiResource(document))
+    app.add_route("/openapi.json", RawOpenApiResource(document))
     if inference is not None:
         openai.add_routes(app, inference)
     # Registration order matters: Falcon picks the most specific handler class.

@@ -9,6 +9,7 @@ import falcon
 from pydantic import BaseModel, ValidationError
 
 from werk_host.errors import ErrorCode, WerkError, validation_message
+from werk_host.http.jsonbody import decode_json_body
 from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from werk_host.service.principals import Principal
 
@@ -16,15 +17,9 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def json_body(req: falcon.Request) -> Any:
+    """The request's JSON document, strictly decoded (:mod:`werk_host.http.jsonbody`)."""
     raw: bytes = req.context.body
-    if not raw:
-        raise WerkError(ErrorCode.INVALID_REQUEST, "a JSON request body is required")
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise WerkError(ErrorCode.INVALID_REQUEST, f"malformed JSON: {err.msg} at position {err.pos}") from err
-    except UnicodeDecodeError as err:
-        raise WerkError(ErrorCode.INVALID_REQUEST, "malformed JSON: the body is not valid UTF-8") from err
+    return decode_json_body(raw)
 
 
 def parse_body(req: falcon.Request, model: type[M]) -> M:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import falcon
-from pydantic import Field
+from pydantic import Field, TypeAdapter, ValidationError
 
 from werk_host.control import WerkControl
+from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import parse_body, parse_query, principal, render_data
 from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
@@ -18,6 +20,7 @@ from werk_host.protocol import (
     PrefillRequest,
     PruneRequest,
     StateActionRequest,
+    StateId,
     StateListQuery,
     StrictModel,
 )
@@ -54,8 +57,15 @@ class StatesResource(_Resource):
         render_data(req, resp, self.control.list_states(principal(req), query))
 
 
+_STATE_ID = TypeAdapter(StateId)
+
+
 class StateActionsResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response, state_id: str) -> None:
+        try:
+            _STATE_ID.validate_python(state_id)
+        except ValidationError as err:
+            raise WerkError(ErrorCode.INVALID_REQUEST, "state_id is not a state id") from err
         request = parse_body(req, StateActionRequest)
         render_data(req, resp, self.control.state_action(principal(req), state_id, request))
 
@@ -129,11 +139,24 @@ class DeploymentsResource(_Resource):
 
 
 class OpenApiResource:
+    """``GET /werk/v1/openapi.json``: the document inside the protocol envelope."""
+
     def __init__(self, document: dict[str, Any]) -> None:
         self.document = document
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         render_data(req, resp, self.document)
+
+
+class RawOpenApiResource:
+    """``GET /openapi.json``: the bare document, for standard OpenAPI tools (no key needed)."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.body = json.dumps(document, separators=(",", ":"))
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = "application/json"
+        resp.text = self.body
 
 
 #: (path, resource class) for every ``/werk/v1`` route.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Final
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Strict, StrictBool, StrictInt
 
 PROTOCOL_MAJOR: Final = 1
 PROTOCOL_MINOR: Final = 0
@@ -24,6 +25,14 @@ MAX_STOP_STRINGS: Final = 16
 MAX_STOP_BYTES: Final = 1024
 MAX_COMPLETION_TEXT_BYTES: Final = 1 << 20
 DEFAULT_OUTPUT_TOKENS: Final = 256
+
+
+#: A request boolean: only JSON ``true``/``false`` (never ``0``, ``"no"`` or ``"false"``).
+JsonBool = StrictBool
+#: A request integer: only a JSON integer (never ``true``, ``"5"`` or ``5.0``).
+JsonInt = StrictInt
+#: A request number: a JSON integer or fraction (never a boolean or a string).
+JsonFloat = Annotated[float, Strict()]
 
 
 class StrictModel(BaseModel):
@@ -47,11 +56,42 @@ class CapabilityStatus(StrEnum):
     METADATA_ONLY = "metadata_only"
 
 
+K = TypeVar("K", bound=StrEnum)
+
+
 class Tier(StrEnum):
     VRAM = "vram"
     RAM = "ram"
     DISK = "disk"
     EXTERNAL = "external"
+
+
+def check_target_tier(rules: Mapping[K, tuple[StrEnum, ...] | None], action: K, target: StrEnum | None) -> None:
+    """Apply one ``target_tier`` rule table: ``None`` = must be omitted, else one of the listed tiers."""
+    allowed = rules[action]
+    if allowed is None:
+        if target is not None:
+            raise ValueError(f"target_tier must be omitted for {action.value}")
+    elif target is None:
+        raise ValueError(f"target_tier is required for {action.value}")
+    elif target not in allowed:
+        raise ValueError(f"target_tier for {action.value} must be one of {', '.join(t.value for t in allowed)}")
+
+
+def target_tier_schema(rules: Mapping[K, tuple[StrEnum, ...] | None]) -> dict[str, Any]:
+    """The same rule table as JSON Schema ``if``/``then`` clauses for the OpenAPI document."""
+    groups: dict[tuple[str, ...] | None, list[str]] = {}
+    for action, allowed in rules.items():
+        groups.setdefault(None if allowed is None else tuple(t.value for t in allowed), []).append(action.value)
+    clauses: list[dict[str, Any]] = []
+    for allowed_values, actions in groups.items():
+        when = {"required": ["action"], "properties": {"action": {"enum": actions}}}
+        if allowed_values is None:
+            then: dict[str, Any] = {"properties": {"target_tier": {"type": "null"}}}
+        else:
+            then = {"required": ["target_tier"], "properties": {"target_tier": {"enum": list(allowed_values)}}}
+        clauses.append({"if": when, "then": then})
+    return {"allOf": clauses}
 
 
 #: Order of state tiers from fastest to slowest; promote moves left, demote right.
@@ -75,6 +115,6 @@ __all__ = [
     "PROTOCOL_MAJOR", "PROTOCOL_MINOR", "PROTOCOL_VERSION", "MAX_PAGE_SIZE", "MAX_STATE_IDS_PER_OPERATION",
     "MAX_EXPERT_IDS_PER_OPERATION", "MAX_REQUEST_BYTES", "MAX_HANDOFF_BYTES", "MAX_TTL_SECONDS",
     "MAX_INPUT_TEXT_BYTES", "MAX_MESSAGES", "MAX_DECODE_TOKENS", "MAX_STOP_STRINGS", "MAX_STOP_BYTES",
-    "MAX_COMPLETION_TEXT_BYTES", "DEFAULT_OUTPUT_TOKENS", "StrictModel", "DataModel", "CapabilityStatus",
-    "Tier", "TIER_ORDER", "Pressure", "Topology",
+    "MAX_COMPLETION_TEXT_BYTES", "DEFAULT_OUTPUT_TOKENS", "JsonBool", "JsonInt", "JsonFloat", "StrictModel", "DataModel", "CapabilityStatus",
+    "Tier", "TIER_ORDER", "check_target_tier", "target_tier_schema", "Pressure", "Topology",
 ]

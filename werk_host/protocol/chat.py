@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS, DataModel, StrictModel
+from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS, DataModel, JsonBool, JsonInt, StrictModel
 
 
 class ReasoningTierId(StrEnum):
@@ -27,12 +27,50 @@ class WerkChatExtension(StrictModel):
     reasoning: ReasoningSelection | None = None
 
 
-class ChatMessage(BaseModel):
-    """An OpenAI chat message; content may be text or content parts; tool fields pass through."""
+class ChatRole(StrEnum):
+    """OpenAI chat roles."""
+
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    FUNCTION = "function"
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content: ``{"type": "text", "text": ...}`` or another typed part
+    (``image_url``, ``input_audio``, ...) whose other fields pass through to the backend."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    role: str = Field(min_length=1, max_length=64)
-    content: str | list[dict[str, Any]] | None = None
+    type: str = Field(min_length=1, max_length=64)
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_part(self) -> Self:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text content part needs a text string")
+        return self
+
+
+class ChatMessage(BaseModel):
+    """An OpenAI chat message; content may be text or content parts; tool fields pass through.
+
+    ``content`` is required except on an assistant message that carries ``tool_calls`` (or the
+    legacy ``function_call``), as OpenAI's API requires."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    role: ChatRole
+    content: str | list[ContentPart] | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> Self:
+        if self.content is None:
+            extra = self.model_extra or {}
+            calls = extra.get("tool_calls") or extra.get("function_call")
+            if self.role is not ChatRole.ASSISTANT or not calls:
+                raise ValueError(f"a {self.role.value} message needs content")
+        return self
 
 
 class ChatRequest(BaseModel):
@@ -45,9 +83,9 @@ class ChatRequest(BaseModel):
     model: str | None = Field(None, min_length=1, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stream: bool | None = None
+    max_tokens: JsonInt | None = Field(None, ge=1)
+    max_completion_tokens: JsonInt | None = Field(None, ge=1)
+    stream: JsonBool | None = None
     reasoning_effort: str | None = None
     werk: WerkChatExtension | None = None
 

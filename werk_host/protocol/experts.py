@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from werk_host.protocol.base import (
     MAX_EXPERT_IDS_PER_OPERATION,
     MAX_PAGE_SIZE,
     DataModel,
+    JsonBool,
     StrictModel,
     Tier,
+    check_target_tier,
+    target_tier_schema,
 )
 
 
@@ -42,7 +45,7 @@ class ExpertListQuery(StrictModel):
     tier: ExpertTier | None = None
     limit: int = Field(MAX_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE)
     cursor: str | None = Field(None, min_length=1, max_length=512)
-    allow_experimental: bool = False
+    allow_experimental: JsonBool = False
 
 
 class ExpertActionKind(StrEnum):
@@ -52,25 +55,34 @@ class ExpertActionKind(StrEnum):
     EVICT = "evict"
 
 
+#: ``target_tier`` per expert action (see :func:`werk_host.protocol.base.check_target_tier`).
+EXPERT_ACTION_TARGETS: dict[ExpertActionKind, tuple[Tier, ...] | None] = {
+    ExpertActionKind.PREFETCH: (Tier.VRAM, Tier.RAM),
+    ExpertActionKind.PIN: None,
+    ExpertActionKind.UNPIN: None,
+    ExpertActionKind.EVICT: None,
+}
+
+ExpertId = Annotated[str, Field(min_length=1, max_length=256)]
+
+
 class ExpertActionRequest(StrictModel):
+    model_config = ConfigDict(json_schema_extra=target_tier_schema(EXPERT_ACTION_TARGETS))
+
     model_id: str = Field(min_length=1, max_length=256)
-    expert_ids: list[str] = Field(min_length=1, max_length=MAX_EXPERT_IDS_PER_OPERATION)
+    expert_ids: list[ExpertId] = Field(
+        min_length=1, max_length=MAX_EXPERT_IDS_PER_OPERATION, json_schema_extra={"uniqueItems": True}
+    )
     action: ExpertActionKind
     target_tier: Tier | None = None
-    dry_run: bool = False
-    allow_experimental: bool = False
+    dry_run: JsonBool = False
+    allow_experimental: JsonBool = False
 
     @model_validator(mode="after")
     def _target_rules(self) -> Self:
-        if any(not e or len(e) > 256 for e in self.expert_ids):
-            raise ValueError("expert ids must be 1..256 characters")
         if len(set(self.expert_ids)) != len(self.expert_ids):
             raise ValueError("expert_ids must be unique")
-        if self.action is ExpertActionKind.PREFETCH:
-            if self.target_tier not in (Tier.VRAM, Tier.RAM):
-                raise ValueError("prefetch requires target_tier vram or ram")
-        elif self.target_tier is not None:
-            raise ValueError(f"target_tier must be omitted for {self.action.value}")
+        check_target_tier(EXPERT_ACTION_TARGETS, self.action, self.target_tier)
         return self
 
 

@@ -16,6 +16,9 @@ from werk_host.protocol.base import (
     MAX_STOP_STRINGS,
     MAX_TTL_SECONDS,
     DataModel,
+    JsonBool,
+    JsonFloat,
+    JsonInt,
     StrictModel,
     Tier,
 )
@@ -39,8 +42,8 @@ class Policy(StrictModel):
 
     mode: PersistenceMode = PersistenceMode.AUTO
     reuse: ReusePolicy = ReusePolicy.PREFER
-    ttl_seconds: int | None = Field(None, ge=1, le=MAX_TTL_SECONDS)
-    pin: bool = False
+    ttl_seconds: JsonInt | None = Field(None, ge=1, le=MAX_TTL_SECONDS)
+    pin: JsonBool = False
 
 
 def _utf8_len(text: str) -> int:
@@ -49,15 +52,13 @@ def _utf8_len(text: str) -> int:
 
 class TextInput(StrictModel):
     type: Literal["text"]
-    text: str
+    text: str = Field(min_length=1, max_length=MAX_INPUT_TEXT_BYTES, description="at most 512 KiB of UTF-8")
 
     @field_validator("text")
     @classmethod
     def _bounded(cls, value: str) -> str:
         if _utf8_len(value) > MAX_INPUT_TEXT_BYTES:
             raise ValueError("text exceeds 512 KiB")
-        if not value:
-            raise ValueError("text must not be empty")
         return value
 
 
@@ -96,7 +97,7 @@ class PrefillRequest(StrictModel):
     model_id: str = Field(min_length=1, max_length=256)
     input: PrefillInput
     policy: Policy | None = None
-    allow_experimental: bool | None = None
+    allow_experimental: JsonBool | None = None
 
 
 class PrefillResult(DataModel):
@@ -109,21 +110,20 @@ class PrefillResult(DataModel):
 
 
 class DecodeRequest(StrictModel):
-    handoff: HandoffSecret
-    max_tokens: int = Field(256, ge=1, le=MAX_DECODE_TOKENS)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
-    stop: list[str] | None = Field(None, max_length=MAX_STOP_STRINGS)
-    allow_experimental: bool = False
+    handoff: HandoffSecret = Field(min_length=1, max_length=MAX_HANDOFF_BYTES)
+    max_tokens: JsonInt = Field(256, ge=1, le=MAX_DECODE_TOKENS)
+    temperature: JsonFloat | None = Field(None, ge=0, le=2)
+    top_p: JsonFloat | None = Field(None, gt=0, le=1)
+    seed: JsonInt | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    stop: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_BYTES)]] | None = Field(
+        None, max_length=MAX_STOP_STRINGS
+    )
+    allow_experimental: JsonBool = False
 
     @field_validator("handoff")
     @classmethod
     def _handoff_bounded(cls, value: SecretStr) -> SecretStr:
-        raw = value.get_secret_value()
-        if not raw:
-            raise ValueError("handoff must not be empty")
-        if _utf8_len(raw) > MAX_HANDOFF_BYTES:
+        if _utf8_len(value.get_secret_value()) > MAX_HANDOFF_BYTES:
             raise ValueError("handoff exceeds max_handoff_bytes")
         return value
 
@@ -131,8 +131,6 @@ class DecodeRequest(StrictModel):
     @classmethod
     def _stop_bounded(cls, value: list[str] | None) -> list[str] | None:
         for item in value or []:
-            if not item:
-                raise ValueError("stop strings must be non-empty")
             if _utf8_len(item) > MAX_STOP_BYTES:
                 raise ValueError("a stop string exceeds 1024 bytes")
         return value

@@ -5,15 +5,19 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from werk_host.protocol.base import (
     MAX_PAGE_SIZE,
     MAX_STATE_IDS_PER_OPERATION,
     TIER_ORDER,
     DataModel,
+    JsonBool,
+    JsonInt,
     StrictModel,
     Tier,
+    check_target_tier,
+    target_tier_schema,
 )
 
 StateId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^st_[A-Za-z0-9_-]+$")]
@@ -61,21 +65,28 @@ class StateActionKind(StrEnum):
     EVICT = "evict"
 
 
+#: ``target_tier`` per state action: the tiers it may name, or ``None`` where it must be omitted.
+#: The one source of both the validation below and the OpenAPI document's ``if``/``then`` rules.
+STATE_ACTION_TARGETS: dict[StateActionKind, tuple[Tier, ...] | None] = {
+    StateActionKind.PIN: None,
+    StateActionKind.UNPIN: None,
+    StateActionKind.EVICT: None,
+    StateActionKind.PROMOTE: (Tier.VRAM, Tier.RAM, Tier.DISK),  # external is never a local target
+    StateActionKind.DEMOTE: (Tier.VRAM, Tier.RAM, Tier.DISK),
+}
+
+
 class StateActionRequest(StrictModel):
+    model_config = ConfigDict(json_schema_extra=target_tier_schema(STATE_ACTION_TARGETS))
+
     action: StateActionKind
     target_tier: Tier | None = None
-    dry_run: bool = False
-    allow_experimental: bool = False
+    dry_run: JsonBool = False
+    allow_experimental: JsonBool = False
 
     @model_validator(mode="after")
     def _target_rules(self) -> Self:
-        moving = self.action in (StateActionKind.PROMOTE, StateActionKind.DEMOTE)
-        if moving and self.target_tier is None:
-            raise ValueError(f"target_tier is required for {self.action.value}")
-        if not moving and self.target_tier is not None:
-            raise ValueError(f"target_tier must be omitted for {self.action.value}")
-        if self.target_tier is Tier.EXTERNAL:
-            raise ValueError("external cannot be a local movement target")
+        check_target_tier(STATE_ACTION_TARGETS, self.action, self.target_tier)
         return self
 
 
@@ -93,7 +104,9 @@ class StateActionResult(DataModel):
 
 class IdsSelector(StrictModel):
     kind: Literal["ids"]
-    ids: list[StateId] = Field(min_length=1, max_length=MAX_STATE_IDS_PER_OPERATION)
+    ids: list[StateId] = Field(
+        min_length=1, max_length=MAX_STATE_IDS_PER_OPERATION, json_schema_extra={"uniqueItems": True}
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
@@ -106,7 +119,7 @@ class FilterSelector(StrictModel):
     kind: Literal["filter"]
     model_id: str | None = Field(None, min_length=1, max_length=256)
     tier: Tier | None = None
-    older_than_unix_ms: int | None = Field(None, ge=0)
+    older_than_unix_ms: JsonInt | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _constrained(self) -> Self:
@@ -117,13 +130,14 @@ class FilterSelector(StrictModel):
 
 class AllSelector(StrictModel):
     kind: Literal["all"]
-    confirm: bool = False
+    confirm: Annotated[JsonBool, WithJsonSchema({"const": True, "description": "must be true"})]
 
-    @model_validator(mode="after")
-    def _confirmed(self) -> Self:
-        if self.confirm is not True:
+    @field_validator("confirm")
+    @classmethod
+    def _confirmed(cls, value: bool) -> bool:
+        if value is not True:
             raise ValueError("selector 'all' requires confirm: true")
-        return self
+        return value
 
 
 PruneSelector = Annotated[IdsSelector | FilterSelector | AllSelector, Field(discriminator="kind")]
@@ -131,7 +145,7 @@ PruneSelector = Annotated[IdsSelector | FilterSelector | AllSelector, Field(disc
 
 class PruneRequest(StrictModel):
     selector: PruneSelector
-    dry_run: bool = True
+    dry_run: JsonBool = True
 
 
 class PruneResult(DataModel):
