@@ -23,12 +23,28 @@ class PersistenceDefaults:
 
 
 @dataclass(frozen=True)
+class ServerLimits:
+    """How ``werk serve``'s HTTP server (waitress) holds connections (docs/operations.md, "Connections").
+
+    Idle connections cannot starve real work: up to ``connection_limit`` sockets are served at
+    once; a connection with no request in progress for ``channel_timeout`` seconds is closed,
+    checked every ``cleanup_interval`` seconds. A connection whose request is still running
+    (a long generation, a stream) is never closed for idleness.
+    """
+
+    threads: int = 8
+    connection_limit: int = 1000
+    channel_timeout: int = 15
+    cleanup_interval: int = 5
+
+
+@dataclass(frozen=True)
 class HostConfig:
     home: Path
     api_keys: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 11434
-    threads: int = 8
+    limits: ServerLimits = field(default_factory=ServerLimits)
     model: str | None = None
     persistence: PersistenceDefaults | None = None
     #: Backend-specific settings keyed by plugin name (e.g. ``{"llamacpp": {"llama_server": ...}}``).

@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
 from werk_host import protocol as p
+from werk_host.http.middleware import PROTOCOL_VERSION_HEADER_PATTERN
 from werk_host.http.resources import ModelQuery, ReasoningQuery
 
 REF = "#/components/schemas/{model}"
@@ -66,6 +67,16 @@ def _envelope_schema(data_schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_DESCRIPTION = (
+    "Every /werk/v1 request may send `X-Werk-Protocol-Version`: a comma-separated list of "
+    "MAJOR.MINOR versions the client can consume, matching the regular expression "
+    f"`{PROTOCOL_VERSION_HEADER_PATTERN}`; any other value is refused with 406 "
+    "`incompatible_protocol`, as is an `Accept` header that excludes application/json. "
+    "(The header is described here rather than as a parameter of each operation because "
+    "OpenAPI tools generate header values from letters and digits only.)"
+)
+
+
 def _query_value(schema: dict[str, Any]) -> dict[str, Any]:
     """A query parameter is present with a value or absent: drop the model's ``null`` option."""
     schema = {k: v for k, v in schema.items() if k not in ("title", "default")}
@@ -96,9 +107,7 @@ def build_openapi() -> dict[str, Any]:
             "summary": summary,
             "operationId": method + path.replace("/werk/v1", "").replace("/", "_").replace("{", "").replace("}", ""),
             "security": [{"bearer": []}, {"apiKey": []}],
-            "parameters": [
-                {"name": "X-Werk-Protocol-Version", "in": "header", "required": False, "schema": {"type": "string"}},
-            ],
+            "parameters": [],
             "responses": {
                 "200": {
                     "description": "Success envelope",
@@ -152,7 +161,7 @@ def build_openapi() -> dict[str, Any]:
 
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Werk Protocol", "version": "1.0"},
+        "info": {"title": "Werk Protocol", "version": "1.0", "description": _DESCRIPTION},
         "paths": paths,
         "components": {
             "schemas": schemas,

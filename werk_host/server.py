@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from types import FrameType
@@ -13,7 +12,7 @@ from typing import Any
 
 import falcon
 
-from werk_host.config import HostConfig
+from werk_host.config import HostConfig, ServerLimits
 from werk_host.http.app import create_app
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
 from werk_host.paths import ensure_private_dir
@@ -75,56 +74,33 @@ def build_host(
     return host
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg (+ exc)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-class RedactingFilter(logging.Filter):
-    """Belt and braces: masks any configured secret that reaches a log record."""
-
-    def __init__(self, secrets: tuple[str, ...]) -> None:
-        super().__init__()
-        self._secrets = tuple(s for s in secrets if len(s) >= 4)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self._secrets:
-            message = record.getMessage()
-            masked = message
-            for secret in self._secrets:
-                masked = masked.replace(secret, "[redacted]")
-            if masked != message:
-                record.msg, record.args = masked, None
-        return True
-
-
-def configure_logging(level: str, secrets: tuple[str, ...]) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(RedactingFilter(secrets))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
 class _Stop(SystemExit):
     """Raised by the signal handler; waitress's loop treats SystemExit as "stop serving"."""
 
 
-def serve(config: HostConfig) -> int:
-    """Run ``werk serve`` until SIGINT/SIGTERM/SIGHUP; always stops backend processes."""
+def make_server(app: falcon.App[Any, Any], host: str, port: int, limits: ServerLimits) -> Any:
+    """The waitress server ``werk serve`` runs (tests serve through it too); ``port`` 0 = any."""
     from waitress.server import create_server  # type: ignore[import-untyped]
 
+    return create_server(
+        app,
+        host=host,
+        port=port,
+        threads=limits.threads,
+        connection_limit=limits.connection_limit,
+        channel_timeout=limits.channel_timeout,
+        cleanup_interval=limits.cleanup_interval,
+        asyncore_use_poll=True,  # select() cannot watch descriptors past FD_SETSIZE (1024)
+        max_request_body_size=8 << 20,
+        ident="werk-host",
+        # keep reading a connection while its request runs, so that a client that leaves
+        # is noticed (waitress.client_disconnected) and its inference request cancelled
+        channel_request_lookahead=1,
+    )
+
+
+def serve(config: HostConfig) -> int:
+    """Run ``werk serve`` until SIGINT/SIGTERM/SIGHUP; always stops backend processes."""
     received: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -141,17 +117,7 @@ def serve(config: HostConfig) -> int:
                 "NO API KEYS CONFIGURED: every request is the shared local principal; "
                 "this server is not an isolation boundary. Use --api-key or WERK_API_KEYS."
             )
-        server = create_server(
-            host.app,
-            host=config.host,
-            port=config.port,
-            threads=config.threads,
-            max_request_body_size=8 << 20,
-            ident="werk-host",
-            # keep reading a connection while its request runs, so that a client that leaves
-            # is noticed (waitress.client_disconnected) and its inference request cancelled
-            channel_request_lookahead=1,
-        )
+        server = make_server(host.app, config.host, config.port, config.limits)
         bound = server.getsockname() if hasattr(server, "getsockname") else (config.host, config.port)
         log.info("serving Werk Protocol 1.0 on http://%s:%s", bound[0], bound[1])
         print(json.dumps({"event": "listening", "host": bound[0], "port": bound[1]}), flush=True)

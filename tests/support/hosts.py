@@ -9,13 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from waitress.server import create_server  # type: ignore[import-untyped]
-
 from tests.support.testadapter import MemoryBackendPlugin
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.server import Host, build_host, make_server
 
 MODEL = "tiny"
 
@@ -57,9 +55,7 @@ def backend_host(home: Path, **kwargs: Any) -> tuple[Host, MemoryBackendPlugin]:
 @contextmanager
 def running(host: Host) -> Iterator[str]:
     """Serve ``host.app`` on 127.0.0.1:<ephemeral>; yields the base URL; always stops."""
-    server = create_server(
-        host.app, host="127.0.0.1", port=0, threads=8, max_request_body_size=8 << 20, channel_request_lookahead=1
-    )
+    server = make_server(host.app, "127.0.0.1", 0, host.config.limits)
     port = server.getsockname()[1]
     stopping = threading.Event()
 

@@ -89,9 +89,12 @@ class MemoryAdapter:
         self.closed = True
 
     def _maybe_fail(self, op: str) -> None:
+        """``fail`` holding ``op`` raises a typed error; holding ``crash:op`` raises an unexpected one."""
         self.calls.append(op)
         if op in self.fail:
             raise WerkError(ErrorCode.INTERNAL, f"injected {op} failure")
+        if f"crash:{op}" in self.fail:
+            raise RuntimeError(f"injected {op} crash")
 
 
 def _prompt_bytes(work: PrefillWork) -> bytes:

@@ -12,7 +12,7 @@ from typing import Any
 
 from werk_host import __version__
 from werk_host.cli import cache, runtime
-from werk_host.config import HostConfig, PersistenceDefaults
+from werk_host.config import HostConfig, PersistenceDefaults, ServerLimits
 from werk_host.errors import WerkError
 from werk_host.models import ModelManifest, ModelRegistry, parse_param
 from werk_host.paths import werk_home
@@ -30,6 +30,16 @@ def _ttl(text: str) -> int:
     value = int(text)
     if not 1 <= value <= MAX_TTL_SECONDS:
         raise argparse.ArgumentTypeError(f"TTL must be 1..{MAX_TTL_SECONDS}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
     return value
 
 
@@ -65,7 +75,8 @@ def _backend_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from werk_host.server import configure_logging, serve
+    from werk_host.logs import configure_logging
+    from werk_host.server import serve
 
     keys = collect_api_keys(args, dict(os.environ))
     configure_logging(args.log_level, keys)
@@ -74,7 +85,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_keys=keys,
         host=args.host,
         port=args.port,
-        threads=args.threads,
+        limits=ServerLimits(
+            threads=args.threads,
+            connection_limit=args.connection_limit,
+            channel_timeout=args.channel_timeout,
+            cleanup_interval=args.cleanup_interval,
+        ),
         model=args.model,
         persistence=persistence_defaults(args),
         backend_options=_backend_options(args),
@@ -86,7 +102,20 @@ def add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve Werk Protocol 1.0 and /v1")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11434)
-    p.add_argument("--threads", type=int, default=8)
+    limits = ServerLimits()
+    p.add_argument("--threads", type=_positive, default=limits.threads, help="request worker threads")
+    p.add_argument(
+        "--connection-limit", type=_positive, default=limits.connection_limit, help="open connections served at once"
+    )
+    p.add_argument(
+        "--channel-timeout",
+        type=_positive,
+        default=limits.channel_timeout,
+        help="seconds before a connection with no request in progress is closed",
+    )
+    p.add_argument(
+        "--cleanup-interval", type=_positive, default=limits.cleanup_interval, help="seconds between idle sweeps"
+    )
     p.add_argument("--api-key", action="append", help="accepted API key (repeatable)")
     p.add_argument("--api-key-file", help="file with one API key per line")
     p.add_argument("--model", help="model manifest NAME or a model file PATH")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import falcon
@@ -22,6 +23,7 @@ from werk_host.http.middleware import (
     protocol_headers,
 )
 from werk_host.http.resources import ROUTES, OpenApiResource, RawOpenApiResource
+from werk_host.logs import TracebackThrottle
 from werk_host.openapi import build_openapi
 from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from werk_host.service.principals import Authenticator
@@ -67,12 +69,25 @@ def _handle_http_error(
             resp.set_header("Allow", allowed)
 
 
-def _handle_unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:
-    if isinstance(ex, falcon.HTTPError):
-        _handle_http_error(req, resp, ex, params)
-        return
-    log.exception("request %s raised an unexpected error", getattr(req.context, "request_id", "?"))
-    _render_error(req, resp, WerkError(ErrorCode.INTERNAL, "internal error"))
+class _UnexpectedErrors:
+    """Renders any unexpected exception as ``internal``: one log line per error with its request
+    id and error site, the traceback at most once per site per minute (:mod:`werk_host.logs`)."""
+
+    def __init__(self) -> None:
+        self.throttle = TracebackThrottle()
+
+    def __call__(self, req: falcon.Request, resp: falcon.Response, ex: Exception, params: dict[str, Any]) -> None:
+        if isinstance(ex, falcon.HTTPError):
+            _handle_http_error(req, resp, ex, params)
+            return
+        kind, filename, line = TracebackThrottle.site(ex)
+        request_id = getattr(req.context, "request_id", "?")
+        where = f"{kind} at {Path(filename).name}:{line}"
+        if self.throttle.should_log_traceback(ex):
+            log.error("request %s raised an unexpected error: %s", request_id, where, exc_info=ex)
+        else:
+            log.error("request %s raised an unexpected error: %s (traceback logged earlier)", request_id, where)
+        _render_error(req, resp, WerkError(ErrorCode.INTERNAL, "internal error"))
 
 
 def create_app(control: WerkControl, auth: Authenticator, *, inference: Any | None = None) -> falcon.App[Any, Any]:
@@ -95,7 +110,7 @@ def create_app(control: WerkControl, auth: Authenticator, *, inference: Any | No
     if inference is not None:
         openai.add_routes(app, inference)
     # Registration order matters: Falcon picks the most specific handler class.
-    app.add_error_handler(Exception, _handle_unexpected)
+    app.add_error_handler(Exception, _UnexpectedErrors())
     app.add_error_handler(falcon.HTTPError, _handle_http_error)
     app.add_error_handler(WerkError, _handle_werk_error)
     return app

@@ -6,13 +6,14 @@ Order per request: request id → authentication (401) → protocol negotiation 
 
 from __future__ import annotations
 
+import re
 import secrets
-from typing import Any
+from typing import Any, Final
 
 import falcon
 
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_MINOR, PROTOCOL_VERSION
+from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_VERSION
 from werk_host.service.principals import Authenticator
 
 PROTOCOL_PREFIX = "/werk/v1"
@@ -105,20 +106,18 @@ def accept_allows_json(accept: str | None) -> bool:
     return accept is None or _media_quality(accept) > 0.0
 
 
+#: ``X-Werk-Protocol-Version`` values that can consume this server's 1.0: a comma-separated list
+#: of ``MAJOR.MINOR`` with the same major (any minor >= 0 consumes 1.0). The OpenAPI document
+#: states this same pattern.
+PROTOCOL_VERSION_HEADER_PATTERN: Final = (
+    rf"^[ \t]*0*{PROTOCOL_MAJOR}\.[0-9]+[ \t]*(,[ \t]*0*{PROTOCOL_MAJOR}\.[0-9]+[ \t]*)*$"
+)
+_VERSION_LIST = re.compile(PROTOCOL_VERSION_HEADER_PATTERN)
+
+
 def versions_consumable(header: str | None) -> bool:
     """Every listed ``MAJOR.MINOR`` must consume 1.0 (same major, minor >= 0)."""
-    if header is None:
-        return True
-    values = [v.strip() for v in header.split(",")]
-    if not values or any(not v for v in values):
-        return False
-    for value in values:
-        major, dot, minor = value.partition(".")
-        if not dot or not major.isdigit() or not minor.isdigit():
-            return False
-        if int(major) != PROTOCOL_MAJOR or int(minor) < PROTOCOL_MINOR:
-            return False
-    return True
+    return header is None or _VERSION_LIST.fullmatch(header) is not None
 
 
 class NegotiationMiddleware:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Annotated, Any, Final, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Strict, StrictBool, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, Strict, StrictBool, StrictInt
 
 PROTOCOL_MAJOR: Final = 1
 PROTOCOL_MINOR: Final = 0
@@ -29,8 +29,19 @@ DEFAULT_OUTPUT_TOKENS: Final = 256
 
 #: A request boolean: only JSON ``true``/``false`` (never ``0``, ``"no"`` or ``"false"``).
 JsonBool = StrictBool
-#: A request integer: only a JSON integer (never ``true``, ``"5"`` or ``5.0``).
-JsonInt = StrictInt
+def integral_number(value: object) -> object:
+    """JSON Schema counts ``5.0`` as an integer; so do we. Everything else passes unchanged."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A request integer: a JSON number without a fraction (``5`` or ``5.0``; never ``true`` or ``"5"``).
+#: Bounds go *before* the validator (``Annotated[StrictInt, Field(ge=1), BeforeValidator(...)]``,
+#: as the aliases below) so that the OpenAPI document states them as ``minimum``/``maximum``.
+JsonInt = Annotated[StrictInt, BeforeValidator(integral_number)]
+PositiveJsonInt = Annotated[StrictInt, Field(ge=1), BeforeValidator(integral_number)]
+NonNegativeJsonInt = Annotated[StrictInt, Field(ge=0), BeforeValidator(integral_number)]
 #: A request number: a JSON integer or fraction (never a boolean or a string).
 JsonFloat = Annotated[float, Strict()]
 
@@ -64,6 +75,13 @@ class Tier(StrEnum):
     RAM = "ram"
     DISK = "disk"
     EXTERNAL = "external"
+
+
+def present_schema(*names: str, **consts: JsonValue) -> JsonValue:
+    """JSON Schema: every field in ``names`` is present and not null, each of ``consts`` equals its value."""
+    properties: dict[str, JsonValue] = {name: {"not": {"type": "null"}} for name in names}
+    properties.update({name: {"const": value} for name, value in consts.items()})
+    return {"required": [*names, *consts], "properties": properties}
 
 
 def check_target_tier(rules: Mapping[K, tuple[StrEnum, ...] | None], action: K, target: StrEnum | None) -> None:
@@ -115,6 +133,7 @@ __all__ = [
     "PROTOCOL_MAJOR", "PROTOCOL_MINOR", "PROTOCOL_VERSION", "MAX_PAGE_SIZE", "MAX_STATE_IDS_PER_OPERATION",
     "MAX_EXPERT_IDS_PER_OPERATION", "MAX_REQUEST_BYTES", "MAX_HANDOFF_BYTES", "MAX_TTL_SECONDS",
     "MAX_INPUT_TEXT_BYTES", "MAX_MESSAGES", "MAX_DECODE_TOKENS", "MAX_STOP_STRINGS", "MAX_STOP_BYTES",
-    "MAX_COMPLETION_TEXT_BYTES", "DEFAULT_OUTPUT_TOKENS", "JsonBool", "JsonInt", "JsonFloat", "StrictModel", "DataModel", "CapabilityStatus",
-    "Tier", "TIER_ORDER", "check_target_tier", "target_tier_schema", "Pressure", "Topology",
+    "MAX_COMPLETION_TEXT_BYTES", "DEFAULT_OUTPUT_TOKENS", "JsonBool", "JsonInt", "integral_number",
+    "PositiveJsonInt", "NonNegativeJsonInt", "JsonFloat", "StrictModel", "DataModel", "CapabilityStatus", "Tier",
+    "TIER_ORDER", "check_target_tier", "target_tier_schema", "present_schema", "Pressure", "Topology",
 ]

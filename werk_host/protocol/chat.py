@@ -5,9 +5,16 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS, DataModel, JsonBool, JsonInt, StrictModel
+from werk_host.protocol.base import (
+    DEFAULT_OUTPUT_TOKENS,
+    DataModel,
+    JsonBool,
+    PositiveJsonInt,
+    StrictModel,
+    present_schema,
+)
 
 
 class ReasoningTierId(StrEnum):
@@ -20,7 +27,12 @@ class ReasoningTierId(StrEnum):
 
 
 class ReasoningSelection(StrictModel):
-    tier: str = Field(min_length=1, max_length=32)
+    """``"default"`` or a tier id. Any other string is refused as ``invalid_reasoning_tier`` by
+    the resolver (not here), so that OpenAI clients get that code."""
+
+    tier: str = Field(
+        min_length=1, max_length=32, json_schema_extra={"enum": ["default", *(t.value for t in ReasoningTierId)]}
+    )
 
 
 class WerkChatExtension(StrictModel):
@@ -53,13 +65,26 @@ class ContentPart(BaseModel):
         return self
 
 
+#: Fields that let an assistant message go without content.
+_CALL_FIELDS = ("tool_calls", "function_call")
+#: The same rule as JSON Schema, for the OpenAPI document.
+_CONTENT_RULE: list[JsonValue] = [
+    present_schema("content"),
+    *(present_schema(call, role="assistant") for call in _CALL_FIELDS),
+]
+
+
 class ChatMessage(BaseModel):
     """An OpenAI chat message; content may be text or content parts; tool fields pass through.
 
     ``content`` is required except on an assistant message that carries ``tool_calls`` (or the
     legacy ``function_call``), as OpenAI's API requires."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(
+        extra="allow",
+        frozen=True,
+        json_schema_extra={"anyOf": _CONTENT_RULE},
+    )
     role: ChatRole
     content: str | list[ContentPart] | None = None
 
@@ -67,7 +92,7 @@ class ChatMessage(BaseModel):
     def _content_present(self) -> Self:
         if self.content is None:
             extra = self.model_extra or {}
-            calls = extra.get("tool_calls") or extra.get("function_call")
+            calls = any(extra.get(name) is not None for name in _CALL_FIELDS)
             if self.role is not ChatRole.ASSISTANT or not calls:
                 raise ValueError(f"a {self.role.value} message needs content")
         return self
@@ -83,8 +108,8 @@ class ChatRequest(BaseModel):
     model: str | None = Field(None, min_length=1, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
-    max_tokens: JsonInt | None = Field(None, ge=1)
-    max_completion_tokens: JsonInt | None = Field(None, ge=1)
+    max_tokens: PositiveJsonInt | None = None
+    max_completion_tokens: PositiveJsonInt | None = None
     stream: JsonBool | None = None
     reasoning_effort: str | None = None
     werk: WerkChatExtension | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, PlainSerializer, SecretStr, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PlainSerializer, SecretStr, StrictInt, field_validator, model_validator
 
 from werk_host.protocol.base import (
     MAX_DECODE_TOKENS,
@@ -21,6 +21,7 @@ from werk_host.protocol.base import (
     JsonInt,
     StrictModel,
     Tier,
+    integral_number,
 )
 
 
@@ -37,12 +38,16 @@ class ReusePolicy(StrEnum):
     REQUIRED = "required"
 
 
+TtlSeconds = Annotated[StrictInt, Field(ge=1, le=MAX_TTL_SECONDS), BeforeValidator(integral_number)]
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(integral_number)]
+
+
 class Policy(StrictModel):
     """Persistence policy; a present ``policy`` owns every inner field (defaults below)."""
 
     mode: PersistenceMode = PersistenceMode.AUTO
     reuse: ReusePolicy = ReusePolicy.PREFER
-    ttl_seconds: JsonInt | None = Field(None, ge=1, le=MAX_TTL_SECONDS)
+    ttl_seconds: TtlSeconds | None = None
     pin: JsonBool = False
 
 
@@ -114,7 +119,7 @@ class DecodeRequest(StrictModel):
     max_tokens: JsonInt = Field(256, ge=1, le=MAX_DECODE_TOKENS)
     temperature: JsonFloat | None = Field(None, ge=0, le=2)
     top_p: JsonFloat | None = Field(None, gt=0, le=1)
-    seed: JsonInt | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    seed: Seed | None = None
     stop: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_BYTES)]] | None = Field(
         None, max_length=MAX_STOP_STRINGS
     )

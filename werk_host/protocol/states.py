@@ -13,10 +13,11 @@ from werk_host.protocol.base import (
     TIER_ORDER,
     DataModel,
     JsonBool,
-    JsonInt,
+    NonNegativeJsonInt,
     StrictModel,
     Tier,
     check_target_tier,
+    present_schema,
     target_tier_schema,
 )
 
@@ -116,10 +117,14 @@ class IdsSelector(StrictModel):
 
 
 class FilterSelector(StrictModel):
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [present_schema(n) for n in ("model_id", "tier", "older_than_unix_ms")]}
+    )
+
     kind: Literal["filter"]
     model_id: str | None = Field(None, min_length=1, max_length=256)
     tier: Tier | None = None
-    older_than_unix_ms: JsonInt | None = Field(None, ge=0)
+    older_than_unix_ms: NonNegativeJsonInt | None = None
 
     @model_validator(mode="after")
     def _constrained(self) -> Self:
