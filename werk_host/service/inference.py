@@ -15,6 +15,7 @@ nothing is buffered or re-serialized); without one they are not guessed.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,8 @@ from werk_host.service.counters import ChatStats
 from werk_host.service.principals import Principal
 from werk_host.service.reasoning import apply_reasoning_tier
 from werk_host.service.runtime import BackendRuntime
+
+log = logging.getLogger(__name__)
 
 USAGE_TAIL_BYTES = 8192
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
@@ -53,6 +56,44 @@ def usage_tokens(tail: bytes) -> tuple[int, int] | None:
     if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
         return None
     return prompt, completion
+
+
+#: Backend error statuses as relayed on ``/v1``: (status, OpenAI type, code, public message).
+#: A backend's own error text never reaches the client (it may carry file paths, template
+#: source or parser internals); it goes to the server log, truncated.
+_BACKEND_ERRORS: dict[int, tuple[int, str, str, str]] = {
+    400: (400, "invalid_request_error", "invalid_request", "the backend refused this request as invalid"),
+    404: (404, "not_found_error", "not_found", "the backend has no such resource"),
+    413: (413, "invalid_request_error", "request_too_large", "the request is too large for the backend"),
+    429: (429, "rate_limit_error", "rate_limited", "the backend is busy; retry later"),
+    503: (503, "server_error", "unavailable", "the backend is temporarily unavailable; retry later"),
+}
+_BACKEND_FAILED = (502, "server_error", "backend_error", "the backend failed to process the request")
+MAX_BACKEND_ERROR_BYTES = 64 * 1024
+
+
+def sanitized_error(response: InferenceResponse) -> InferenceResponse:
+    """An OpenAI-shaped error in place of a backend's error ``response`` (which is read, bounded,
+    logged and closed). 4xx statuses other than those mapped become 400; 5xx and a backend's own
+    401/403 (its credentials are ours, not the client's) become 502."""
+    raw = b""
+    try:
+        for chunk in response.body:
+            raw += chunk[: MAX_BACKEND_ERROR_BYTES - len(raw)]
+            if len(raw) >= MAX_BACKEND_ERROR_BYTES:
+                break
+    finally:
+        response.close()
+    log.warning("backend answered %s: %.300s", response.status, raw.decode("utf-8", "replace"))
+    if response.status in _BACKEND_ERRORS:
+        status, kind, code, message = _BACKEND_ERRORS[response.status]
+    elif 400 <= response.status < 500 and response.status not in (401, 403):
+        status, kind, code, message = _BACKEND_ERRORS[400]
+    else:
+        status, kind, code, message = _BACKEND_FAILED
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    return InferenceResponse(status=status, headers=headers, body=iter([body]), close=lambda: None)
 
 
 def _client_gone() -> bool:
@@ -121,6 +162,8 @@ class InferenceService:
         if response is None:
             self.stats.add(requests_active=-1, requests_failed=1)
             raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
+        if response.status >= 400:
+            response = sanitized_error(response)
         return self._tracked(response)
 
     def _tracked(self, response: InferenceResponse) -> InferenceResponse:

@@ -115,7 +115,8 @@ class Env:
         conn = http.client.HTTPConnection("127.0.0.1", proc.port, timeout=30)
         try:
             data = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {proc.api_key}"}
+            conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:
@@ -660,3 +661,56 @@ def test_openai_client_against_werk_serve(tmp_path: Path, llama_server_path: Pat
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# -- hardening: backend error text never reaches the client ------------------------------------
+
+RAW_BACKEND_TEXT = ("json.exception", "type_error", "parser", "grammar", "mmproj", "schema error")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"n_probs": "many"},  # llama-server: "[json.exception.type_error.302] type must be number ..."
+        {"grammar": "root ::= ((("},  # "failed to parse grammar"
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}},
+    ],
+)
+def test_backend_error_text_is_replaced_by_an_openai_error(env: Env, extra: dict[str, Any]) -> None:
+    status, headers, raw = env.raw_v1("POST", "/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 4, **extra})
+    assert status == 400, raw
+    assert headers["content-type"].startswith("application/json")
+    error = json.loads(raw)["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request"
+    assert not any(word in raw.decode().lower() for word in RAW_BACKEND_TEXT), raw
+    env.assert_no_paths(raw)
+    with pytest.raises(openai.BadRequestError):
+        chat(env.client, messages=QUESTION, max_tokens=4, extra_body=extra)
+
+
+def test_media_parts_on_a_text_model_are_400_everywhere(env: Env) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]
+    status, body = env.api.post("/werk/v1/chat/count_tokens", {"messages": messages})
+    assert status == 400 and body["error"]["code"] == "invalid_request" and body["error"]["retryable"] is False
+    status, _, raw = env.raw_v1("POST", "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 4})
+    assert status == 400, raw
+    assert "mmproj" not in raw.decode()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [{"role": "user"}, {"role": "0", "content": "hi"}, {"role": "user", "content": [{"type": "text"}]}],
+)
+def test_count_tokens_client_errors_are_400_not_503(env: Env, message: dict[str, Any]) -> None:
+    status, body = env.api.post("/werk/v1/chat/count_tokens", {"messages": [message]})
+    assert status == 400, body
+    assert body["error"]["code"] == "invalid_request" and body["error"]["retryable"] is False
+
+
+def test_capability_details_carry_no_pid(env: Env) -> None:
+    proc = env.adapter.current()
+    assert proc is not None and proc.pid is not None
+    status, body = env.api.get("/werk/v1/capabilities")
+    assert status == 200
+    assert f"pid {proc.pid}" not in json.dumps(body) and str(proc.pid) not in json.dumps(body["data"])
