@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 
 from werk_llamacpp.adapter import LlamaCppAdapter  # noqa: E402
 from werk_llamacpp.binary import find_llama_server  # noqa: E402
-from werk_llamacpp.native import LlamaServerClient  # noqa: E402
 from werk_llamacpp.testmodel import generate_model  # noqa: E402
 
 from tests.support.api import Api  # noqa: E402
@@ -72,7 +71,7 @@ def main() -> int:
     assert isinstance(adapter, LlamaCppAdapter)
     proc = adapter.current()
     assert proc is not None and proc.slot_dir is not None
-    raw = LlamaServerClient(proc.host, proc.port or 0, timeout=600, n_slots=2)
+    raw = proc.new_client(timeout=600, n_slots=2)
     raw_slot = 0  # Werk's state slot is the last one
 
     base_words = " ".join(f"w{i % 97}x{i % 13}" for i in range(4 * args.tokens))

@@ -60,8 +60,11 @@ def _size(path: Path) -> int:
     return total
 
 
-def _try_lock(entry: Path) -> int | None:
-    """An fd holding the entry's lock, or ``None`` when a live owner holds it."""
+def try_owner_lock(entry: Path) -> int | None:
+    """An fd holding the entry's lock, or ``None`` when a live owner holds it (close the fd to release).
+
+    A holder in this very process counts as live too: ``flock`` locks belong to open file descriptions.
+    """
     try:
         fd = os.open(entry / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -94,7 +97,7 @@ def inventory(home: Path) -> list[BackendCacheEntry]:
     """Every backend cache entry with its size and activity (read-only)."""
     listed = []
     for plugin, entry in _entries(home):
-        fd = _try_lock(entry)
+        fd = try_owner_lock(entry)
         if fd is not None:
             os.close(fd)
         listed.append(BackendCacheEntry(f"backend:{plugin}/{entry.name}", plugin, _size(entry), fd is None))
@@ -108,7 +111,7 @@ def purge(home: Path, *, ids: list[str] | None, dry_run: bool) -> list[BackendCa
         cache_id = f"backend:{plugin}/{entry.name}"
         if ids is not None and cache_id not in ids:
             continue
-        fd = _try_lock(entry)
+        fd = try_owner_lock(entry)
         if fd is None:
             continue  # a live owner holds it
         try:

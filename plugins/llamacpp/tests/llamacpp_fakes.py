@@ -23,6 +23,9 @@ FAKE_HELP = """\
 --host HOST                             ip address to listen on (default: 127.0.0.1)
 --port PORT                             port to listen (default: 8080)
 --slot-save-path PATH                   path to save slot kv cache (default: disabled)
+--api-key KEY                           API key to use for authentication, multiple keys can be provided as a
+                                        comma-separated list (default: none)
+                                        (env: LLAMA_API_KEY)
 """
 
 

@@ -24,7 +24,7 @@ def test_parse_help_flags() -> None:
     flags = parse_help_flags(FAKE_HELP)
     assert flags == {
         "-h", "--help", "--usage", "--version", "-t", "--threads", "-c", "--ctx-size", "-m", "--model",
-        "--warmup", "--no-warmup", "-np", "--parallel", "--host", "--port", "--slot-save-path",
+        "--warmup", "--no-warmup", "-np", "--parallel", "--host", "--port", "--slot-save-path", "--api-key",
     }
     assert "--not-a-real-flag" not in flags  # mentioned in a description only
 

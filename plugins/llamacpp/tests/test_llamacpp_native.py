@@ -76,7 +76,7 @@ def test_http_errors_are_typed(server: LlamaServerProcess) -> None:
 def test_out_of_range_slot_ids_wrap_around(server: LlamaServerProcess) -> None:
     """llama-server maps id_slot modulo the slot count, so the managed client range-checks ids itself."""
     assert server.port is not None
-    raw = LlamaServerClient("127.0.0.1", server.port)  # no n_slots: no client-side check
+    raw = LlamaServerClient("127.0.0.1", server.port, api_key=server.api_key)  # no n_slots: no client-side check
     done = raw.completion("wrap around", id_slot=1, n_predict=1)
     assert done.tokens_cached is not None and done.tokens_cached > 0
     erased = raw.slot_erase(3)  # 3 % 2 == 1

@@ -60,6 +60,7 @@ MAGIC = b"WERKLCPP1\n"
 MAX_HEADER_BYTES = 16 << 20
 CHUNK = 1 << 20
 _CTX_FLAGS = ("-c", "--ctx-size")
+_MEDIA_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 OUTPUT_CEILING_PARAMS = ("max_output_tokens", "max_completion_tokens", "max_new_tokens")
 
 STATE_CAPABILITIES = (
@@ -255,7 +256,7 @@ class LlamaCppAdapter:
         reports: dict[str, CapabilityReport] = {}
         if proc is not None:
             reports["runtime.model_residency"] = CapabilityReport(
-                CapabilityStatus.SUPPORTED, f"weights stay loaded in llama-server pid {proc.pid} while werk serve runs"
+                CapabilityStatus.SUPPORTED, "weights stay loaded in the managed llama-server while werk serve runs"
             )
         else:
             reports["runtime.model_residency"] = CapabilityReport(
@@ -273,8 +274,7 @@ class LlamaCppAdapter:
         else:
             state = CapabilityReport(
                 CapabilityStatus.UNAVAILABLE,
-                "the functional slot probe has not run for this llama-server generation; "
-                "an opted-in prefill runs it",
+                "the functional slot probe has not run for this llama-server generation; an opted-in prefill runs it",
                 probe_on_use=True,
             )
         for cap_id in STATE_CAPABILITIES:
@@ -523,6 +523,11 @@ class LlamaCppAdapter:
             max_concurrent_requests=proc.effective_parallel() if proc and proc.effective_parallel() > 0 else None,
         )
 
+    @staticmethod
+    def accepts_media(proc: LlamaServerProcess) -> bool:
+        """Whether the child was launched with a multimodal projector (image/audio parts)."""
+        return last_flag_value(proc.argv[1:], _MEDIA_FLAGS) is not None
+
     def count_tokens(self, request: ChatRequest) -> int:
         body = request.model_dump(mode="json", exclude_none=True, exclude={"werk", "stream", "model"})
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -530,12 +535,22 @@ class LlamaCppAdapter:
             if key in self._count_cache:
                 self._count_cache.move_to_end(key)
                 return self._count_cache[key]
-        pool = self.proxy_pool(self.process())  # keep-alive connections: no TCP setup per count
+        proc = self.process()
+        if not self.accepts_media(proc) and any(
+            part.type != "text" for m in request.messages if isinstance(m.content, list) for part in m.content
+        ):
+            # llama-server answers 500 for this; it is the request that does not fit the model.
+            raise WerkError(ErrorCode.INVALID_REQUEST, "this model accepts text content parts only")
+        pool = self.proxy_pool(proc)  # keep-alive connections: no TCP setup per count
         try:
             text = post_json(pool, "/apply-template", body)["prompt"]
             tokens = post_json(pool, "/tokenize", {"content": text, "add_special": True, "parse_special": True})
             count = len(tokens["tokens"])
-        except (WerkError, KeyError, TypeError) as err:
+        except WerkError as err:
+            if err.code is ErrorCode.INVALID_REQUEST:
+                raise
+            raise _unavailable("llama-server could not count this request") from err
+        except (KeyError, TypeError) as err:
             raise _unavailable("llama-server could not count this request") from err
         with self._life:
             self._count_cache[key] = count
@@ -547,7 +562,7 @@ class LlamaCppAdapter:
         proc = self.current()
         if proc is None:
             return []
-        client = LlamaServerClient(proc.host, proc.port or 0, timeout=5)
+        client = proc.new_client(timeout=5)
         try:
             slots = client.slots()
         except NativeError:
@@ -572,7 +587,8 @@ class LlamaCppAdapter:
         with self._life:
             pool = self._proxy_pools.get(proc.generation)
             if pool is None:
-                pool = self._proxy_pools[proc.generation] = ConnectionPool(proc.host, proc.port or 0)
+                pool = ConnectionPool(proc.host, proc.port or 0, api_key=proc.api_key)
+                self._proxy_pools[proc.generation] = pool
             return pool
 
     def forget_slot(self) -> None:

@@ -5,6 +5,10 @@ connection per client, guarded by a lock, so a client may be shared between
 threads (requests are then serialized). Create one client per concurrent
 caller when parallel requests are wanted.
 
+With ``api_key``, every request carries ``Authorization: Bearer <key>`` (the
+managed child answers 401 to anything else but ``/health``); the key is never
+part of a repr or an error message.
+
 Every transport failure (connection refused, reset, server killed mid-request,
 timeout) raises :class:`NativeConnectionError`; every non-2xx answer raises
 :class:`NativeHTTPError` carrying the status and llama-server's error message.
@@ -207,13 +211,24 @@ class LlamaServerClient:
     Pass ``n_slots`` and the client refuses ids outside ``0..n_slots-1`` (and
     any negative id other than ``-1`` = "any idle slot" for completions) with
     :class:`InvalidSlotError` before sending anything.
+
+    ``api_key`` authenticates every request (``Authorization: Bearer``).
     """
 
-    def __init__(self, host: str, port: int, *, timeout: float = 120.0, n_slots: int | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float = 120.0,
+        n_slots: int | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
         self.n_slots = n_slots
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
 
@@ -236,6 +251,9 @@ class LlamaServerClient:
         with self._lock:
             self._drop()
 
+    def __repr__(self) -> str:
+        return f"<LlamaServerClient {self.base_url}>"
+
     def __enter__(self) -> LlamaServerClient:
         return self
 
@@ -257,7 +275,7 @@ class LlamaServerClient:
     ) -> tuple[int, bytes]:
         """Send one request and return ``(status, body bytes)``; transport failures raise."""
         payload = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self._auth}
         if payload is not None:
             headers["Content-Type"] = "application/json"
         with self._lock:

@@ -109,8 +109,11 @@ def run_probe(
         evidence["id_slot"] = slot
         evidence["effective_parallel"] = n_par
         check("slot_in_range", 0 <= slot < n_par, f"slot {slot} outside 0..{n_par - 1}")
-        check("explicit_slots_match_server", process.total_slots == n_par,
-              f"final argv selects {n_par} slots, the server reports {process.total_slots}")
+        check(
+            "explicit_slots_match_server",
+            process.total_slots == n_par,
+            f"final argv selects {n_par} slots, the server reports {process.total_slots}",
+        )
         eff_dir = process.effective_slot_save_path()
         private = process.slot_dir
         check(
@@ -120,7 +123,7 @@ def run_probe(
         )
         assert private is not None
 
-        client = LlamaServerClient(process.host, process.port or 0, timeout=timeout, n_slots=n_par)
+        client = process.new_client(timeout=timeout, n_slots=n_par)
         nonce = secrets.token_hex(8)
         filename = f"werk-probe-{nonce}.bin"
         snapshot = private / filename
@@ -130,23 +133,30 @@ def run_probe(
         text = f"[{nonce}] {prompt}"
 
         # 1. prefill the private slot (1 greedy token so the slot has a completed task)
-        prefill = client.completion(text, id_slot=slot, n_predict=1, cache_prompt=True, temperature=0.0,
-                                    return_tokens=True)
+        prefill = client.completion(
+            text, id_slot=slot, n_predict=1, cache_prompt=True, temperature=0.0, return_tokens=True
+        )
         evidence["prefill"] = _counters(prefill)
         n_prompt = prefill.tokens_evaluated
         check("prefill_counted", isinstance(n_prompt, int) and n_prompt > 1, f"tokens_evaluated={n_prompt}")
         assert n_prompt is not None
-        check("prefill_consistent",
-              prefill.prompt_n is not None and prefill.prompt_n + (prefill.cache_n or 0) == n_prompt
-              and prefill.prompt_n > 1,
-              f"prefill computed prompt_n={prefill.prompt_n} cache_n={prefill.cache_n} of {n_prompt}")
+        check(
+            "prefill_consistent",
+            prefill.prompt_n is not None
+            and prefill.prompt_n + (prefill.cache_n or 0) == n_prompt
+            and prefill.prompt_n > 1,
+            f"prefill computed prompt_n={prefill.prompt_n} cache_n={prefill.cache_n} of {n_prompt}",
+        )
         assert prefill.prompt_n is not None
 
         # 2. save
         saved = client.slot_save(slot, filename)
         evidence["save"] = {"n_saved": saved.n_saved, "n_written": saved.n_written, "save_ms": saved.save_ms}
-        check("save_counts", saved.n_saved >= n_prompt and saved.n_written > 0,
-              f"n_saved={saved.n_saved} n_written={saved.n_written} for {n_prompt} prompt tokens")
+        check(
+            "save_counts",
+            saved.n_saved >= n_prompt and saved.n_written > 0,
+            f"n_saved={saved.n_saved} n_written={saved.n_written} for {n_prompt} prompt tokens",
+        )
         try:
             size = os.lstat(snapshot).st_size
         except OSError as exc:
@@ -166,23 +176,37 @@ def run_probe(
             "n_read": restored.n_read,
             "restore_ms": restored.restore_ms,
         }
-        check("restore_tokens", restored.n_restored == saved.n_saved,
-              f"n_restored={restored.n_restored} n_saved={saved.n_saved}")
-        check("restore_bytes", restored.n_read == saved.n_written,
-              f"n_read={restored.n_read} n_written={saved.n_written}")
+        check(
+            "restore_tokens",
+            restored.n_restored == saved.n_saved,
+            f"n_restored={restored.n_restored} n_saved={saved.n_saved}",
+        )
+        check(
+            "restore_bytes", restored.n_read == saved.n_written, f"n_read={restored.n_read} n_written={saved.n_written}"
+        )
 
         # 5. replay the same prompt from the restored state
-        replay = client.completion(text, id_slot=slot, n_predict=1, cache_prompt=True, temperature=0.0,
-                                   return_tokens=True)
+        replay = client.completion(
+            text, id_slot=slot, n_predict=1, cache_prompt=True, temperature=0.0, return_tokens=True
+        )
         evidence["replay"] = _counters(replay)
         cache_n, prompt_n = replay.cache_n, replay.prompt_n
-        check("replay_counted", replay.tokens_evaluated == n_prompt and cache_n is not None and prompt_n is not None,
-              f"tokens_evaluated={replay.tokens_evaluated} cache_n={cache_n} prompt_n={prompt_n}")
+        check(
+            "replay_counted",
+            replay.tokens_evaluated == n_prompt and cache_n is not None and prompt_n is not None,
+            f"tokens_evaluated={replay.tokens_evaluated} cache_n={cache_n} prompt_n={prompt_n}",
+        )
         assert cache_n is not None and prompt_n is not None
-        check("replay_consistent", cache_n + prompt_n == n_prompt,
-              f"cache_n {cache_n} + prompt_n {prompt_n} != {n_prompt}")
-        check("replay_from_cache", cache_n >= n_prompt - 1 and prompt_n <= 1 and prompt_n < prefill.prompt_n,
-              f"only {cache_n} of {n_prompt} prompt tokens came from the restored state (recomputed {prompt_n})")
+        check(
+            "replay_consistent",
+            cache_n + prompt_n == n_prompt,
+            f"cache_n {cache_n} + prompt_n {prompt_n} != {n_prompt}",
+        )
+        check(
+            "replay_from_cache",
+            cache_n >= n_prompt - 1 and prompt_n <= 1 and prompt_n < prefill.prompt_n,
+            f"only {cache_n} of {n_prompt} prompt tokens came from the restored state (recomputed {prompt_n})",
+        )
         # Informational: greedy first token after restore vs. the original one. Not a
         # pass criterion (logits of a single-token batch may differ in the last bits).
         evidence["first_token_match"] = bool(prefill.tokens[:1]) and prefill.tokens[:1] == replay.tokens[:1]

@@ -14,11 +14,26 @@
 * ``WERK_LLAMA_ARGS`` (``shlex``-split) is appended last, so it overrides any
   generated setting; :meth:`LlamaServerProcess.effective_parallel` and
   :meth:`LlamaServerProcess.effective_slot_save_path` read the final argv.
-* The child environment drops ``LLAMA_ARG_*`` and ``LLAMA_API_KEY`` so the
-  argv is the only configuration channel.
-* The slot-save directory and the native log live in a private (0700)
-  per-generation run directory ``<work_dir>/gen-<generation>/``; it is removed
-  on :meth:`LlamaServerProcess.stop` unless ``keep_files``.
+* The child environment drops the inherited ``LLAMA_ARG_*`` and
+  ``LLAMA_API_KEY`` so the argv is the only configuration channel, and then
+  sets ``LLAMA_API_KEY`` to a random key made for this process alone: every
+  endpoint but ``/health`` and ``/v1/health`` answers 401 without
+  ``Authorization: Bearer <key>``, so other local users cannot drive the
+  child. The key travels in the environment (readable only by the same user)
+  and never in the argv (visible to all users), is verified to be what the
+  executable's help lists for ``--api-key``, and appears in no log, error,
+  repr or fingerprint. Werk's own clients get it from
+  :meth:`LlamaServerProcess.new_client` and :attr:`LlamaServerProcess.api_key`.
+* The child is a :mod:`werk_host.backends.child` managed child: it dies with
+  the process that started it, SIGKILL of that process included.
+* The slot-save directory, the native log and the child's record
+  (``child.json``) live in a private (0700) per-generation run directory
+  ``<work_dir>/gen-<generation>/``, held with the ``werk cache`` owner lock
+  while the process runs; it is removed on :meth:`LlamaServerProcess.stop`
+  unless ``keep_files``. Each start in an explicit ``work_dir`` first stops
+  the recorded children of, and removes, every ``gen-*`` directory whose
+  owner is gone (:func:`werk_host.backends.child.reap_stale_run_dirs`); kept
+  files last until then.
 * Startup waits for ``GET /health`` == 200 with a timeout. Any failure (exit,
   timeout, changed executable) stops the child and raises
   :class:`LlamaServerStartupError` carrying the tail of the native log. There
@@ -31,8 +46,9 @@
 Cleanup: every started process is tracked in a weak registry, reaped by a
 ``weakref.finalize`` if it is garbage collected or at interpreter exit, and
 :func:`install_signal_cleanup` stops all children on SIGINT, SIGTERM and
-SIGHUP before the previous handler runs. SIGKILL of the parent is outside
-this guarantee.
+SIGHUP before the previous handler runs (gracefully). When the parent dies
+without cleaning up (SIGKILL, a crash), the managed-child guard kills the
+child, and the next start in the same ``work_dir`` removes its directory.
 """
 
 from __future__ import annotations
@@ -41,6 +57,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -57,9 +74,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from werk_host.backend_caches import hold_owner_lock
+from werk_host.backends.child import ManagedChild, create_run_dir, reap_stale_run_dirs, spawn
 
-from .binary import BinaryInfo, ExecutableIdentity, find_llama_server, inspect_executable
+from .binary import BinaryInfo, ExecutableIdentity, find_llama_server, inspect_executable, parse_help_flags
 from .native import LlamaServerClient, NativeConnectionError, NativeError
 
 __all__ = [
@@ -69,6 +86,7 @@ __all__ = [
     "LlamaServerProcess",
     "LlamaServerStartupError",
     "PrivateDirError",
+    "advertised_env",
     "effective_args_hash",
     "ensure_private_dir",
     "free_port",
@@ -85,7 +103,11 @@ _PARALLEL_FLAGS = ("-np", "--parallel")
 _SLOT_SAVE_FLAGS = ("--slot-save-path",)
 _PORT_FLAGS = ("--port",)
 _STRIPPED_ENV_PREFIXES = ("LLAMA_ARG_",)
-_STRIPPED_ENV = ("LLAMA_API_KEY",)
+_API_KEY_FLAG = "--api-key"
+_API_KEY_ENV = "LLAMA_API_KEY"
+_STRIPPED_ENV = (_API_KEY_ENV,)
+_RUN_DIR_PREFIX = "gen-"
+_HELP_ENV = re.compile(r"\(env: ([A-Za-z0-9_]+)\)")
 
 
 class LlamaServerError(RuntimeError):
@@ -191,10 +213,29 @@ def read_log_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES, *, 
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _child_env(base: Mapping[str, str]) -> dict[str, str]:
-    return {
-        k: v for k, v in base.items() if not k.startswith(_STRIPPED_ENV_PREFIXES) and k not in _STRIPPED_ENV
-    }
+def advertised_env(help_text: str, flag: str) -> str | None:
+    """The environment variable llama.cpp-style ``--help`` lists for ``flag`` (``(env: NAME)``), or None.
+
+    The note follows the option line, on it or on one of its indented continuation lines.
+    """
+    lines = help_text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("-") or flag not in parse_help_flags(line):
+            continue
+        block = [line]
+        for more in lines[i + 1 :]:
+            if not more[:1].isspace():
+                break
+            block.append(more)
+        found = _HELP_ENV.search("\n".join(block))
+        return found.group(1) if found else None
+    return None
+
+
+def _child_env(base: Mapping[str, str], api_key: str) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if not k.startswith(_STRIPPED_ENV_PREFIXES) and k not in _STRIPPED_ENV}
+    env[_API_KEY_ENV] = api_key
+    return env
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -217,13 +258,14 @@ def _exited_unreaped(pid: int, timeout: float) -> bool:
         time.sleep(0.02)
 
 
-def _reap(popen: subprocess.Popen[bytes], grace: float, cleanup_dir: str | None) -> int | None:
-    """Terminate, then kill, and reap ``popen`` and its process group; remove ``cleanup_dir``.
+def _reap(child: ManagedChild, grace: float, cleanup_dir: str | None) -> int | None:
+    """Terminate, then kill, and reap ``child`` and its process group; release its guard; remove ``cleanup_dir``.
 
     The child leads its own session/process group. The group is signalled only
     while the leader is not yet reaped (alive or a zombie), so its id cannot
     have been reused by an unrelated process.
     """
+    popen = child.popen
     if popen.returncode is None:
         _signal_group(popen.pid, signal.SIGTERM)
         if not _exited_unreaped(popen.pid, grace):
@@ -233,6 +275,7 @@ def _reap(popen: subprocess.Popen[bytes], grace: float, cleanup_dir: str | None)
         if popen.returncode is None:
             _signal_group(popen.pid, signal.SIGKILL)
         popen.wait()
+    child.release()
     if cleanup_dir is not None:
         shutil.rmtree(cleanup_dir, ignore_errors=True)
     return popen.returncode
@@ -365,7 +408,9 @@ class LlamaServerProcess:
         self.started_at: float | None = None
         self.total_slots: int | None = None
         """Slot count the running server reports (``/props`` ``total_slots``), read once after startup."""
+        self._child: ManagedChild | None = None
         self._popen: subprocess.Popen[bytes] | None = None
+        self._api_key = ""
         self._stopped = False
         self._log_fh: IO[bytes] | None = None
         self._cleanup_dir: str | None = None
@@ -392,6 +437,19 @@ class LlamaServerProcess:
     def alive(self) -> bool:
         """True while the child runs (it may still be loading)."""
         return self._popen is not None and self._popen.poll() is None
+
+    @property
+    def api_key(self) -> str:
+        """The secret key the child requires (``Authorization: Bearer``); never log or show it."""
+        if not self._api_key:
+            raise LlamaServerError("process not started")
+        return self._api_key
+
+    def new_client(self, *, timeout: float = 120.0, n_slots: int | None = None) -> LlamaServerClient:
+        """A fresh client for this child that authenticates every request (the caller closes it)."""
+        if self.port is None:
+            raise LlamaServerError("process not started")
+        return LlamaServerClient(self.host, self.port, timeout=timeout, n_slots=n_slots, api_key=self.api_key)
 
     def effective_parallel(self) -> int:
         """Number of slots the final argv selects (last ``-np``/``--parallel`` wins; llama-server default 1)."""
@@ -467,6 +525,7 @@ class LlamaServerProcess:
             info = inspect_executable(path)
             self.binary = info
             self.generation = secrets.token_hex(16)
+            self._api_key = secrets.token_urlsafe(32)
 
             try:
                 if self._work_dir_arg is None:
@@ -474,17 +533,23 @@ class LlamaServerProcess:
                     self._cleanup_dir = str(work)
                 else:
                     work = ensure_private_dir(self._work_dir_arg)
-                run_dir = ensure_private_dir(work / f"gen-{self.generation}")
+                    reap_stale_run_dirs(work, prefix=_RUN_DIR_PREFIX, grace=self.stop_timeout)
+                # Locked from the start: `werk cache` and other owners see the directory as active.
+                run_dir, self._owner_fd = create_run_dir(work, f"{_RUN_DIR_PREFIX}{self.generation}")
                 if self._cleanup_dir is None:
                     self._cleanup_dir = str(run_dir)
                 self.run_dir = run_dir
-                self._owner_fd = hold_owner_lock(run_dir)  # `werk cache` sees the directory as active
                 self.slot_dir = ensure_private_dir(run_dir / "slots") if self.slot_save else None
                 self.log_path = run_dir / "llama-server.log"
 
                 self.port = free_port(self.host)
                 self.generated_args = self.build_generated_args(info, self.port, self.slot_dir)
                 info.verify_flags(self.generated_args)
+                if advertised_env(info.help_text, _API_KEY_FLAG) != _API_KEY_ENV:
+                    raise LlamaServerError(
+                        f"{info.path} does not read {_API_KEY_FLAG} from {_API_KEY_ENV}; "
+                        "Werk does not run llama-server without an API key"
+                    )
                 tail = [*self.generated_args, *self.extra_args, *self.env_args]
                 self.argv = [str(info.path), *tail]
                 self.args_hash = effective_args_hash(tail)
@@ -498,15 +563,14 @@ class LlamaServerProcess:
             fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             self._log_fh = os.fdopen(fd, "ab", buffering=0)
             try:
-                self._popen = subprocess.Popen(
+                self._child = spawn(
                     self.argv,
                     stdin=subprocess.DEVNULL,
                     stdout=self._log_fh,
                     stderr=subprocess.STDOUT,
-                    env=_child_env(os.environ),
-                    cwd=str(run_dir),
-                    start_new_session=True,
-                    close_fds=True,
+                    env=_child_env(os.environ, self._api_key),
+                    cwd=run_dir,
+                    record_dir=run_dir,
                 )
             except OSError as exc:
                 self._log_fh.close()
@@ -515,13 +579,14 @@ class LlamaServerProcess:
                 raise LlamaServerStartupError(
                     f"cannot execute {info.path}: {exc}", log_tail="", returncode=None, argv=self.argv
                 ) from exc
+            self._popen = self._child.popen
             self.started_at = time.monotonic()
             self._finalizer = weakref.finalize(
-                self, _reap, self._popen, 2.0, None if self.keep_files else self._cleanup_dir
+                self, _reap, self._child, 2.0, None if self.keep_files else self._cleanup_dir
             )
             with _REGISTRY_LOCK:
                 _REGISTRY.add(self)
-            self.client = LlamaServerClient(self.host, self.port)
+            self.client = self.new_client()
         try:
             self._wait_healthy()
             if ExecutableIdentity.of(info.path) != info.identity:
@@ -543,9 +608,7 @@ class LlamaServerProcess:
         return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
 
     def _startup_error(self, reason: str) -> LlamaServerStartupError:
-        return LlamaServerStartupError(
-            reason, log_tail=self.log_tail(), returncode=self.returncode, argv=self.argv
-        )
+        return LlamaServerStartupError(reason, log_tail=self.log_tail(), returncode=self.returncode, argv=self.argv)
 
     def _wait_healthy(self) -> None:
         assert self.client is not None and self._popen is not None
@@ -561,27 +624,25 @@ class LlamaServerProcess:
             except NativeConnectionError:
                 pass
             if time.monotonic() >= deadline:
-                raise self._startup_error(
-                    f"llama-server did not become healthy within {self.startup_timeout:g}s"
-                )
+                raise self._startup_error(f"llama-server did not become healthy within {self.startup_timeout:g}s")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)
 
     def stop(self, timeout: float | None = None) -> int | None:
         """Terminate (SIGTERM), then kill after ``timeout`` seconds, and reap. Idempotent. Returns the exit status."""
         with self._lock:
-            popen = self._popen
-            if popen is None:
+            child = self._child
+            if child is None:
                 return None
             if self._stopped:
-                return popen.returncode
+                return child.popen.returncode
             self._stopped = True
             if self.client is not None:
                 self.client.close()
             if self._finalizer is not None:
                 self._finalizer.detach()
                 self._finalizer = None
-            rc = _reap(popen, self.stop_timeout if timeout is None else timeout, None)
+            rc = _reap(child, self.stop_timeout if timeout is None else timeout, None)
             if self._log_fh is not None:
                 self._log_fh.close()
                 self._log_fh = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import select
 import threading
 import time
@@ -20,6 +21,8 @@ from typing import Any
 
 from werk_host.backend import InferenceResponse, client_disconnected
 from werk_host.errors import ErrorCode, WerkError
+
+log = logging.getLogger(__name__)
 
 READ_CHUNK = 16 * 1024
 #: ``content-length`` too: a non-streamed answer then leaves waitress unchunked, which saves the
@@ -37,10 +40,16 @@ STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 class ConnectionPool:
     """Keep-alive connections to one ``host:port``; a connection is reused only when its
-    previous response was read to the end, and only while the server still keeps it open."""
+    previous response was read to the end, and only while the server still keeps it open.
 
-    def __init__(self, host: str, port: int, *, size: int = 16, timeout: float = 600.0) -> None:
+    With ``api_key``, every request sent through the pool (:func:`post_json`, :func:`forward`)
+    carries ``Authorization: Bearer <key>``; the key is never part of a repr or an error."""
+
+    def __init__(
+        self, host: str, port: int, *, size: int = 16, timeout: float = 600.0, api_key: str | None = None
+    ) -> None:
         self.host, self.port, self.size, self.timeout = host, port, size, timeout
+        self.auth_headers: dict[str, str] = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._idle: list[tuple[float, http.client.HTTPConnection]] = []
         self._lock = threading.Lock()
 
@@ -79,6 +88,9 @@ class ConnectionPool:
         for _, conn in idle:
             conn.close()
 
+    def __repr__(self) -> str:
+        return f"<ConnectionPool {self.host}:{self.port} idle={self.idle()}>"
+
 
 class ClientGone(WerkError):
     """The client disconnected before the upstream answered; the upstream request was closed."""
@@ -103,12 +115,13 @@ def _await_answer(conn: http.client.HTTPConnection, gone: Callable[[], bool]) ->
 def post_json(pool: ConnectionPool, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """POST ``body`` over a pooled keep-alive connection; the (small) JSON object answered.
 
-    Any failure, a non-200 status included, is ``unavailable``."""
+    A 4xx refusal of the request itself (not of our key, not a timeout or rate limit) is
+    ``invalid_request``; any other failure, another non-200 status included, is ``unavailable``."""
     payload = json.dumps(body).encode()
     while True:
         conn, reused = pool.acquire()
         try:
-            conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
+            conn.request("POST", path, body=payload, headers={"Content-Type": "application/json", **pool.auth_headers})
             response = conn.getresponse()
             raw = response.read()
             break
@@ -121,6 +134,11 @@ def post_json(pool: ConnectionPool, path: str, body: dict[str, Any]) -> dict[str
         conn.close()
     else:
         pool.release(conn)
+    if 400 <= response.status < 500 and response.status not in (401, 403, 408, 429):
+        # llama-server refused the request itself (bad messages, unsupported content parts):
+        # the client's error, not a failing backend; its own message stays in our log only.
+        log.info("llama-server %s refused a request (%s): %.300s", path, response.status, raw)
+        raise WerkError(ErrorCode.INVALID_REQUEST, "the backend refused this request as invalid")
     try:
         data = json.loads(raw) if response.status == 200 else None
     except ValueError:
@@ -133,7 +151,11 @@ def post_json(pool: ConnectionPool, path: str, body: dict[str, Any]) -> dict[str
 def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceResponse:
     """POST ``body`` to ``path`` upstream and relay the response as it streams."""
     payload = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        **pool.auth_headers,
+    }
     gone = client_disconnected.get()
     while True:
         conn, reused = pool.acquire()

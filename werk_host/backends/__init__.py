@@ -1,0 +1,1 @@
+"""Host-side machinery shared by backend plugins that manage native child processes."""
