@@ -7,6 +7,7 @@ text, count_tokens mapping, child processes) are tested in plugins/llamacpp/test
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -48,7 +49,12 @@ class Env:
     def prefill(self, text: str = "a reusable prefix") -> str:
         status, body = self.api.post(
             "/werk/v1/prefill",
-            {"model_id": "tiny", "input": {"type": "text", "text": text}, "policy": {"mode": "disk"}, "allow_experimental": True},
+            {
+                "model_id": "tiny",
+                "input": {"type": "text", "text": text},
+                "policy": {"mode": "disk"},
+                "allow_experimental": True,
+            },
         )
         assert status == 200, body
         handoff: str = body["data"]["handoff"]
@@ -252,10 +258,8 @@ def test_idle_connections_do_not_block_requests(home: Path) -> None:
             closed = 0
             for sock in idle:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
-                try:
+                with contextlib.suppress(TimeoutError):
                     closed += sock.recv(1) == b""
-                except TimeoutError:
-                    pass
             assert closed == len(idle)
             assert time.monotonic() - started < 10
         finally:
@@ -362,7 +366,11 @@ def test_openapi_states_the_enforced_constraints(env: Env) -> None:
     assert schemas["PrefillRequest"]["properties"]["model_id"]["minLength"] == 1
     assert schemas["TextInput"]["properties"]["text"]["minLength"] == 1
     assert schemas["DecodeRequest"]["properties"]["handoff"]["minLength"] == 1
-    assert schemas["ExpertActionRequest"]["properties"]["expert_ids"]["items"] == {"maxLength": 256, "minLength": 1, "type": "string"}
+    assert schemas["ExpertActionRequest"]["properties"]["expert_ids"]["items"] == {
+        "maxLength": 256,
+        "minLength": 1,
+        "type": "string",
+    }
     assert schemas["AllSelector"]["properties"]["confirm"]["const"] is True
     assert "confirm" in schemas["AllSelector"]["required"]
     rules = schemas["StateActionRequest"]["allOf"]
@@ -371,7 +379,10 @@ def test_openapi_states_the_enforced_constraints(env: Env) -> None:
     move_rule = next(r for r in rules if "promote" in r["if"]["properties"]["action"]["enum"])
     assert move_rule["then"]["required"] == ["target_tier"]
     assert "external" not in move_rule["then"]["properties"]["target_tier"]["enum"]
-    booleans = [schemas["PruneRequest"]["properties"]["dry_run"], schemas["DecodeRequest"]["properties"]["allow_experimental"]]
+    booleans = [
+        schemas["PruneRequest"]["properties"]["dry_run"],
+        schemas["DecodeRequest"]["properties"]["allow_experimental"],
+    ]
     assert all(b["type"] == "boolean" for b in booleans)
 
 
