@@ -6,6 +6,7 @@ through the hookspecs. Each test names the seed rule it checks.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from werk_host.config import PersistenceDefaults
 from werk_host.protocol import CapabilityStatus, PersistenceMode, ReusePolicy
 from werk_host.server import Host
 from werk_host.service.handoffs import HandoffRegistry
+from werk_host.store import store as store_module
 
 OTHER_KEY = "sk-werk-other-9876543210"
 
@@ -185,12 +187,110 @@ def test_required_reuse_with_incompatible_candidate(env: Env) -> None:
     assert ok(env.prefill(allow_experimental=True))["reused"] is False
 
 
+def _payload_file(env: Env, state_id: str) -> Path:
+    (path,) = env.host.config.home.glob(f"runtime-state/v1/p_*/{state_id}/payload.bin")
+    return path
+
+
+def _flip_in_place(path: Path) -> None:
+    """Invert one byte in the middle of ``path``: same inode, same size."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert path.stat().st_size == size
+
+
+def _quarantined(env: Env) -> list[str]:
+    qdir = env.host.config.home / "runtime-state" / "v1" / ".quarantine"
+    return sorted(n.rsplit("-", 1)[1] for n in os.listdir(qdir)) if qdir.exists() else []
+
+
+def _listed_ids(env: Env) -> set[str]:
+    return {s["id"] for s in ok(env.api.get("/werk/v1/states"))["states"]}
+
+
+def test_prefer_recomputes_instead_of_reusing_a_corrupt_state(env: Env) -> None:
+    """prefer uses a compatible state only when its integrity verifies, else prefills anew."""
+    first = ok(env.prefill(allow_experimental=True))
+    _flip_in_place(_payload_file(env, first["state_id"]))
+    second = ok(env.prefill(allow_experimental=True))
+    assert second["reused"] is False and second["state_id"] != first["state_id"]
+    assert env.adapter.calls.count("prefill") == 2
+    assert _listed_ids(env) == {second["state_id"]}  # the corrupt one is gone from listings ...
+    assert _quarantined(env) == [first["state_id"]]  # ... because it was quarantined
+    assert ok(env.decode(second["handoff"], max_tokens=8))["text"] == "the quick brown fox"
+    third = ok(env.prefill(allow_experimental=True))  # the fresh state is reused from now on
+    assert third["reused"] is True and third["state_id"] == second["state_id"]
+
+
+def test_required_reuse_of_a_corrupt_state_is_conflict_with_reason(env: Env) -> None:
+    """required never falls through: 409 conflict saying why, and no handoff issued."""
+    first = ok(env.prefill(allow_experimental=True))
+    _flip_in_place(_payload_file(env, first["state_id"]))
+    assert env.host.service.handoffs.counts(None)[1] == 1  # the first prefill's handoff
+    error = err(env.prefill(policy={"reuse": "required"}, allow_experimental=True), 409, "conflict")
+    assert error["details"] == {"reason": "corrupt_state"}
+    assert "runtime-state" not in error["message"] and first["state_id"] not in error["message"]
+    assert env.adapter.calls.count("prefill") == 1  # no fresh prefill
+    assert env.host.service.handoffs.counts(None)[1] == 1  # none issued: the reservation was rolled back
+    assert _listed_ids(env) == set() and _quarantined(env) == [first["state_id"]]
+    err(env.decode(first["handoff"]), 404, "not_found")  # it named the state now quarantined
+
+
+def test_reuse_takes_the_next_newest_compatible_state_when_the_newest_is_corrupt(env: Env) -> None:
+    for _ in range(2):
+        ok(env.prefill(policy={"reuse": "disabled"}, allow_experimental=True))
+    states = ok(env.api.get("/werk/v1/states"))["states"]
+    newest, other = sorted(states, key=lambda s: (s["created_unix_ms"], s["id"]), reverse=True)
+    assert ok(env.prefill(allow_experimental=True))["state_id"] == newest["id"]  # both intact: newest wins
+    _flip_in_place(_payload_file(env, newest["id"]))
+    env.adapter.live.clear()  # the reused state must come from the store
+    reused = ok(env.prefill(policy={"reuse": "required"}, allow_experimental=True))
+    assert reused["reused"] is True and reused["state_id"] == other["id"]
+    assert _quarantined(env) == [newest["id"]] and _listed_ids(env) == {other["id"]}
+    assert ok(env.decode(reused["handoff"]))["text"] == "the quick brown fox"
+
+
+def test_unchanged_payload_is_hashed_once_and_a_touch_forces_a_new_hash(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "RACY_MARGIN_NS", 0)  # no need to wait out the racy-timestamp margin
+    hashed: list[int] = []
+    real_hash = store_module._hash_fd
+
+    def counting_hash(fd: int, expected_size: int) -> tuple[str, int]:
+        hashed.append(expected_size)
+        return real_hash(fd, expected_size)
+
+    monkeypatch.setattr(store_module, "_hash_fd", counting_hash)
+    first = ok(env.prefill(allow_experimental=True))
+    assert hashed == []  # committing hashes while streaming, not through the verifier
+    for _ in range(2):
+        assert ok(env.prefill(allow_experimental=True))["reused"] is True
+    assert len(hashed) == 1  # two reuses of an unchanged file: one hash
+    payload = _payload_file(env, first["state_id"])
+    before = payload.stat()
+    os.utime(payload, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # new mtime and ctime
+    assert ok(env.prefill(allow_experimental=True))["reused"] is True
+    assert len(hashed) == 2  # the changed stat identity forced a re-verification
+    assert ok(env.prefill(allow_experimental=True))["reused"] is True
+    assert len(hashed) == 2
+
+
 def test_reuse_never_crosses_principals(env: Env) -> None:
     ok(env.prefill(allow_experimental=True))
     other = env.api.as_key(OTHER_KEY)
     status, body = other.post(
         "/werk/v1/prefill",
-        {"model_id": "tiny", "input": {"type": "text", "text": "the quick brown fox"}, "policy": {"reuse": "required"}, "allow_experimental": True},
+        {
+            "model_id": "tiny",
+            "input": {"type": "text", "text": "the quick brown fox"},
+            "policy": {"reuse": "required"},
+            "allow_experimental": True,
+        },
     )
     assert (status, body["error"]["code"]) == (409, "conflict")
 
@@ -251,12 +351,19 @@ def test_continuation_handoff_uses_the_held_reservation(env: Env) -> None:
 def test_per_principal_bound_is_retryable_and_isolated(env: Env) -> None:
     for i in range(128):
         ok(env.prefill(f"p{i}", policy={"mode": "ephemeral"}, allow_experimental=True))
-    error = err(env.prefill("one more", policy={"mode": "ephemeral"}, allow_experimental=True), 429, "resource_exhausted")
+    error = err(
+        env.prefill("one more", policy={"mode": "ephemeral"}, allow_experimental=True), 429, "resource_exhausted"
+    )
     assert error["retryable"] is True
     other = env.api.as_key(OTHER_KEY)
     status, _ = other.post(
         "/werk/v1/prefill",
-        {"model_id": "tiny", "input": {"type": "text", "text": "x"}, "policy": {"mode": "ephemeral"}, "allow_experimental": True},
+        {
+            "model_id": "tiny",
+            "input": {"type": "text", "text": "x"},
+            "policy": {"mode": "ephemeral"},
+            "allow_experimental": True,
+        },
     )
     assert status == 200
 
@@ -287,7 +394,12 @@ def test_concurrent_prefills_never_exceed_bounds_or_leak(home: Path) -> None:
                 text = f"FAIL {n}-{i}" if i % 7 == 3 else f"{n}-{i}"  # injected backend failures
                 status, _ = api.post(
                     "/werk/v1/prefill",
-                    {"model_id": "tiny", "input": {"type": "text", "text": text}, "policy": {"mode": "ephemeral"}, "allow_experimental": True},
+                    {
+                        "model_id": "tiny",
+                        "input": {"type": "text", "text": text},
+                        "policy": {"mode": "ephemeral"},
+                        "allow_experimental": True,
+                    },
                 )
                 with lock:
                     results.append(status)

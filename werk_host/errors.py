@@ -35,6 +35,8 @@ class ErrorCode(StrEnum):
 #: Detail keys that may be exposed publicly, per code. Everything else is redacted.
 PUBLIC_DETAIL_KEYS: dict[ErrorCode, frozenset[str]] = {
     ErrorCode.INCOMPATIBLE_STATE: frozenset({"mismatch_fields"}),
+    # A fixed word saying why, e.g. required reuse whose only candidate was corrupt.
+    ErrorCode.CONFLICT: frozenset({"reason"}),
 }
 
 #: Codes whose message is replaced by a stable public text at the HTTP boundary.

@@ -434,11 +434,19 @@ class LocalControlService:
         reuse: ReusePolicy,
         reservation: Reservation,
     ) -> PrefillResult | None:
+        """Answer from the newest compatible stored state whose payload verifies, if any.
+
+        Candidates are tried newest first; one that fails integrity validation is
+        quarantined by the store and the next is tried. ``None`` lets ``prefer`` fall
+        through to a fresh prefill; ``required`` never does: it is ``conflict`` (409) with
+        ``details.reason == "corrupt_state"`` when a compatible candidate was corrupt, else
+        ``incompatible_state`` when a candidate's envelope differs, else ``conflict``.
+        """
         candidates = [c for c in self.store.find_by_fingerprint(principal.id, fingerprint) if c.model_id == model_id]
         envelope = self._envelope(adapter, model_id)
         compatible = [c for c in candidates if envelope is not None and c.envelope == envelope]
-        if compatible:
-            record = max(compatible, key=lambda c: (c.created_unix_ms, c.id))
+        record, corrupt_seen = self._newest_intact(principal, compatible)
+        if record is not None:
             secret = self.handoffs.issue(
                 reservation, HandoffRecord(principal.id, adapter.identity(), model_id, record.id, handle=None)
             )
@@ -451,8 +459,15 @@ class LocalControlService:
                 expires_unix_ms=record.expires_unix_ms,
             )
         if reuse is ReusePolicy.REQUIRED:
-            if candidates and envelope is not None:
-                newest = max(candidates, key=lambda c: (c.created_unix_ms, c.id))
+            if corrupt_seen:
+                raise WerkError(
+                    ErrorCode.CONFLICT,
+                    "reuse is required but the compatible stored state failed integrity validation",
+                    details={"reason": "corrupt_state"},
+                )
+            incompatible = [c for c in candidates if c.envelope != envelope]
+            if incompatible and envelope is not None:
+                newest = max(incompatible, key=lambda c: (c.created_unix_ms, c.id))
                 raise WerkError(
                     ErrorCode.INCOMPATIBLE_STATE,
                     "a stored state matches the prompt but its producer envelope differs",
@@ -460,6 +475,23 @@ class LocalControlService:
                 )
             raise WerkError(ErrorCode.CONFLICT, "reuse is required but no compatible state exists")
         return None
+
+    def _newest_intact(self, principal: Principal, compatible: list[StateRecord]) -> tuple[StateRecord | None, bool]:
+        """The newest of ``compatible`` whose payload verifies, and whether any failed to.
+
+        A state that vanished since it was listed (pruned, expired) is skipped.
+        """
+        corrupt_seen = False
+        for record in sorted(compatible, key=lambda c: (c.created_unix_ms, c.id), reverse=True):
+            try:
+                if self.store.verify(principal.id, record.id):
+                    return record, corrupt_seen
+            except WerkError as exc:
+                if exc.code is not ErrorCode.NOT_FOUND:
+                    raise
+                continue
+            corrupt_seen = True
+        return None, corrupt_seen
 
     def _persist(
         self,

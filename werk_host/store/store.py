@@ -19,6 +19,8 @@ Contracts:
 * Reads (:meth:`get`, :meth:`list`, :meth:`find_by_fingerprint`, :meth:`inventory`, the
   dry runs of :meth:`prune` and :meth:`purge`) take no file lock and create, repair,
   touch, quarantine or delete nothing; invalid or expired entries are omitted.
+  :meth:`verify` is read-only while the payload is intact; a payload that fails
+  verification is quarantined at once, by a reconciliation under the locks.
 * Every real mutation holds the process mutex and the ``.lock`` advisory lock and
   reconciles first. A commit streams its payload *outside* the catalog lock into a
   ``.staging-*`` directory on which it holds an exclusive ``flock`` (its liveness lock):
@@ -44,6 +46,7 @@ import secrets
 import stat
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -106,6 +109,8 @@ MAX_IDS_PER_OPERATION = 100
 #: Changes younger than this are not trusted to be visible in a directory's timestamps.
 RACY_MARGIN_NS = 100_000_000
 _MAX_META_CACHE = 200_000
+#: Bound on remembered payload verifications (least recently used ones are forgotten first).
+MAX_VERIFIED_CACHE = 4096
 
 _OK, _ABSENT, _INVALID, _EXPIRED = "ok", "absent", "invalid", "expired"
 _UNSAFE, _UNINSPECTABLE = "unsafe", "uninspectable"
@@ -213,6 +218,14 @@ def _dev_ino(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+#: What a payload verification is remembered by: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns).
+_PayloadKey = tuple[int, int, int, int, int]
+
+
+def _payload_key(st: os.stat_result) -> _PayloadKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _os_error(exc: OSError) -> WerkError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return exhausted("runtime-state storage is full", retryable=True)
@@ -261,6 +274,7 @@ class StateStore:
         self._la_cache: dict[tuple[str, str], tuple[_fs.Ident, int | None]] = {}
         self._fp_index: dict[str, _FpIndex] = {}
         self._suspects: dict[tuple[str, str], bool] = {}
+        self._verified: OrderedDict[_PayloadKey, str] = OrderedDict()
         self._versions = itertools.count(1)
         # Mutation-side bookkeeping (only touched under the process mutex).
         self._known: dict[str, dict[str, int | None]] = {}
@@ -1363,6 +1377,89 @@ class StateStore:
                 os.close(out_fd)
         self._record_access(principal, rec.id, ino)
         return rec
+
+    def verify(self, principal: str, state_id: str) -> bool:
+        """Whether the state's payload matches its metadata (size and SHA-256).
+
+        ``True``: the payload is intact. A verification is remembered by the payload file's
+        (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns), for at most
+        :data:`MAX_VERIFIED_CACHE` files, so an unchanged file is hashed once; any write,
+        ``touch`` or replacement changes that key and forces a new hash. A file changed
+        within the racy margin before its hash, or during it, is not remembered.
+
+        ``False``: the state failed integrity validation (payload, metadata or a failed
+        earlier hash); it is quarantined before this returns, by a reconciliation under the
+        locks. If the catalog lock cannot be had within 5 s the state stays hidden from this
+        store's reads and the next mutation quarantines it.
+
+        Absent, expired or foreign ids are ``not_found``. Safe to call from many threads.
+        """
+        validate_principal(principal)
+        if not is_state_id(state_id):
+            raise not_found()
+        pfd = self._open_principal_ro(principal)
+        if pfd is None:
+            raise not_found()
+        try:
+            intact = self._verify_in(pfd, principal, state_id)
+        except OSError as exc:
+            raise _os_error(exc) from exc
+        finally:
+            os.close(pfd)
+        if not intact:
+            self._mark_suspect(principal, state_id, deep=True)
+            with (
+                contextlib.suppress(OSError, WerkError),
+                self._mutating(create=False, strict=False, timeout=min(self._lock_timeout, 5.0)) as rootfd,
+            ):
+                if rootfd is not None:
+                    self._reconcile_locked(rootfd)  # deep-inspects the suspect and quarantines it
+        return intact
+
+    def _verify_in(self, pfd: int, principal: str, sid: str) -> bool:
+        try:
+            sfd = _fs.open_dir(sid, pfd)
+        except OSError:
+            raise not_found() from None
+        try:
+            look = self._look_in(sfd, principal, sid, self._now_ms())
+            if look.kind in (_ABSENT, _EXPIRED):
+                raise not_found()
+            with self._cache_lock:
+                deep = self._suspects.get((principal, sid), False)
+            if look.kind != _OK or look.meta is None or deep:
+                return False
+            meta = look.meta
+            try:
+                fd = os.open(PAYLOAD, _fs.READ_FLAGS, dir_fd=sfd)
+            except OSError:
+                return False
+        finally:
+            os.close(sfd)
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode) or before.st_size != meta.bytes:
+                return False
+            key = _payload_key(before)
+            with self._cache_lock:
+                known = self._verified.get(key)
+                if known is not None:
+                    self._verified.move_to_end(key)
+            if known is not None and hmac.compare_digest(known, meta.payload_sha256):
+                return True
+            t = _fs.now_ns()
+            digest, size = _hash_fd(fd, meta.bytes)
+            if size != meta.bytes or not hmac.compare_digest(digest, meta.payload_sha256):
+                return False
+            if _fs.ident(os.fstat(fd)) == _fs.ident(before) and not _fs.racy(before, t, RACY_MARGIN_NS):
+                with self._cache_lock:
+                    self._verified[key] = digest
+                    self._verified.move_to_end(key)
+                    while len(self._verified) > MAX_VERIFIED_CACHE:
+                        self._verified.popitem(last=False)
+            return True
+        finally:
+            os.close(fd)
 
     def _record_access(self, principal: str, sid: str, ino: int) -> None:
         """Best effort: write ``last-accessed`` atomically under the lock (no reconcile)."""

@@ -45,7 +45,9 @@ class Env:
         return self.api.post("/werk/v1/prefill", body)
 
     def decode(self, handoff: str, **extra: Any) -> tuple[int, dict[str, Any]]:
-        return self.api.post("/werk/v1/decode", {"handoff": handoff, "allow_experimental": True, "max_tokens": 4, **extra})
+        return self.api.post(
+            "/werk/v1/decode", {"handoff": handoff, "allow_experimental": True, "max_tokens": 4, **extra}
+        )
 
     def caps(self) -> dict[str, dict[str, Any]]:
         status, body = self.api.get("/werk/v1/capabilities")
@@ -85,8 +87,14 @@ def ok(result: tuple[int, dict[str, Any]]) -> dict[str, Any]:
     return data
 
 
-@covers_hooks("werk_adapter_factories", "werk_capabilities", "werk_prefill", "werk_snapshot", "werk_decode",
-              "werk_producer_envelope")
+@covers_hooks(
+    "werk_adapter_factories",
+    "werk_capabilities",
+    "werk_prefill",
+    "werk_snapshot",
+    "werk_decode",
+    "werk_producer_envelope",
+)
 def test_probe_gates_capabilities_then_prefill_decode_works(env: Env) -> None:
     caps = env.caps()
     assert caps["runtime.model_residency"]["status"] == "supported"
@@ -132,7 +140,10 @@ def test_reuse_restores_from_disk_without_recomputing(env: Env) -> None:
 def test_messages_are_rendered_with_the_model_template(env: Env) -> None:
     body = {
         "model_id": "tiny",
-        "input": {"type": "messages", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
+        "input": {
+            "type": "messages",
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        },
         "policy": {"mode": "ephemeral"},
         "allow_experimental": True,
     }
@@ -145,16 +156,46 @@ def test_messages_are_rendered_with_the_model_template(env: Env) -> None:
     ok(env.decode(data["handoff"]))
 
 
-def test_flipped_snapshot_byte_is_corrupt_state(env: Env) -> None:
+def _flip_snapshot_byte(env: Env, state_id: str) -> None:
+    """Invert one byte in the middle of the stored snapshot, in place (same inode and size)."""
+    (payload,) = list(env.host.config.home.glob(f"runtime-state/v1/p_*/{state_id}/payload.bin"))
+    size = payload.stat().st_size
+    with open(payload, "r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _listed(env: Env) -> set[str]:
+    return {s["id"] for s in ok(env.api.get("/werk/v1/states"))["states"]}
+
+
+def test_flipped_snapshot_byte_is_never_reused(env: Env) -> None:
     data = ok(env.prefill())
     ok(env.decode(data["handoff"]))
-    (payload,) = list(env.host.config.home.glob(f"runtime-state/v1/p_*/{data['state_id']}/payload.bin"))
-    raw = bytearray(payload.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    payload.write_bytes(bytes(raw))
-    again = ok(env.prefill())
-    assert again["reused"] is True
-    status, body = env.decode(again["handoff"])
+    _flip_snapshot_byte(env, data["state_id"])
+    status, body = env.prefill(policy={"reuse": "required"})
+    assert (status, body["error"]["code"]) == (409, "conflict")
+    assert body["error"]["details"] == {"reason": "corrupt_state"}
+    assert _listed(env) == set()  # quarantined, not offered again
+    again = ok(env.prefill())  # prefer: a fresh prefill and a fresh snapshot
+    assert again["reused"] is False and again["state_id"] != data["state_id"]
+    out = ok(env.decode(again["handoff"]))
+    assert 0 < out["completion_tokens"] <= 4
+    reused = ok(env.prefill())
+    assert reused["reused"] is True and reused["state_id"] == again["state_id"]
+    ok(env.decode(reused["handoff"]))
+    assert env.adapter.last_decode["restored"] is True  # from the new, intact snapshot
+
+
+def test_flipped_byte_after_prefill_fails_decode_as_corrupt_state(env: Env) -> None:
+    """A handoff issued before the damage still meets the decode-time SHA-256 check."""
+    data = ok(env.prefill())
+    ok(env.decode(data["handoff"]))
+    handoff = ok(env.prefill())["handoff"]  # reused, verified intact
+    _flip_snapshot_byte(env, data["state_id"])
+    status, body = env.decode(handoff)
     assert (status, body["error"]["code"]) == (500, "corrupt_state")
     assert body["error"]["message"] == "stored state failed integrity validation"
 
@@ -199,8 +240,13 @@ def test_chat_planning_routes(env: Env) -> None:
     rendered = proc.client.apply_template(request["messages"])
     assert count["input_tokens"] == len(proc.client.tokenize(rendered, add_special=True, parse_special=True))
     limits = ok(env.api.get("/werk/v1/chat/limits"))
-    assert limits == {"schema_version": 1, "model": "tiny", "context_tokens": 2048, "max_output_tokens": 256,
-                      "max_concurrent_requests": 2}
+    assert limits == {
+        "schema_version": 1,
+        "model": "tiny",
+        "context_tokens": 2048,
+        "max_output_tokens": 256,
+        "max_concurrent_requests": 2,
+    }
     obs = ok(env.api.get("/werk/v1/observability"))
     (worker,) = obs["workers"]
     assert worker["pid"] == proc.pid and worker["slots"] == 2
@@ -222,7 +268,8 @@ def test_probe_failure_keeps_state_unavailable(
     with running(host) as base:
         api = Api(base, KEY)
         status, body = api.post(
-            "/werk/v1/prefill", {"model_id": "tiny", "input": {"type": "text", "text": "x y z"}, "allow_experimental": True}
+            "/werk/v1/prefill",
+            {"model_id": "tiny", "input": {"type": "text", "text": "x y z"}, "allow_experimental": True},
         )
         assert (status, body["error"]["code"]) == (503, "unavailable")
         caps = {c["id"]: c for c in api.get("/werk/v1/capabilities")[1]["data"]}
@@ -238,7 +285,10 @@ def test_no_child_survives_werk_serve_sigterm(tmp_path: Path, llama_server_path:
     env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(llama_server_path)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", "tiny"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         assert proc.stdout is not None
