@@ -349,22 +349,27 @@ def spawn(
     """
     chosen = guard or available_guard()
     program = [str(arg) for arg in argv]
+
+    def spawn(
+        args: list[str], *, preexec_fn: Callable[[], None] | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            args,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=preexec_fn,
+            pass_fds=pass_fds,
+        )
+
     if chosen == "pdeathsig":
         arm = _arm_death_signal(os.getpid())
         try:
-            popen = _SPAWNER.run(
-                lambda: subprocess.Popen(
-                    program,
-                    stdin=stdin,
-                    stdout=stdout,
-                    stderr=stderr,
-                    env=env,
-                    cwd=cwd,
-                    start_new_session=True,
-                    close_fds=True,
-                    preexec_fn=arm,
-                )
-            )
+            popen = _SPAWNER.run(lambda: spawn(program, preexec_fn=arm))
         except subprocess.SubprocessError as err:  # raised by ``arm`` in the child; nothing was executed
             raise OSError(f"cannot arm the parent-death signal for {program[0]}") from err
         child = ManagedChild(popen, chosen, None, None)
@@ -372,19 +377,7 @@ def spawn(
         read_fd, write_fd = os.pipe()  # both non-inheritable; the wrapper gets the read end alone
         wrapped = [sys.executable, "-I", "-S", str(_WATCHDOG), str(read_fd), *program]
         try:
-            popen = _SPAWNER.run(
-                lambda: subprocess.Popen(
-                    wrapped,
-                    stdin=stdin,
-                    stdout=stdout,
-                    stderr=stderr,
-                    env=env,
-                    cwd=cwd,
-                    start_new_session=True,
-                    close_fds=True,
-                    pass_fds=(read_fd,),
-                )
-            )
+            popen = _SPAWNER.run(lambda: spawn(wrapped, pass_fds=(read_fd,)))
         except BaseException:
             os.close(write_fd)
             raise
