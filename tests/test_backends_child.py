@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped]
 import pytest
 
+from tests.support.processes import gone
 from werk_host.backend_caches import hold_owner_lock, try_owner_lock
 from werk_host.backends.child import (
     RECORD_NAME,
@@ -38,20 +39,6 @@ from werk_host.backends.child import (
 
 linux_only = pytest.mark.skipif(available_guard() != "pdeathsig", reason="PR_SET_PDEATHSIG is Linux-only")
 GUARDS = [pytest.param("pdeathsig", marks=linux_only), "watchdog"]
-
-
-def gone(pid: int, timeout: float = 5.0) -> bool:
-    """True once ``pid`` has exited within ``timeout`` (a zombie nobody reaps counts as exited)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
 
 
 def program(pid: int, timeout: float = 5.0) -> psutil.Process:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,25 +23,12 @@ from werk_llamacpp.process import LlamaServerError, LlamaServerProcess, advertis
 
 from tests.support.api import Api
 from tests.support.hosts import running
+from tests.support.processes import gone
 from werk_host.backend_caches import hold_owner_lock
 from werk_host.backends.child import ChildRecord, write_record
 from werk_host.server import build_host
 
 real_server = pytest.mark.llamaserver
-
-
-def gone(pid: int, timeout: float = 5.0) -> bool:
-    """True once ``pid`` has exited within ``timeout`` (a zombie nobody reaps counts as exited)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
 
 
 def llama_children(pid: int) -> list[psutil.Process]:
