@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.catalog_scale_store import populate  # noqa: E402
-from tests.support.hosts import make_host, running  # noqa: E402
+from werk_host.testing.hosts import make_host, running  # noqa: E402
 
 KEY = "sk-werk-bench-catalog"
 

@@ -1,4 +1,4 @@
-"""Page latency of ``StateStore.list`` (limit 100) with 100 vs 10,000 states for one principal.
+"""Page latency of ``StateStore.list_states`` (limit 100) with 100 vs 10,000 states for one principal.
 
 A page must not cost a scan of the whole catalog: the store keeps a per-principal sorted
 id index validated against the directory's identity, and parses metadata lazily with a
@@ -47,7 +47,7 @@ def populate(root: Path, n: int, principal: str = PRINCIPAL) -> None:
 
 def cold_page(root: Path) -> object:
     """First page from a fresh store instance (no index yet: one directory scan)."""
-    return StateStore(root).list(PRINCIPAL, limit=100)
+    return StateStore(root).list_states(PRINCIPAL, limit=100)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -77,7 +77,7 @@ def main() -> None:
             ids: list[str] = []
             after = None
             while True:  # warm-up walk; also finds a cursor in the middle
-                page, after = store.list(PRINCIPAL, limit=100, after=after)
+                page, after = store.list_states(PRINCIPAL, limit=100, after=after)
                 ids += [r.id for r in page]
                 if after is None:
                     break
@@ -87,8 +87,8 @@ def main() -> None:
         samples: dict[str, dict[int, list[float]]] = {"first": {}, "middle": {}, "cold": {}}
         for _ in range(args.rounds):
             for n, store in stores.items():  # interleaved, so drift hits both sizes alike
-                first = partial(store.list, PRINCIPAL, limit=100)
-                deep = partial(store.list, PRINCIPAL, limit=100, after=middle[n])
+                first = partial(store.list_states, PRINCIPAL, limit=100)
+                deep = partial(store.list_states, PRINCIPAL, limit=100, after=middle[n])
                 cold = partial(cold_page, roots[n])
                 samples["first"].setdefault(n, []).append(timed(first))
                 samples["middle"].setdefault(n, []).append(timed(deep))

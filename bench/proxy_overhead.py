@@ -49,10 +49,10 @@ sys.path.insert(0, str(ROOT))
 from werk_llamacpp.binary import LlamaServerNotFound, find_llama_server  # noqa: E402
 from werk_llamacpp.testmodel import generate_model  # noqa: E402
 
-from tests.support.hosts import running  # noqa: E402
 from werk_host.config import HostConfig  # noqa: E402
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
 from werk_host.server import build_host  # noqa: E402
+from werk_host.testing.hosts import running  # noqa: E402
 
 KEY = "sk-werk-bench-proxy-overhead"
 MODEL = "bench"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set everything up (venv, plugins, a cached llama-server build) and run the whole test suite.
-# Extra arguments go to pytest.
+# Set everything up (venv, plugins, a cached llama-server build), check lint, format and types,
+# then run the host's tests and every plugin's own suite from its own directory (so a plugin's
+# tests prove they need nothing from the host repository's tests/). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,4 +9,20 @@ if [ -z "${WERK_LLAMA_SERVER:-}" ] && [ -f scripts/build-llama-server.sh ]; then
   WERK_LLAMA_SERVER=$(bash scripts/build-llama-server.sh | tail -n 1)
   export WERK_LLAMA_SERVER
 fi
-exec .venv/bin/python -m pytest "$@"
+plugin_sources=()
+for dir in plugins/*/src/*/; do
+  plugin_sources+=("${dir%/}")
+done
+echo "[test] ruff check, ruff format --check, mypy --strict werk_host ${plugin_sources[*]}" >&2
+.venv/bin/ruff check werk_host plugins tests bench
+.venv/bin/ruff format --check werk_host plugins tests bench
+.venv/bin/mypy --strict werk_host "${plugin_sources[@]}"
+status=0
+echo "[test] host: pytest tests" >&2
+.venv/bin/python -m pytest tests "$@" || status=$?
+for dir in plugins/*/; do
+  [ -d "$dir/tests" ] || continue
+  echo "[test] plugin: cd $dir && pytest" >&2
+  (cd "$dir" && ../../.venv/bin/python -m pytest "$@") || status=$?
+done
+exit "$status"

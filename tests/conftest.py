@@ -6,9 +6,9 @@ from pathlib import Path
 import falcon.testing
 import pytest
 
-from tests.support.hosts import backend_host, make_host
-from tests.support.testadapter import MemoryBackendPlugin
 from werk_host.server import Host
+from werk_host.testing.hosts import backend_host, make_host
+from werk_host.testing.reference import MemoryBackendPlugin
 
 KEY = "sk-werk-test-0123456789"
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from tests.support.processes import gone
 from werk_host.backend_caches import hold_owner_lock, try_owner_lock
 from werk_host.backends.child import (
     RECORD_NAME,
@@ -36,6 +35,7 @@ from werk_host.backends.child import (
     stop_recorded,
     write_record,
 )
+from werk_host.testing.processes import gone
 
 linux_only = pytest.mark.skipif(available_guard() != "pdeathsig", reason="PR_SET_PDEATHSIG is Linux-only")
 GUARDS = [pytest.param("pdeathsig", marks=linux_only), "watchdog"]

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import KEY
-from tests.support.api import Api
-from tests.support.hosts import backend_host, running
-from tests.support.testadapter import MemoryBackendPlugin
 from werk_host.config import ServerLimits
 from werk_host.http.jsonbody import MAX_DEPTH
 from werk_host.logs import RateLimitFilter, TracebackThrottle
 from werk_host.server import Host
+from werk_host.testing.api import Api
+from werk_host.testing.hosts import backend_host, running
+from werk_host.testing.reference import MemoryBackendPlugin
 
 
 @dataclass
@@ -309,7 +309,7 @@ def test_unexpected_errors_log_one_line_and_throttle_tracebacks(env: Env, caplog
     records = [r for r in caplog.records if r.name == "werk_host.http"]
     assert len(records) == 20
     assert sum(1 for r in records if r.exc_info) == 1
-    assert all("req_" in r.getMessage() and "RuntimeError at testadapter.py:" in r.getMessage() for r in records)
+    assert all("req_" in r.getMessage() and "RuntimeError at reference.py:" in r.getMessage() for r in records)
 
 
 def test_traceback_throttle_is_per_site_and_per_interval() -> None:

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import KEY
-from tests.support.hosts import backend_host, make_host, running
+from werk_host.testing.hosts import backend_host, make_host, running
 
 
 def request(

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.api import Api
 from werk_host.cli import main
 from werk_host.openapi import build_openapi
+from werk_host.testing.api import Api
 
 ROOT = Path(__file__).resolve().parents[1]
 

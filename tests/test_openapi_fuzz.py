@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import KEY
-from tests.support.hosts import backend_host, running
+from werk_host.testing.hosts import backend_host, running
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES = int(os.environ.get("WERK_FUZZ_EXAMPLES", "25"))

@@ -1,35 +1,61 @@
-"""The plugin framework: discovery, tolerant loading, dispatch, wrappers, docs and tests per hook."""
+"""The plugin framework: discovery, version checks, tolerant loading, typed dispatch, wrappers,
+generated hook docs, and one test per hook against the reference plugin that implements all."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 import falcon.testing
 import pytest
 
 from tests.conftest import KEY
-from tests.support import covers_hooks
-from tests.support.hosts import make_host
-from tests.support.testadapter import BACKEND_ID, MemoryAdapter, MemoryBackendPlugin
-from werk_host import hookimpl
-from werk_host.backend import DecodeOptions, DecodeWork, PrefillWork
-from werk_host.errors import WerkError
-from werk_host.hookspecs import OPERATION_HOOKS
-from werk_host.plugins import PluginHost, hook_names
-from werk_host.protocol import ChatRequest, TextInput
+from werk_host import hookimpl, hookspecs
+from werk_host.backend import (
+    Adapter,
+    AdapterFactory,
+    CapabilityReport,
+    DecodeOptions,
+    DecodeWork,
+    MemoryOperation,
+    MoveWork,
+    PrefilledState,
+    PrefillWork,
+    StoredStateRef,
+)
+from werk_host.config import HostConfig
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.hookdocs import render
+from werk_host.hooks import BackendHooks, needed
+from werk_host.plugins import OPERATION_HOOKS, PluginHost, hook_names, incompatibility
+from werk_host.protocol import (
+    CapabilityId,
+    CapabilityStatus,
+    ChatRequest,
+    ExpertActionRequest,
+    ExpertListQuery,
+    TextInput,
+    Tier,
+)
+from werk_host.testing import covers_hooks
+from werk_host.testing.hosts import make_host
+from werk_host.testing.reference import BACKEND_ID, MemoryAdapter, MemoryBackendPlugin
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_hook_is_documented() -> None:
-    doc = (ROOT / "docs" / "plugin-hooks.md").read_text()
-    documented = set(re.findall(r"^### `?(werk_[a-z_]+)", doc, flags=re.M))
-    assert set(hook_names()) == documented
+def test_hook_reference_is_generated_from_the_hookspecs() -> None:
+    guide = (ROOT / "docs" / "plugin-hooks.md").read_text()
+    assert render(guide) == guide, "docs/plugin-hooks.md is stale: run python -m werk_host.hookdocs docs/plugin-hooks.md"
+    documented = set(re.findall(r"^### `(werk_[a-z_]+)`", guide, flags=re.M))
+    assert documented == set(hook_names())
 
 
 def test_every_hook_has_a_test() -> None:
@@ -40,77 +66,154 @@ def test_every_hook_has_a_test() -> None:
     assert tested <= set(hook_names()), "a test claims to cover a hook that does not exist"
 
 
-def test_every_operation_hook_is_declared() -> None:
-    assert set(OPERATION_HOOKS) | {"werk_adapter_factories"} == set(hook_names())
+def test_the_reference_plugin_implements_every_hook() -> None:
+    host = PluginHost()
+    plugin = MemoryBackendPlugin()
+    host.register(plugin, "testbackend")
+    implemented = {caller.name for caller in host.pm.get_hookcallers(plugin) or []}
+    assert implemented == set(hook_names())
+    assert set(hook_names()) - {"werk_adapter_factories"} == OPERATION_HOOKS
 
 
-# -- discovery and tolerant loading ------------------------------------------------------
+def test_no_host_call_site_names_a_hook_by_string() -> None:
+    quoted = re.compile(r"""["'](werk_[a-z_]+)["']""")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in (ROOT / "werk_host").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if any(name in hook_names() for name in quoted.findall(line))
+    ]
+    assert not offenders, offenders
+
+
+# -- discovery, versions and tolerant loading ----------------------------------------------
+GOOD_PLUGIN = """
+from werk_host import hookimpl
+from werk_host.backend import AdapterFactory
+
+@hookimpl
+def werk_adapter_factories(config):
+    return [AdapterFactory("fake", "{name}", lambda m: False, None, capabilities={caps})]
+"""
+
+
 @pytest.fixture
-def fake_distributions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Two installed distributions: one good plugin module, one whose import fails."""
+def fake_distributions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Installed distributions: a good plugin, one whose import fails, one built for another hook
+    API, one that declares no werk-host range, and one declaring a misspelled capability id."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "werk_fake_good.py").write_text(
-        textwrap.dedent(
-            """
-            from werk_host import hookimpl
-
-            @hookimpl
-            def werk_adapter_factories(config):
-                return []
-            """
-        )
-    )
-    (site / "werk_fake_broken.py").write_text("raise ImportError('missing native library')\n")
-    for dist, module in (("werk_fake_good", "werk_fake_good"), ("werk_fake_broken", "werk_fake_broken")):
-        info = site / f"{dist}-1.2.3.dist-info"
+    dists = {
+        # name: (module source, Requires-Dist lines)
+        "good": (GOOD_PLUGIN.format(name="good", caps='("runtime.pd.prefill",)'), ["werk-host>=0.2,<0.3"]),
+        "broken": ("raise ImportError('missing native library')\n", ["werk-host>=0.2,<0.3"]),
+        "old": ("raise AssertionError('an incompatible plugin was imported')\n", ["werk-host<0.2"]),
+        "undeclared": ("raise AssertionError('an undeclared plugin was imported')\n", ["requests"]),
+        "typo": (GOOD_PLUGIN.format(name="typo", caps='("runtime.state.presistence",)'), ["werk-host>=0.2"]),
+    }
+    for name, (source, requires) in dists.items():
+        module = f"werk_fake_{name}"
+        (site / f"{module}.py").write_text(textwrap.dedent(source))
+        info = site / f"{module}-1.2.3.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 1.2.3\n")
-        (info / "entry_points.txt").write_text(f"[werk]\n{dist.removeprefix('werk_fake_')} = {module}\n")
+        meta = ["Metadata-Version: 2.1", f"Name: werk-fake-{name}", "Version: 1.2.3"]
+        meta += [f"Requires-Dist: {r}" for r in requires]
+        (info / "METADATA").write_text("\n".join(meta) + "\n")
+        (info / "entry_points.txt").write_text(f"[werk]\n{name} = {module}\n")
     monkeypatch.syspath_prepend(str(site))
     yield site
-    for name in ("werk_fake_good", "werk_fake_broken"):
-        sys.modules.pop(name, None)
+    for name in dists:
+        sys.modules.pop(f"werk_fake_{name}", None)
+
+
+def _records(host: PluginHost) -> dict[str, dict[str, object]]:
+    return {str(r["name"]): r for r in host.inventory()}
 
 
 def test_tolerant_loading_and_inventory(fake_distributions: Path) -> None:
     host = PluginHost()
     host.load_entry_points(environ={})
-    records = {r["name"]: r for r in host.inventory()}
+    records = _records(host)
     assert records["good"]["status"] == "loaded"
     assert records["good"]["distribution"] == "werk-fake-good"
     assert records["good"]["version"] == "1.2.3"
     assert records["good"]["hooks"] == ["werk_adapter_factories"]
     assert records["broken"]["status"] == "failed"
-    assert "missing native library" in records["broken"]["error"]
+    assert "missing native library" in str(records["broken"]["error"])
+
+
+def test_plugins_for_another_hook_api_fail_before_import(fake_distributions: Path) -> None:
+    host = PluginHost()
+    host.load_entry_points(environ={})
+    records = _records(host)
+    assert records["old"]["status"] == "failed"
+    assert "requires werk-host<0.2" in str(records["old"]["error"])
+    assert f"hook API {hookspecs.HOOK_API_VERSION}" in str(records["old"]["error"])
+    assert records["undeclared"]["status"] == "failed"
+    assert "declares no werk-host requirement" in str(records["undeclared"]["error"])
+    assert "werk_fake_old" not in sys.modules and "werk_fake_undeclared" not in sys.modules
+    assert host.pm.get_plugin("old") is None  # never half-loaded
+
+
+def test_version_ranges_are_checked_against_the_host_version() -> None:
+    class Dist:
+        def __init__(self, *requires: str) -> None:
+            self.requires = list(requires)
+
+    assert incompatibility(Dist("werk-host>=0.2,<0.3"), "0.2.5") is None  # type: ignore[arg-type]
+    assert incompatibility(Dist("werk_host>=0.2"), "0.2.0") is None  # type: ignore[arg-type]
+    assert incompatibility(Dist("werk-host>=0.3"), "0.2.0") is not None  # type: ignore[arg-type]
+    assert incompatibility(Dist("werk-host<1; python_version < '3'", "werk-host>=0.2"), "0.2.0") is None  # type: ignore[arg-type]
+    assert incompatibility(None, "0.2.0") is None  # registered in process, not from a distribution
 
 
 def test_disabled_plugins_are_listed_not_imported(fake_distributions: Path) -> None:
     host = PluginHost()
     host.load_entry_points(environ={"WERK_DISABLE_PLUGINS": "good, broken"})
-    statuses = {r["name"]: r["status"] for r in host.inventory()}
-    assert (statuses["good"], statuses["broken"]) == ("disabled", "disabled")
+    records = _records(host)
+    assert (records["good"]["status"], records["broken"]["status"]) == ("disabled", "disabled")
     assert "werk_fake_good" not in sys.modules
 
 
-def test_werk_plugins_cli_lists_inventory(fake_distributions: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_werk_plugins_flags_unknown_capability_ids(
+    fake_distributions: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from werk_host.cli import main
 
+    monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
     assert main(["plugins"]) == 0
-    listed = {r["name"]: r["status"] for r in json.loads(capsys.readouterr().out)}
-    assert listed["good"] == "loaded" and listed["broken"] == "failed"
+    listed = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert listed["good"]["status"] == "loaded" and listed["good"]["problems"] == []
+    assert listed["broken"]["status"] == "failed"
+    assert listed["typo"]["problems"] == ["declares unknown capability id 'runtime.state.presistence'"]
+
+
+def test_reported_unknown_capability_ids_are_flagged_not_dropped_silently() -> None:
+    class Typo(MemoryBackendPlugin):
+        @hookimpl
+        def werk_capabilities(self, adapter: MemoryAdapter) -> dict[str, CapabilityReport]:  # type: ignore[override]
+            return {
+                "runtime.pd.prefill": CapabilityReport(CapabilityStatus.SUPPORTED, "ok"),
+                "runtime.pd.prefil": CapabilityReport(CapabilityStatus.SUPPORTED, "misspelled"),
+            }
+
+    host = PluginHost()
+    host.register(Typo(), "testbackend")
+    reports = BackendHooks(host).capabilities(MemoryAdapter(model_name="tiny"))
+    assert reports == {CapabilityId.PD_PREFILL: CapabilityReport(CapabilityStatus.SUPPORTED, "ok")}
+    assert _records(host)["testbackend"]["problems"] == ["reports unknown capability id 'runtime.pd.prefil'"]
 
 
 def test_plugin_rejected_by_validation_is_reported() -> None:
     class Bad:
         @hookimpl
-        def werk_prefill(self, adapter: Any, work: Any, unexpected_argument: Any) -> None:
+        def werk_prefill(self, adapter: Adapter, work: PrefillWork, unexpected_argument: object) -> None:
             return None
 
     host = PluginHost()
     host.register(Bad(), "bad")
     (record,) = host.inventory()
-    assert record["status"] == "failed" and "unexpected_argument" in record["error"]
+    assert record["status"] == "failed" and "unexpected_argument" in str(record["error"])
 
 
 # -- dispatch ----------------------------------------------------------------------------
@@ -121,17 +224,17 @@ class Observer:
         self.seen: list[tuple[str, str]] = []
 
     @hookimpl(wrapper=True)
-    def werk_prefill(self, adapter: Any, work: PrefillWork) -> Any:
+    def werk_prefill(self, adapter: Adapter, work: PrefillWork) -> Iterator[None]:
         self.seen.append(("prefill:before", adapter.backend))
         result = yield
-        self.seen.append(("prefill:after", str(result.prompt_tokens)))
+        self.seen.append(("prefill:after", str(result.prompt_tokens)))  # type: ignore[attr-defined]
         return result
 
     @hookimpl(wrapper=True)
-    def werk_decode(self, adapter: Any, work: DecodeWork) -> Any:
+    def werk_decode(self, adapter: Adapter, work: DecodeWork) -> Iterator[None]:
         self.seen.append(("decode:before", adapter.backend))
         result = yield
-        self.seen.append(("decode:after", result.finish_reason))
+        self.seen.append(("decode:after", result.finish_reason))  # type: ignore[attr-defined]
         return result
 
 
@@ -161,153 +264,220 @@ def test_inline_wrapper_observes_every_prefill_and_decode(home: Path) -> None:
 class OtherBackend:
     """A second adapter-providing plugin that would answer every prefill if allowed to."""
 
-    name = "other"
-
     @hookimpl
-    def werk_adapter_factories(self, config: Any) -> list[Any]:
+    def werk_adapter_factories(self, config: HostConfig) -> list[AdapterFactory]:
         return []
 
     @hookimpl
-    def werk_prefill(self, adapter: Any, work: Any) -> Any:
+    def werk_prefill(self, adapter: Adapter, work: PrefillWork) -> PrefilledState:
         raise AssertionError("a foreign plugin answered another backend's prefill")
 
 
 def test_only_the_owning_plugin_answers() -> None:
     host = PluginHost()
-    plugin = MemoryBackendPlugin()
-    host.register(plugin, "testbackend")
-    host.register(OtherBackend(), "other")  # registered last: pluggy would call it first
-    adapter = MemoryAdapter(model_name="tiny")
-    work = PrefillWork("tiny", TextInput(type="text", text="a b"), want_snapshot=False)
-    assert host.call("werk_prefill", adapter, work=work).prompt_tokens == 2
-
-
-def test_require_reports_unsupported_for_unimplemented_hooks() -> None:
-    host = PluginHost()
     host.register(MemoryBackendPlugin(), "testbackend")
+    host.register(OtherBackend(), "other")  # registered last: pluggy would call it first
+    work = PrefillWork("tiny", TextInput(type="text", text="a b"), want_snapshot=False)
+    state = BackendHooks(host).prefill(MemoryAdapter(model_name="tiny"), work)
+    assert state is not None and state.prompt_tokens == 2
+
+
+class FactoriesOnly:
+    """A backend that implements nothing but its factory: every operation is "not implemented"."""
+
+    @hookimpl
+    def werk_adapter_factories(self, config: HostConfig) -> list[AdapterFactory]:
+        return []
+
+
+def test_none_from_a_hook_is_unsupported_over_http(home: Path) -> None:
+    plugin = FactoriesOnly()
+    host = make_host(home, api_keys=(KEY,))
+    host.plugins.register(plugin, "testbackend")
+    host.runtime.adapter = MemoryAdapter(model_name="tiny")  # owned by "testbackend", which answers nothing
+    client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        caps = client.simulate_get("/werk/v1/capabilities").json["data"]
+        backend_ids = {c["id"]: c["status"] for c in caps if not c["id"].startswith("runtime.memory")}
+        assert set(backend_ids.values()) == {"unsupported"}
+        body = {"model_id": "tiny", "input": {"type": "text", "text": "x"}, "allow_experimental": True}
+        assert client.simulate_post("/werk/v1/prefill", json=body).status_code == 501
+    finally:
+        host.close()
+
+
+class WrongTypes(MemoryBackendPlugin):
+    @hookimpl
+    def werk_chat_limits(self, adapter: MemoryAdapter, model: str | None) -> dict[str, int]:  # type: ignore[override]
+        return {"context_tokens": 64}
+
+    @hookimpl
+    def werk_count_tokens(self, adapter: MemoryAdapter, request: ChatRequest) -> bool:  # type: ignore[override]
+        return True
+
+
+def test_a_wrongly_typed_answer_is_an_internal_plugin_defect() -> None:
+    host = PluginHost()
+    host.register(WrongTypes(), "testbackend")
+    hooks = BackendHooks(host)
     adapter = MemoryAdapter(model_name="tiny")
     with pytest.raises(WerkError) as err:
-        host.require("werk_reasoning_profile", adapter, "reasoning", model="tiny", max_output_tokens=10)
-    assert err.value.code.value == "unsupported"
+        hooks.chat_limits(adapter, "tiny")
+    assert err.value.code is ErrorCode.INTERNAL and "plugin testbackend" in err.value.message
+    request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]})
     with pytest.raises(WerkError):
-        host.require("werk_prefill", None, "prefill", work=None)
+        hooks.count_tokens(adapter, request)
 
 
-# -- one direct test per hook through the dispatcher -------------------------------------
+def test_needed_turns_not_implemented_into_unsupported() -> None:
+    adapter = MemoryAdapter(model_name="tiny")
+    assert needed(3, "counting", adapter) == 3
+    with pytest.raises(WerkError) as err:
+        needed(None, "counting", adapter)
+    assert err.value.code is ErrorCode.UNSUPPORTED and BACKEND_ID in err.value.message
+
+
+# -- one direct test per hook, through the typed facade, against the reference plugin ------
 @pytest.fixture
-def dispatch() -> tuple[PluginHost, MemoryAdapter]:
+def facade() -> tuple[BackendHooks, MemoryAdapter, PluginHost]:
     host = PluginHost()
     host.register(MemoryBackendPlugin(), "testbackend")
-    return host, MemoryAdapter(model_name="tiny")
+    return BackendHooks(host), MemoryAdapter(model_name="tiny"), host
+
+
+def _text(text: str) -> PrefillWork:
+    return PrefillWork("tiny", TextInput(type="text", text=text), want_snapshot=True)
 
 
 @covers_hooks("werk_adapter_factories")
-def test_hook_werk_adapter_factories(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, _ = dispatch
-    (factory,) = host.adapter_factories(config=None)
+def test_hook_werk_adapter_factories(facade: tuple[BackendHooks, MemoryAdapter, PluginHost], tmp_path: Path) -> None:
+    _, _, host = facade
+    (factory,) = host.adapter_factories(HostConfig(home=tmp_path))
     assert factory.backend == BACKEND_ID and factory.plugin_name == "testbackend"
     assert factory.accepts(None) is False
+    assert set(factory.capabilities) <= set(CapabilityId) and factory.capabilities
 
 
 @covers_hooks("werk_capabilities")
-def test_hook_werk_capabilities(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    reports = host.call("werk_capabilities", adapter)
-    assert reports["runtime.pd.prefill"].status.value == "experimental"
+def test_hook_werk_capabilities(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    reports = hooks.capabilities(adapter)
+    assert reports is not None
+    assert reports[CapabilityId.PD_PREFILL].status is CapabilityStatus.EXPERIMENTAL
+    adapter.statuses[CapabilityId.PD_PREFILL] = CapabilityStatus.UNAVAILABLE
+    reports = hooks.capabilities(adapter)
+    assert reports is not None and reports[CapabilityId.PD_PREFILL].status is CapabilityStatus.UNAVAILABLE
 
 
 @covers_hooks("werk_producer_envelope")
-def test_hook_werk_producer_envelope(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    envelope = host.call("werk_producer_envelope", adapter, model_id="tiny")
-    assert envelope["generation"] == adapter.generation
+def test_hook_werk_producer_envelope(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    envelope = hooks.producer_envelope(adapter, "tiny")
+    assert envelope is not None and envelope["generation"] == adapter.generation
+    adapter.restart()
+    assert hooks.producer_envelope(adapter, "tiny") != envelope
 
 
 @covers_hooks("werk_prefill", "werk_snapshot", "werk_release_state")
-def test_hook_werk_prefill_snapshot_restore_release(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    state = host.call("werk_prefill", adapter, work=PrefillWork("tiny", TextInput(type="text", text="x y"), True))
-    snapshot = host.call("werk_snapshot", adapter, state=state)
+def test_hook_werk_prefill_snapshot_release(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    state = needed(hooks.prefill(adapter, _text("x y")), "prefill", adapter)
+    assert state.prompt_tokens == 2
+    snapshot = needed(hooks.snapshot(adapter, state), "snapshot", adapter)
     assert b"".join(snapshot.chunks) == b"x y"
-    assert host.call("werk_release_state", adapter, handle=state.handle) is True
+    assert hooks.release_state(adapter, state.handle) is True
+    assert hooks.release_state(adapter, state.handle) is False
 
+
+@contextmanager
+def _payload(data: bytes) -> Iterator[BinaryIO]:
+    yield io.BytesIO(data)
 
 
 @covers_hooks("werk_restore")
-def test_hook_werk_restore(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    import io
-    from contextlib import contextmanager
-
-    from werk_host.backend import StoredStateRef
-
-    host, adapter = dispatch
-
-    @contextmanager
-    def opener() -> Any:
-        yield io.BytesIO(b"p q r")
-
-    ref = StoredStateRef("st_x", adapter.envelope(), 3, 5, {}, opener)
-    state = host.call("werk_restore", adapter, stored=ref)
-    assert state.prompt_tokens == 3
+def test_hook_werk_restore(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    ref = StoredStateRef("st_x", adapter.envelope(), 3, 5, {}, lambda: _payload(b"p q r"))
+    state = needed(hooks.restore(adapter, ref), "restore", adapter)
+    out = needed(hooks.decode(adapter, DecodeWork(state.handle, None, DecodeOptions(max_tokens=8))), "decode", adapter)
+    assert (state.prompt_tokens, out.text) == (3, "p q r")
 
 
 @covers_hooks("werk_decode")
-def test_hook_werk_decode(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    state = host.call("werk_prefill", adapter, work=PrefillWork("tiny", TextInput(type="text", text="a b c d"), False))
-    out = host.call("werk_decode", adapter, work=DecodeWork(state.handle, None, DecodeOptions(max_tokens=2)))
+def test_hook_werk_decode(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    state = needed(hooks.prefill(adapter, _text("a b c d")), "prefill", adapter)
+    out = needed(hooks.decode(adapter, DecodeWork(state.handle, None, DecodeOptions(max_tokens=2))), "decode", adapter)
     assert (out.text, out.finish_reason, out.completion_tokens) == ("a b", "length", 2)
 
 
 @covers_hooks("werk_state_move")
-def test_hook_werk_state_move(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    with pytest.raises(WerkError) as err:
-        host.call("werk_state_move", adapter, work=None)
-    assert err.value.code.value == "unsupported"
+def test_hook_werk_state_move(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    ref = StoredStateRef("st_x", adapter.envelope(), 1, 1, {}, lambda: _payload(b"z"))
+    with pytest.raises(WerkError) as err:  # the default reference backend holds no ram tier
+        hooks.state_move(adapter, MoveWork(ref, "promote", Tier.RAM, dry_run=True))
+    assert err.value.code is ErrorCode.UNSUPPORTED
+    adapter.statuses[CapabilityId.TIER_RAM] = CapabilityStatus.EXPERIMENTAL
+    moved = needed(hooks.state_move(adapter, MoveWork(ref, "promote", Tier.RAM, dry_run=True)), "move", adapter)
+    assert moved.tier is Tier.RAM
 
 
 @covers_hooks("werk_list_experts", "werk_expert_action")
-def test_hook_werk_list_experts_and_expert_action(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    # The test backend implements no expert hooks: the dispatcher reports "not implemented".
-    assert host.call("werk_list_experts", adapter, query=None) is None
-    assert host.call("werk_expert_action", adapter, request=None) is None
-
+def test_hook_werk_list_experts_and_expert_action(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    page = needed(hooks.list_experts(adapter, ExpertListQuery()), "experts", adapter)
+    assert page.experts
+    first = page.experts[0]
+    pin = ExpertActionRequest(model_id=first.model_id, expert_ids=[first.id], action="pin", dry_run=True)
+    result = needed(hooks.expert_action(adapter, pin), "expert action", adapter)
+    assert result.dry_run is True and result.experts[0].pinned is True
+    after = needed(hooks.list_experts(adapter, ExpertListQuery()), "experts", adapter)
+    assert after.experts[0].pinned is False  # a dry run changed nothing
+    real = needed(hooks.expert_action(adapter, pin.model_copy(update={"dry_run": False})), "expert action", adapter)
+    assert real.changed is True
+    assert needed(hooks.list_experts(adapter, ExpertListQuery()), "experts", adapter).experts[0].pinned is True
 
 
 @covers_hooks("werk_count_tokens")
-def test_hook_werk_count_tokens(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
+def test_hook_werk_count_tokens(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
     request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "three little words"}]})
-    assert host.call("werk_count_tokens", adapter, request=request) == 5
+    assert hooks.count_tokens(adapter, request) == 5
 
 
 @covers_hooks("werk_chat_limits")
-def test_hook_werk_chat_limits(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    assert host.call("werk_chat_limits", adapter, model="tiny").max_output_tokens == 63
+def test_hook_werk_chat_limits(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    limits = needed(hooks.chat_limits(adapter, "tiny"), "limits", adapter)
+    assert (limits.context_tokens, limits.max_output_tokens) == (64, 63)
 
 
 @covers_hooks("werk_reasoning_profile")
-def test_hook_werk_reasoning_profile(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    assert host.call("werk_reasoning_profile", adapter, model="tiny", max_output_tokens=64) is None
+def test_hook_werk_reasoning_profile(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    profile = needed(hooks.reasoning_profile(adapter, "tiny", 64), "reasoning", adapter)
+    assert profile.supported is True and profile.tiers
 
 
-@covers_hooks("werk_chat_completion", "werk_list_models", "werk_text_completion")
-def test_hook_werk_chat_completion_and_models(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    response = host.call("werk_chat_completion", adapter, request={"messages": []})
-    assert json.loads(b"".join(response.body))["object"] == "chat.completion"
-    assert host.call("werk_list_models", adapter)[0]["id"] == "tiny"
-    assert host.call("werk_text_completion", adapter, request={}) is None
-
+@covers_hooks("werk_chat_completion", "werk_text_completion", "werk_list_models")
+def test_hook_werk_completions_and_models(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    messages = [{"role": "user", "content": "three little words"}]
+    response = needed(hooks.chat_completion(adapter, {"messages": messages}), "chat", adapter)  # type: ignore[dict-item]
+    doc = json.loads(b"".join(response.body))
+    assert doc["object"] == "chat.completion" and doc["usage"]["prompt_tokens"] == 5
+    text = needed(hooks.text_completion(adapter, {"prompt": "a b"}), "completions", adapter)
+    assert json.loads(b"".join(text.body))["object"] == "text_completion"
+    models = needed(hooks.list_models(adapter), "models", adapter)
+    assert models[0]["id"] == "tiny"
 
 
 @covers_hooks("werk_workers", "werk_memory_requirement")
-def test_hook_werk_workers_and_memory_requirement(dispatch: tuple[PluginHost, MemoryAdapter]) -> None:
-    host, adapter = dispatch
-    assert host.call("werk_workers", adapter) is None
-    assert host.call("werk_memory_requirement", adapter, operation="load", model_id="tiny") is None
-
+def test_hook_werk_workers_and_memory_requirement(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    (worker,) = needed(hooks.workers(adapter), "workers", adapter)
+    assert worker.model == "tiny"
+    assert hooks.memory_requirement(adapter, MemoryOperation.LOAD, "tiny") is None
+    adapter.memory_requirement = 4096
+    assert hooks.memory_requirement(adapter, MemoryOperation.LOAD, "tiny") == 4096

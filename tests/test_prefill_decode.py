@@ -1,6 +1,6 @@
 """The prefill/decode control service, through HTTP on a real waitress server.
 
-Backend: the inline in-memory test adapter (tests/support/testadapter.py), reached only
+Backend: the inline in-memory test adapter (werk_host.testing.reference), reached only
 through the hookspecs. Each test names the seed rule it checks.
 """
 
@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import KEY
-from tests.support.api import Api
-from tests.support.hosts import backend_host, running
-from tests.support.testadapter import MemoryAdapter, MemoryBackendPlugin
 from werk_host.config import PersistenceDefaults
 from werk_host.protocol import CapabilityStatus, PersistenceMode, ReusePolicy
 from werk_host.server import Host
 from werk_host.service.handoffs import HandoffRegistry
-from werk_host.store import store as store_module
+from werk_host.store import layout as store_layout
+from werk_host.testing.api import Api
+from werk_host.testing.hosts import backend_host, running
+from werk_host.testing.reference import MemoryAdapter, MemoryBackendPlugin
 
 OTHER_KEY = "sk-werk-other-9876543210"
 
@@ -257,15 +257,15 @@ def test_reuse_takes_the_next_newest_compatible_state_when_the_newest_is_corrupt
 def test_unchanged_payload_is_hashed_once_and_a_touch_forces_a_new_hash(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "RACY_MARGIN_NS", 0)  # no need to wait out the racy-timestamp margin
+    monkeypatch.setattr(store_layout, "RACY_MARGIN_NS", 0)  # no need to wait out the racy-timestamp margin
     hashed: list[int] = []
-    real_hash = store_module._hash_fd
+    real_hash = store_layout.hash_fd
 
     def counting_hash(fd: int, expected_size: int) -> tuple[str, int]:
         hashed.append(expected_size)
         return real_hash(fd, expected_size)
 
-    monkeypatch.setattr(store_module, "_hash_fd", counting_hash)
+    monkeypatch.setattr(store_layout, "hash_fd", counting_hash)
     first = ok(env.prefill(allow_experimental=True))
     assert hashed == []  # committing hashes while streaming, not through the verifier
     for _ in range(2):

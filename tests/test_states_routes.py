@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import KEY
-from tests.support.api import Api
-from tests.support.hosts import backend_host, running
 from werk_host.server import Host
+from werk_host.testing.api import Api
+from werk_host.testing.hosts import backend_host, running
 
 OTHER_KEY = "sk-werk-states-other-123456"
 

@@ -10,10 +10,27 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from enum import StrEnum
+from typing import BinaryIO, Protocol, runtime_checkable
 
+from pydantic import JsonValue
+
+from werk_host.config import HostConfig
+from werk_host.models import ModelManifest
 from werk_host.protocol.base import CapabilityStatus, Tier
+from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.pd import MessagesInput, TextInput
+
+#: A JSON object as it crosses the seam (OpenAI bodies, model entries, adapter metadata).
+JsonObject = dict[str, JsonValue]
+
+
+class MemoryOperation(StrEnum):
+    """What ``werk_memory_requirement`` is asked to bound."""
+
+    LOAD = "load"
+    RESTORE = "restore"
+    DECODE = "decode"
 
 
 @runtime_checkable
@@ -59,13 +76,17 @@ class AdapterFactory:
 
     ``accepts(model)`` says whether this backend can serve a model manifest (``None``
     means no model was selected); ``create(config, model)`` builds the adapter.
+    ``capabilities`` declares the capability ids this backend's adapters report on (their
+    statuses come from ``werk_capabilities`` at run time); ``werk plugins`` flags a declared
+    or reported id that is not a :class:`~werk_host.protocol.CapabilityId`.
     """
 
     backend: str
     plugin_name: str
-    accepts: Callable[[Any | None], bool]
-    create: Callable[[Any, Any | None], Adapter]
+    accepts: Callable[[ModelManifest | None], bool]
+    create: Callable[[HostConfig, ModelManifest | None], Adapter]
     description: str = ""
+    capabilities: tuple[CapabilityId, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,13 +108,13 @@ class PrefilledState:
     the backend can retain the state in as a named volatile state, or ``None``.
     """
 
-    handle: Any
+    handle: object
     prompt_tokens: int
     envelope: dict[str, str]
     snapshot_capable: bool
     volatile_tier: Tier | None = None
     bytes: int | None = None
-    adapter_meta: dict[str, Any] = field(default_factory=dict)
+    adapter_meta: JsonObject = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,7 +124,7 @@ class Snapshot:
     chunks: Iterable[bytes]
     size: int | None
     close: Callable[[], None]
-    adapter_meta: dict[str, Any] = field(default_factory=dict)
+    adapter_meta: JsonObject = field(default_factory=dict)
 
 
 #: Opens the verified opaque payload of a stored state (integrity checked before yielding).
@@ -118,7 +139,7 @@ class StoredStateRef:
     envelope: dict[str, str]
     prompt_tokens: int | None
     bytes: int | None
-    adapter_meta: dict[str, Any]
+    adapter_meta: JsonObject
     open_payload: PayloadOpener
 
 
@@ -136,7 +157,7 @@ class DecodeWork:
     """Decode from a handed-off state: a live ``handle`` when the backend still holds one,
     else ``stored`` to restore from (a backend restores only from the verified payload)."""
 
-    handle: Any | None
+    handle: object | None
     stored: StoredStateRef | None
     options: DecodeOptions
 

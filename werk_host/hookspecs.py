@@ -1,18 +1,25 @@
-"""The plugin contract: every way the host reaches a backend.
+"""The plugin contract: every way the host reaches a backend (docs/plugin-hooks.md).
 
-Plugins implement these with ``@werk_host.hookimpl``. ``werk_adapter_factories`` collects
-from every plugin; every operation hook is ``firstresult`` and the host dispatches it only
-to the plugin that owns the adapter (plus plugins that provide no adapter at all, which
-may wrap the call with ``@hookimpl(wrapper=True)`` to observe or veto it).
+Plugins implement these with ``@werk_host.hookimpl``. ``werk_adapter_factories`` is collected
+from every plugin. Every other hook is an *operation hook*: ``firstresult``, and the host
+dispatches it only to the plugin that owns the adapter (``adapter.plugin_name``) plus plugins
+that provide no adapter at all, which may wrap the call with ``@hookimpl(wrapper=True)`` to
+observe or veto it. A backend plugin therefore only ever receives adapters it created, and
+may annotate ``adapter`` with its own adapter class.
 
-Errors: an operation hook raises :class:`werk_host.errors.WerkError` with one of the
-codes named in its docstring. Returning ``None`` means "not implemented", which the host
-reports as ``unsupported``.
+Errors: an operation hook raises :class:`werk_host.errors.WerkError` with one of the codes
+named in its docstring. Returning ``None`` means "not implemented", which the host reports as
+``unsupported`` (HTTP 501). Host code never calls these by name: it goes through the typed
+facade :class:`werk_host.hooks.BackendHooks`.
+
+This module's docstrings are the hook reference: ``docs/plugin-hooks.md`` is generated from
+them (``python -m werk_host.hookdocs``) and a test fails when it is stale.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Final
 
 import pluggy
 
@@ -23,6 +30,8 @@ from werk_host.backend import (
     DecodeOutput,
     DecodeWork,
     InferenceResponse,
+    JsonObject,
+    MemoryOperation,
     MoveOutput,
     MoveWork,
     PrefilledState,
@@ -30,38 +39,54 @@ from werk_host.backend import (
     Snapshot,
     StoredStateRef,
 )
+from werk_host.config import HostConfig
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
+from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
 from werk_host.protocol.telemetry import WorkerObservation
+
+#: The version of this hook API. It changes with the host's minor version while the host is
+#: 0.x: a plugin declares ``werk-host>=0.2,<0.3`` in its requirements and the host refuses to
+#: load a plugin whose declared range excludes the running host (docs/plugin-hooks.md).
+HOOK_API_VERSION: Final = "0.2"
 
 hookspec = pluggy.HookspecMarker("werk")
 
 
 @hookspec
-def werk_adapter_factories(config: Any) -> list[AdapterFactory]:  # type: ignore[empty-body]
+def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:  # type: ignore[empty-body]
     """Offer the adapter kinds this plugin provides (collected from every plugin).
 
-    ``config`` is the :class:`werk_host.config.HostConfig`. Must not start processes:
-    factories are cheap descriptions; work happens in ``AdapterFactory.create``.
+    Each :class:`~werk_host.backend.AdapterFactory` names its backend id and owning plugin,
+    says which models it ``accepts`` and builds adapters in ``create``. Must not start
+    processes: factories are cheap descriptions; work happens in ``create``.
     """
 
 
 @hookspec(firstresult=True)
-def werk_capabilities(adapter: Adapter) -> dict[str, CapabilityReport] | None:
+def werk_capabilities(adapter: Adapter) -> Mapping[CapabilityId, CapabilityReport] | None:
     """Report the adapter's current status for each capability id it knows, from evidence
-    gathered now (process alive, probe passed, flag present). Ids it omits are reported
-    ``unsupported``. Must be cheap and side-effect free."""
+    gathered now (process alive, probe passed, flag present), never from a name or version.
+
+    Ids it omits are reported ``unsupported``. A key that is not a
+    :class:`~werk_host.protocol.CapabilityId` is a plugin defect: the host ignores it, logs
+    it and lists it under the plugin's ``problems`` in ``werk plugins``. Must be cheap and
+    side-effect free: discovery calls it on every request."""
 
 
 @hookspec(firstresult=True)
 def werk_producer_envelope(adapter: Adapter, model_id: str) -> dict[str, str] | None:
     """The complete producer compatibility envelope a new state for ``model_id`` would carry
-    now, without doing work. Raises ``unavailable`` when it cannot be established."""
+    now, without doing work: every dimension that decides whether a snapshot can be restored
+    (binary and flag fingerprints, effective arguments, model identity, cache layout, process
+    generation where restores are per process), each a string. A stored state is reusable
+    only when its envelope equals this one exactly; there are no wildcards. Raises
+    ``unavailable`` when it cannot be established."""
 
 
 @hookspec(firstresult=True)
 def werk_prefill(adapter: Adapter, work: PrefillWork) -> PrefilledState | None:
-    """Evaluate the prompt into backend state and return it.
+    """Evaluate the prompt into backend state and return it (an opaque ``handle``).
 
     Raises ``not_found`` (unknown model), ``unavailable`` (process/probe prerequisite
     missing), ``resource_exhausted``, ``internal``."""
@@ -69,29 +94,33 @@ def werk_prefill(adapter: Adapter, work: PrefillWork) -> PrefilledState | None:
 
 @hookspec(firstresult=True)
 def werk_snapshot(adapter: Adapter, state: PrefilledState) -> Snapshot | None:
-    """Export ``state`` as an opaque, disk-persistable byte stream (bounded chunks).
+    """Export ``state`` as an opaque, disk-persistable byte stream (bounded chunks). The host
+    streams it into the state store and hashes it; it never interprets the bytes.
 
     Raises ``unsupported`` when no snapshot can be produced, ``unavailable``, ``internal``."""
 
 
 @hookspec(firstresult=True)
 def werk_restore(adapter: Adapter, stored: StoredStateRef) -> PrefilledState | None:
-    """Load a stored snapshot back into live backend state (used for reuse checks and
-    eager restores). Must verify exact acknowledgements; raises ``corrupt_state``,
+    """Load a stored snapshot back into live backend state (reuse checks and eager restores).
+
+    Read the payload only through ``stored.open_payload()`` (integrity verified first). Must
+    verify the backend's exact acknowledgements; raises ``corrupt_state``,
     ``incompatible_state``, ``unavailable``."""
 
 
 @hookspec(firstresult=True)
 def werk_decode(adapter: Adapter, work: DecodeWork) -> DecodeOutput | None:
     """Generate from a live handle or, when ``work.handle`` is not live, from
-    ``work.stored`` after restoring it. Raises ``corrupt_state``, ``unavailable``,
-    ``internal``; never retries elsewhere."""
+    ``work.stored`` after restoring it. May return ``next_state`` for a continuation
+    handoff. Raises ``corrupt_state``, ``unavailable``, ``internal``; never retries on
+    another backend."""
 
 
 @hookspec(firstresult=True)
-def werk_release_state(adapter: Adapter, handle: Any) -> bool | None:
+def werk_release_state(adapter: Adapter, handle: object) -> bool | None:
     """Drop a live handle the host no longer references (e.g. an ephemeral state whose
-    handoff expired). Returns ``True`` when released."""
+    handoff expired). Returns ``True`` when released, ``False`` when it was already gone."""
 
 
 @hookspec(firstresult=True)
@@ -102,19 +131,23 @@ def werk_state_move(adapter: Adapter, work: MoveWork) -> MoveOutput | None:
 
 @hookspec(firstresult=True)
 def werk_list_experts(adapter: Adapter, query: ExpertListQuery) -> ExpertPage | None:
-    """One page of backend-observed expert residency. Raises ``unsupported``/``unavailable``."""
+    """One page of backend-observed expert residency (``ram`` for experts the backend holds,
+    ``external`` for disk-backed ones). Raises ``unsupported``/``unavailable``."""
 
 
 @hookspec(firstresult=True)
 def werk_expert_action(adapter: Adapter, request: ExpertActionRequest) -> ExpertActionResult | None:
-    """Prefetch, pin, unpin or evict explicit experts; a dry run changes nothing."""
+    """Prefetch, pin, unpin or evict explicit experts; a dry run changes nothing. Raises
+    ``not_found`` for an unknown expert id, ``invalid_request`` for a target tier the
+    backend cannot hold, ``resource_exhausted`` when pins would exceed the budget."""
 
 
 @hookspec(firstresult=True)
 def werk_count_tokens(adapter: Adapter, request: ChatRequest) -> int | None:
     """Exact input-token count of a chat request from the backend's own template and
-    tokenizer. Never an estimate: raise ``unsupported`` instead; ``unavailable`` (retryable)
-    on a temporary native failure."""
+    tokenizer: the ``prompt_tokens`` the backend's ``/v1`` usage would report. Never an
+    estimate: raise ``unsupported`` instead; ``unavailable`` (retryable) on a temporary
+    native failure; ``invalid_request`` for content the model cannot take."""
 
 
 @hookspec(firstresult=True)
@@ -124,27 +157,27 @@ def werk_chat_limits(adapter: Adapter, model: str | None) -> ChatLimits | None:
 
 
 @hookspec(firstresult=True)
-def werk_reasoning_profile(
-    adapter: Adapter, model: str | None, max_output_tokens: int
-) -> ReasoningProfile | None:
+def werk_reasoning_profile(adapter: Adapter, model: str | None, max_output_tokens: int) -> ReasoningProfile | None:
     """Reasoning tiers verified from running workers' launch configuration; cold or unknown
     runtimes return ``supported=False`` with no tiers."""
 
 
 @hookspec(firstresult=True)
-def werk_chat_completion(adapter: Adapter, request: dict[str, Any]) -> InferenceResponse | None:
-    """Serve an OpenAI chat-completions request (streaming when ``request['stream']``).
-    Returns the backend's response streamed, never buffered whole."""
+def werk_chat_completion(adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
+    """Serve an OpenAI chat-completions request body (streaming when ``request["stream"]``).
+    Returns the backend's response streamed, never buffered whole; honour
+    :data:`werk_host.backend.client_disconnected` while waiting for the first byte."""
 
 
 @hookspec(firstresult=True)
-def werk_text_completion(adapter: Adapter, request: dict[str, Any]) -> InferenceResponse | None:
-    """Serve an OpenAI (legacy) completions request, like ``werk_chat_completion``."""
+def werk_text_completion(adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
+    """Serve an OpenAI (legacy) completions request body, like ``werk_chat_completion``."""
 
 
 @hookspec(firstresult=True)
-def werk_list_models(adapter: Adapter) -> list[dict[str, Any]] | None:
-    """OpenAI ``/v1/models`` entries for the models this adapter serves."""
+def werk_list_models(adapter: Adapter) -> list[JsonObject] | None:
+    """OpenAI ``/v1/models`` entries (``id``, ``object``, ``owned_by``, …) for the models
+    this adapter serves."""
 
 
 @hookspec(firstresult=True)
@@ -154,29 +187,7 @@ def werk_workers(adapter: Adapter) -> list[WorkerObservation] | None:
 
 
 @hookspec(firstresult=True)
-def werk_memory_requirement(adapter: Adapter, operation: str, model_id: str) -> int | None:
+def werk_memory_requirement(adapter: Adapter, operation: MemoryOperation, model_id: str) -> int | None:
     """A positive, bounded byte requirement for ``operation`` (``load``, ``restore``,
-    ``decode``) before it runs, or ``None`` when the backend cannot bound it."""
-
-
-#: Hooks that take an adapter and are dispatched to its owning plugin only.
-OPERATION_HOOKS: tuple[str, ...] = (
-    "werk_capabilities",
-    "werk_producer_envelope",
-    "werk_prefill",
-    "werk_snapshot",
-    "werk_restore",
-    "werk_decode",
-    "werk_release_state",
-    "werk_state_move",
-    "werk_list_experts",
-    "werk_expert_action",
-    "werk_count_tokens",
-    "werk_chat_limits",
-    "werk_reasoning_profile",
-    "werk_chat_completion",
-    "werk_text_completion",
-    "werk_list_models",
-    "werk_workers",
-    "werk_memory_requirement",
-)
+    ``decode``) before it runs, or ``None`` when the backend cannot bound it. The host
+    reserves it against the memory budget (``runtime.memory.reservations``)."""

@@ -55,16 +55,11 @@ _ERROR_STATUSES = {
 
 
 def _envelope_schema(data_schema: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["protocol", "request_id", "data"],
-        "properties": {
-            "protocol": {"$ref": REF.format(model="ProtocolVersion")},
-            "request_id": {"type": "string"},
-            "data": data_schema,
-        },
-        "additionalProperties": False,
-    }
+    """The success envelope's schema, from :class:`SuccessEnvelope`, with this route's ``data``."""
+    schema = p.SuccessEnvelope.model_json_schema(ref_template=REF)
+    schema.pop("$defs", None)
+    schema["properties"]["data"] = data_schema
+    return schema
 
 
 _DESCRIPTION = (

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+
+class PrivateDirError(RuntimeError):
+    """A directory that must be private is a symlink, not a directory, or not ours."""
 
 
 def werk_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -16,10 +21,19 @@ def werk_home(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path.home() / ".werk"
 
 
-def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) owner-only; refuse a symlink in its place."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.is_symlink() or not path.is_dir():
-        raise RuntimeError("refusing a non-directory or symlinked Werk directory")
-    os.chmod(path, 0o700)
-    return path
+def ensure_private_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` (and parents) if needed and make it owner-only (0700); returns it as a :class:`Path`.
+
+    Raises :class:`PrivateDirError` when ``path`` is a symlink or not a directory, or (where the
+    platform has user ids) is owned by another user; no link is followed and nothing else changes.
+    """
+    p = Path(path)
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(p)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PrivateDirError(f"refusing {p}: a symlink or not a directory")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise PrivateDirError(f"refusing {p}: not owned by the current user")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(p, 0o700)
+    return p

@@ -1,8 +1,13 @@
 """Plugin discovery, tolerant loading, inventory and owner-only hook dispatch.
 
-Plugins are modules named by entry points in the group ``werk``. A plugin that fails to
-import is recorded with its error and skipped; it never crashes the host. Operators can
-disable plugins with ``WERK_DISABLE_PLUGINS=name,name`` (``*`` disables all).
+Plugins are modules named by entry points in the group ``werk``. Before a plugin is imported,
+its distribution's declared ``werk-host`` requirement is checked against the running host
+(the hook API version, :data:`werk_host.hookspecs.HOOK_API_VERSION`): an incompatible or
+undeclared range lists the plugin as ``failed`` with the reason, and it is never imported. A
+plugin that fails to import is recorded with its error and skipped; it never crashes the host.
+Operators can disable plugins with ``WERK_DISABLE_PLUGINS=name,name`` (``*`` disables all).
+Host code calls operation hooks through :class:`werk_host.hooks.BackendHooks`, never here by
+name (docs/plugin-hooks.md).
 """
 
 from __future__ import annotations
@@ -10,17 +15,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from importlib.metadata import Distribution, EntryPoint, entry_points
 
 import pluggy
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+from pluggy import HookCaller
 from stevedore import NamedExtensionManager
 
-from werk_host import hookspecs
+from werk_host import __version__, hookspecs
 from werk_host.backend import Adapter, AdapterFactory
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.config import HostConfig
+from werk_host.protocol.discovery import CapabilityId
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +45,9 @@ class PluginRecord:
     status: str  # "loaded", "failed", "disabled"
     hooks: list[str] = field(default_factory=list)
     error: str | None = None
+    problems: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "distribution": self.distribution,
@@ -46,6 +55,7 @@ class PluginRecord:
             "status": self.status,
             "hooks": self.hooks,
             "error": self.error,
+            "problems": self.problems,
         }
 
 
@@ -61,6 +71,45 @@ def _dist_of(entry_point: EntryPoint) -> tuple[str | None, str | None]:
     return dist.metadata["Name"], dist.version
 
 
+HOST_DISTRIBUTION = "werk-host"
+
+
+def incompatibility(dist: Distribution | None, host_version: str = __version__) -> str | None:
+    """Why a plugin distribution cannot load into this host, or ``None`` when it can.
+
+    The distribution must require ``werk-host`` with a version range that contains the
+    running host's version (prereleases included); a requirement without a range accepts
+    every host. Environment markers that do not apply are ignored.
+    """
+    if dist is None:
+        return None
+    ranges = []
+    for line in dist.requires or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) != HOST_DISTRIBUTION:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        ranges.append(req.specifier)
+    api = f"hook API {hookspecs.HOOK_API_VERSION}"
+    if not ranges:
+        return (
+            f"declares no {HOST_DISTRIBUTION} requirement; a plugin for {api} must require "
+            f"{HOST_DISTRIBUTION}>={hookspecs.HOOK_API_VERSION}"
+        )
+    try:
+        version = Version(host_version)
+    except InvalidVersion:
+        return None
+    for spec in ranges:
+        if not spec.contains(version, prereleases=True):
+            return f"requires {HOST_DISTRIBUTION}{spec}, but this host is {host_version} ({api})"
+    return None
+
+
 class PluginHost:
     """Owns the pluggy manager: loading, inventory and dispatch to an adapter's owner."""
 
@@ -68,7 +117,7 @@ class PluginHost:
         self.pm = pluggy.PluginManager("werk")
         self.pm.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
-        self._subset_cache: dict[tuple[str, str], Any] = {}
+        self._subset_cache: dict[tuple[str, str], HookCaller] = {}
         self._lock = threading.Lock()
 
     # -- loading -------------------------------------------------------------------------
@@ -84,12 +133,19 @@ class PluginHost:
         for name in sorted(set(found) - set(enabled)):
             dist, version = _dist_of(found[name])
             self.records.append(PluginRecord(name, dist, version, "disabled"))
+        for name in list(enabled):
+            reason = incompatibility(getattr(found[name], "dist", None))
+            if reason is not None:
+                enabled.remove(name)
+                dist, version = _dist_of(found[name])
+                log.error("plugin %s not loaded: %s", name, reason)
+                self.records.append(PluginRecord(name, dist, version, "failed", error=reason))
         failures: dict[str, BaseException] = {}
 
         def on_failure(_mgr: object, entry_point: EntryPoint, err: BaseException) -> None:
             failures[entry_point.name] = err
 
-        manager: NamedExtensionManager[Any] = NamedExtensionManager(
+        manager: NamedExtensionManager[object] = NamedExtensionManager(
             namespace=ENTRY_POINT_GROUP,
             names=enabled,
             invoke_on_load=False,
@@ -123,17 +179,34 @@ class PluginHost:
         self.records.append(PluginRecord(name, distribution, version, "loaded", hooks=hooks))
         self._subset_cache.clear()
 
-    def inventory(self) -> list[dict[str, Any]]:
+    def inventory(self) -> list[dict[str, object]]:
         return [r.as_dict() for r in sorted(self.records, key=lambda r: r.name)]
 
+    def flag(self, plugin_name: str, problem: str) -> None:
+        """Record a defect observed in a loaded plugin (listed by ``werk plugins``), once."""
+        with self._lock:
+            for record in self.records:
+                if record.name == plugin_name and problem not in record.problems:
+                    record.problems.append(problem)
+                    log.warning("plugin %s %s", plugin_name, problem)
+
     # -- adapters ------------------------------------------------------------------------
-    def adapter_factories(self, config: Any) -> list[AdapterFactory]:
+    def adapter_factories(self, config: HostConfig) -> list[AdapterFactory]:
+        """Every factory offered by a loaded plugin; malformed offers are flagged and skipped,
+        and declared capability ids that are not :class:`CapabilityId` members are flagged."""
         factories: list[AdapterFactory] = []
         for offered in self.pm.hook.werk_adapter_factories(config=config):
-            factories.extend(offered or [])
+            for factory in offered or []:
+                if not isinstance(factory, AdapterFactory):
+                    log.error("a plugin offered %s instead of an AdapterFactory; ignored", type(factory).__name__)
+                    continue
+                for cap_id in factory.capabilities:
+                    if cap_id not in CapabilityId.__members__.values():
+                        self.flag(factory.plugin_name, f"declares unknown capability id {cap_id!r}")
+                factories.append(factory)
         return factories
 
-    def _owner_caller(self, hook_name: str, owner: str) -> Any:
+    def _owner_caller(self, hook_name: str, owner: str) -> HookCaller:
         key = (hook_name, owner)
         with self._lock:
             caller = self._subset_cache.get(key)
@@ -148,29 +221,27 @@ class PluginHost:
             return caller
 
     def _provides_adapters(self, plugin: object) -> bool:
-        return any(h.name == "werk_adapter_factories" for h in self.pm.get_hookcallers(plugin) or [])
+        factories = hookspecs.werk_adapter_factories.__name__
+        return any(h.name == factories for h in self.pm.get_hookcallers(plugin) or [])
 
-    def call(self, hook_name: str, adapter: Adapter, **kwargs: Any) -> Any:
-        """Call operation hook ``hook_name`` on ``adapter``'s owning plugin only.
+    def dispatch(self, hook_name: str, adapter: Adapter, **kwargs: object) -> object:
+        """Call operation hook ``hook_name`` on ``adapter``'s owning plugin only, untyped.
 
-        Plugins providing no adapters (cross-cutting wrappers) still see the call.
-        Returns the hook's result; ``None`` means the owner does not implement it.
+        Plugins providing no adapters (cross-cutting wrappers) still see the call. Returns
+        the hook's raw result (``None``: the owner does not implement it). Host code uses the
+        typed :class:`werk_host.hooks.BackendHooks` instead of calling this directly.
         """
-        if hook_name not in hookspecs.OPERATION_HOOKS:
+        if hook_name not in OPERATION_HOOKS:
             raise ValueError(f"{hook_name} is not an operation hook")
         caller = self._owner_caller(hook_name, adapter.plugin_name)
-        return caller(adapter=adapter, **kwargs)
-
-    def require(self, hook_name: str, adapter: Adapter | None, what: str, **kwargs: Any) -> Any:
-        """Like :meth:`call` but raise ``unsupported`` when there is no adapter or no answer."""
-        if adapter is None:
-            raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported: no backend adapter is active")
-        result = self.call(hook_name, adapter, **kwargs)
-        if result is None:
-            raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
+        result: object = caller(adapter=adapter, **kwargs)
         return result
 
 
-def hook_names() -> Iterable[str]:
+def hook_names() -> list[str]:
     """Every hook name declared in :mod:`werk_host.hookspecs`."""
-    return sorted(n for n in dir(hookspecs) if n.startswith("werk_"))
+    return sorted(n for n in dir(hookspecs) if n.startswith("werk_") and callable(getattr(hookspecs, n)))
+
+
+#: Hooks that take an adapter and are dispatched to its owning plugin only.
+OPERATION_HOOKS: frozenset[str] = frozenset(hook_names()) - {hookspecs.werk_adapter_factories.__name__}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import hosts
+from werk_host.testing import hosts
 
 #: A distinctive key, so a leak scan cannot match anything by accident.
 LIVE_KEY = "sk-werk-live-5e8c1f0a9b7d3264"

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from tests.client.conftest import LIVE_KEY, Live, _backend_host
-from tests.support import hosts
 from werk_host.client import (
     ExperimentalOptInRequiredError,
     ExpiredHandoffError,
@@ -49,6 +48,7 @@ from werk_host.protocol import (
     Tier,
     TokenCount,
 )
+from werk_host.testing import hosts
 
 MODEL = "tiny"
 

@@ -106,7 +106,7 @@ def main() -> int:
         end = time.monotonic() + float(mode.split(":", 1)[1])
         while time.monotonic() < end:
             store.reconcile()
-            store.list(principal)
+            store.list_states(principal)
         return 0
 
     commit_loop(store, principal, base, int(mode.split(":", 1)[1]) if mode.startswith("count:") else None, emit)

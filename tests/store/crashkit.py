@@ -69,7 +69,7 @@ def all_ids(store: StateStore, principal: str) -> list[str]:
     ids: list[str] = []
     after = None
     while True:
-        page, after = store.list(principal, limit=100, after=after)
+        page, after = store.list_states(principal, limit=100, after=after)
         ids += [r.id for r in page]
         if after is None:
             return ids

@@ -76,6 +76,14 @@ def state_dir(root: Path, principal: str, state_id: str) -> Path:
     return root / f"p_{principal}" / state_id
 
 
+def quarantined(root: Path) -> list[str]:
+    """Original state directory names of the entries in ``.quarantine`` (sorted)."""
+    qdir = root / ".quarantine"
+    if not qdir.is_dir() or qdir.is_symlink():
+        return []
+    return sorted(name.split("-", 3)[-1] for name in os.listdir(qdir))
+
+
 def staging_leftovers(root: Path) -> list[str]:
     found: list[str] = []
     if not root.exists():

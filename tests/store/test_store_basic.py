@@ -64,7 +64,7 @@ def test_expected_sha_mismatch_publishes_nothing(store: StateStore, root: Path) 
     with pytest.raises(WerkError) as err:
         commit(store, data=b"x" * 100, expected_sha256="0" * 64)
     assert err.value.code is ErrorCode.CORRUPT_STATE
-    assert store.list(P1) == ([], None)
+    assert store.list_states(P1) == ([], None)
     assert os.listdir(root / f"p_{P1}") == []
 
 
@@ -82,7 +82,7 @@ def test_payload_bound_enforced_while_streaming(make_store: Callable[..., StateS
         store.commit(P1, model_id="m", backend="b", envelope={}, payload=gen())
     assert err.value.code is ErrorCode.RESOURCE_EXHAUSTED
     assert produced == 11  # stopped at the first chunk over the bound, not after buffering all
-    assert store.list(P1) == ([], None)
+    assert store.list_states(P1) == ([], None)
     assert staging_leftovers(root) == []
     assert commit(store, data=b"z" * 1000).bytes == 1000
 
@@ -95,7 +95,7 @@ def test_failing_source_leaves_nothing(store: StateStore, root: Path) -> None:
     with pytest.raises(RuntimeError):
         store.commit(P1, model_id="m", backend="b", envelope={}, payload=gen())
     assert staging_leftovers(root) == []
-    assert store.list(P1) == ([], None)
+    assert store.list_states(P1) == ([], None)
 
 
 @pytest.mark.parametrize(
@@ -129,36 +129,36 @@ def test_list_pagination_ordered_by_id(store: StateStore) -> None:
     seen: list[str] = []
     after = None
     while True:
-        page, after = store.list(P1, limit=7, after=after)
+        page, after = store.list_states(P1, limit=7, after=after)
         seen += [r.id for r in page]
         if after is None:
             break
         assert len(page) == 7
     assert seen == ids
-    full, nxt = store.list(P1, limit=25)
+    full, nxt = store.list_states(P1, limit=25)
     assert [r.id for r in full] == ids and nxt is None
-    m1, _ = store.list(P1, model_id="m1", limit=100)
+    m1, _ = store.list_states(P1, model_id="m1", limit=100)
     assert len(m1) == 12 and all(r.model_id == "m1" for r in m1)
-    assert store.list(P1, tier="ram") == ([], None)
-    assert len(store.list(P1, tier="disk")[0]) == 25
+    assert store.list_states(P1, tier="ram") == ([], None)
+    assert len(store.list_states(P1, tier="disk")[0]) == 25
 
 
 @pytest.mark.parametrize("kw", [{"limit": 0}, {"limit": 101}, {"after": "forged"}, {"tier": "tape"}])
 def test_list_rejects_bad_arguments(store: StateStore, kw: dict[str, object]) -> None:
     with pytest.raises(WerkError) as err:
-        store.list(P1, **kw)  # type: ignore[arg-type]
+        store.list_states(P1, **kw)  # type: ignore[arg-type]
     assert err.value.code is ErrorCode.INVALID_REQUEST
 
 
 def test_list_sees_commits_from_another_store_instance(make_store: Callable[..., StateStore]) -> None:
     reader, writer = make_store(), make_store()
-    assert reader.list(P1) == ([], None)
+    assert reader.list_states(P1) == ([], None)
     a = commit(writer)
-    assert [r.id for r in reader.list(P1)[0]] == [a.id]
+    assert [r.id for r in reader.list_states(P1)[0]] == [a.id]
     b = commit(writer)
-    assert [r.id for r in reader.list(P1)[0]] == sorted([a.id, b.id])
+    assert [r.id for r in reader.list_states(P1)[0]] == sorted([a.id, b.id])
     writer.delete(P1, a.id)
-    assert [r.id for r in reader.list(P1)[0]] == [b.id]
+    assert [r.id for r in reader.list_states(P1)[0]] == [b.id]
 
 
 def test_find_by_fingerprint(store: StateStore) -> None:
@@ -189,22 +189,11 @@ def test_open_payload_failure_inside_block_records_nothing(store: StateStore, ro
     assert not (state_dir(root, P1, rec.id) / "last-accessed").exists()
 
 
-def test_copy_payload_to_path_and_fd(store: StateStore, tmp_path: Path) -> None:
-    data = payload_for(7, (1 << 20) + 5)
+def test_open_payload_reads_a_multi_chunk_payload_whole(store: StateStore) -> None:
+    data = payload_for(7, (1 << 20) + 5)  # one byte more than a hashing chunk, plus a few
     rec = commit(store, data=data)
-    dest = tmp_path / "slot.bin"
-    assert store.copy_payload_to(P1, rec.id, dest).id == rec.id
-    assert dest.read_bytes() == data
-    assert stat.S_IMODE(os.lstat(dest).st_mode) == 0o600
-    with pytest.raises(WerkError):
-        store.copy_payload_to(P1, rec.id, dest)  # never overwrites an existing file
-    buf = tmp_path / "fd.bin"
-    fd = os.open(buf, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        store.copy_payload_to(P1, rec.id, fd)
-    finally:
-        os.close(fd)
-    assert buf.read_bytes() == data
+    assert read_payload(store, P1, rec.id) == data
+    assert read_payload(store, P1, rec.id) == data  # reading twice changes nothing
 
 
 def test_set_pinned_and_delete(store: StateStore, root: Path) -> None:
@@ -231,9 +220,9 @@ def test_mutations_on_absent_root_create_nothing(store: StateStore, werk_home_di
     assert store.delete(P1, sid) is False
     with pytest.raises(WerkError):
         store.set_pinned(P1, sid, True)
-    assert store.prune(P1, all=True, dry_run=False).matched == 0
-    assert store.reconcile().changed is False
-    assert store.purge(all=True).removed == 0
+    assert store.prune(P1, everything=True, dry_run=False).matched == 0
+    store.reconcile()
+    assert store.purge(everything=True).removed == 0
     assert list(werk_home_dir.iterdir()) == []
 
 
@@ -246,7 +235,7 @@ def test_prune_selectors(store: StateStore, clock: FakeClock) -> None:
     with pytest.raises(WerkError):
         store.prune(P1)  # no selector
     with pytest.raises(WerkError):
-        store.prune(P1, ids=[old.id], all=True)  # two selectors
+        store.prune(P1, ids=[old.id], everything=True)  # two selectors
     with pytest.raises(WerkError):
         store.prune(P1, ids=[old.id, old.id])
     with pytest.raises(WerkError):
@@ -259,8 +248,8 @@ def test_prune_selectors(store: StateStore, clock: FakeClock) -> None:
     assert store.get(P1, new.id) is None and store.get(P1, pinned.id) is not None
     out = store.prune(P1, ids=[old.id, "st_" + "f" * 32, "bogus"], dry_run=False)
     assert (out.matched, out.removed) == (1, 1)
-    assert store.prune(P1, all=True, dry_run=False).removed == 1
-    assert store.list(P1) == ([], None)
+    assert store.prune(P1, everything=True, dry_run=False).removed == 1
+    assert store.list_states(P1) == ([], None)
 
 
 def test_concurrent_threads_commit_and_list(store: StateStore) -> None:
@@ -273,7 +262,7 @@ def test_concurrent_threads_commit_and_list(store: StateStore) -> None:
         try:
             for _ in range(10):
                 made.append(commit(store, data=os.urandom(64)).id)
-                store.list(P1)
+                store.list_states(P1)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -283,7 +272,7 @@ def test_concurrent_threads_commit_and_list(store: StateStore) -> None:
     for t in threads:
         t.join()
     assert not errors
-    assert sorted(made) == [r.id for r in store.list(P1, limit=100)[0]]
+    assert sorted(made) == [r.id for r in store.list_states(P1, limit=100)[0]]
 
 
 def test_readinto_source(store: StateStore) -> None:

@@ -11,7 +11,7 @@ import pytest
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.store import StateStore
 
-from .helpers import P1, commit, payload_for, read_payload, snapshot, state_dir
+from .helpers import P1, commit, payload_for, quarantined, read_payload, snapshot, state_dir
 
 
 def _expect_corrupt(store: StateStore, sid: str) -> None:
@@ -62,7 +62,7 @@ def test_damage_is_detected_and_quarantined(
     user = make_store() if fresh_process_view else store
     _expect_corrupt(user, victim.id)
     _expect_corrupt(user, victim.id)  # still corrupt, still not trusted
-    assert victim.id not in {r.id for r in user.list(P1)[0]}
+    assert victim.id not in {r.id for r in user.list_states(P1)[0]}
     assert user.get(P1, victim.id) is None
 
     # the next real mutation (here: an unrelated commit) quarantines it
@@ -82,14 +82,13 @@ def test_damage_is_detected_and_quarantined(
         assert read_payload(user, P1, rec.id) == payload_for(int(rec.bytes or 0) - 1000, int(rec.bytes or 0))
 
 
-def test_corrupt_payload_detected_by_copy(store: StateStore, root: Path, tmp_path: Path) -> None:
+def test_corrupt_payload_detected_before_any_byte_is_read(store: StateStore, root: Path) -> None:
     rec = commit(store, data=payload_for(9, 50_000))
     _flip_payload(state_dir(root, P1, rec.id) / "payload.bin")
-    dest = tmp_path / "out.bin"
-    with pytest.raises(WerkError) as err:
-        store.copy_payload_to(P1, rec.id, dest)
+    with pytest.raises(WerkError) as err, store.open_payload(P1, rec.id):
+        pytest.fail("a corrupt payload must not be yielded")
     assert err.value.code is ErrorCode.CORRUPT_STATE
-    assert not dest.exists()  # a half-verified copy is removed
+    assert not (state_dir(root, P1, rec.id) / "last-accessed").exists()
     store.reconcile()
     assert not state_dir(root, P1, rec.id).exists()
 
@@ -99,13 +98,14 @@ def test_tamper_found_by_fresh_reconcile_without_prior_use(make_store: Callable[
     rec = commit(store)
     keep = commit(store)
     _tamper_meta(state_dir(root, P1, rec.id) / "metadata.json")
-    report = make_store().reconcile()
-    assert report.quarantined == 1
+    make_store().reconcile()
+    assert quarantined(root) == [rec.id]
     assert store.get(P1, keep.id) == keep
     # the same process's store also notices via its rotating audit
     rec2 = commit(store)
     _tamper_checksum(state_dir(root, P1, rec2.id) / "metadata.sha256")
-    assert store.reconcile().quarantined == 1
+    store.reconcile()
+    assert quarantined(root) == sorted([rec.id, rec2.id])
 
 
 def test_quarantine_retention_is_bounded(make_store: Callable[..., StateStore], root: Path) -> None:
@@ -129,8 +129,8 @@ def test_uninspectable_entries_are_deleted(store: StateStore, root: Path) -> Non
     for i in range(40):
         (state_dir(root, P1, crowded.id) / f"junk{i}").write_bytes(b"")
     (state_dir(root, P1, odd.id) / "unexpected").write_bytes(b"?")
-    report = store.reconcile()
-    assert report.deleted_uninspectable == 2 and report.quarantined == 1
+    store.reconcile()
+    assert quarantined(root) == [odd.id]  # the two uninspectable ones are deleted outright
     assert not state_dir(root, P1, rec.id).exists() and not state_dir(root, P1, crowded.id).exists()
     assert not state_dir(root, P1, odd.id).exists()
 
@@ -141,7 +141,8 @@ def test_stray_directories_and_files_in_namespace(store: StateStore, root: Path)
     (pdir / "not-a-state").mkdir()
     (pdir / "stray-file").write_bytes(b"x")
     (root / "stray-root-file").write_bytes(b"x")
-    report = store.reconcile()
-    assert report.unsafe_unlinked == 2 and report.quarantined == 1
+    store.reconcile()
+    assert quarantined(root) == ["not-a-state"]
+    assert not (root / "stray-root-file").exists()
     assert sorted(os.listdir(pdir)) == [keep.id]
     assert store.get(P1, keep.id) == keep

@@ -19,16 +19,16 @@ def test_two_principals_with_identical_prompts_never_cross(store: StateStore, ro
 
     assert [r.id for r in store.find_by_fingerprint(P1, "same-fp")] == [a.id]
     assert [r.id for r in store.find_by_fingerprint(P2, "same-fp")] == [b.id]
-    assert [r.id for r in store.list(P1)[0]] == [a.id]
-    assert [r.id for r in store.list(P2)[0]] == [b.id]
-    assert [r.id for r in store.list(P1, after="st_" + "0" * 32)[0]] == [a.id]
+    assert [r.id for r in store.list_states(P1)[0]] == [a.id]
+    assert [r.id for r in store.list_states(P2)[0]] == [b.id]
+    assert [r.id for r in store.list_states(P1, after="st_" + "0" * 32)[0]] == [a.id]
 
     # a foreign id is indistinguishable from an absent one
     assert store.get(P1, b.id) is None
     for action in (
         lambda: store.set_pinned(P1, b.id, True),
         lambda: read_payload(store, P1, b.id),
-        lambda: store.copy_payload_to(P1, b.id, str(root.parent / "x.bin")),
+        lambda: store.verify(P1, b.id),
     ):
         with pytest.raises(WerkError) as err:
             action()
@@ -36,7 +36,7 @@ def test_two_principals_with_identical_prompts_never_cross(store: StateStore, ro
     assert store.delete(P1, b.id) is False
     assert store.prune(P1, ids=[b.id], dry_run=False).matched == 0
     assert store.prune(P1, model_id="m", dry_run=False).removed == 1  # only a
-    assert store.prune(P1, all=True, dry_run=False).removed == 0
+    assert store.prune(P1, everything=True, dry_run=False).removed == 0
     assert store.get(P2, b.id) is not None
     assert read_payload(store, P2, b.id) == b"bob"
     assert not (state_dir(root, P2, b.id) / "pinned").exists()
@@ -55,9 +55,9 @@ def test_ttl_beats_pinning(store: StateStore, root: Path, clock: FakeClock) -> N
     assert pinned.is_expired(int(clock.now * 1000))
     # invisible to every read, though still on disk (reads never delete)
     assert store.get(P1, pinned.id) is None
-    assert pinned.id not in {r.id for r in store.list(P1)[0]}
+    assert pinned.id not in {r.id for r in store.list_states(P1)[0]}
     assert store.find_by_fingerprint(P1, "fp") == []
-    assert store.prune(P1, all=True).matched == 2
+    assert store.prune(P1, everything=True).matched == 2
     with pytest.raises(WerkError) as err:
         read_payload(store, P1, pinned.id)
     assert err.value.code is ErrorCode.NOT_FOUND
@@ -70,8 +70,8 @@ def test_ttl_beats_pinning(store: StateStore, root: Path, clock: FakeClock) -> N
     assert store.get(P1, plain.id) is not None and store.get(P1, forever.id) is not None
 
     clock.advance(3600)
-    report = StateStore(root, clock=clock).reconcile()  # a fresh process view deletes it too
-    assert report.expired_removed == 1
-    assert [r.id for r in store.list(P1)[0]] == [forever.id]
+    StateStore(root, clock=clock).reconcile()  # a fresh process view deletes it too
+    assert not state_dir(root, P1, plain.id).exists() and not (root / ".quarantine").exists()
+    assert [r.id for r in store.list_states(P1)[0]] == [forever.id]
     clock.advance(10**7)
     assert store.get(P1, forever.id) is not None  # no TTL, no expiry

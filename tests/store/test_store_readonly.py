@@ -17,16 +17,16 @@ def _all_reads(store: StateStore, ids: list[str]) -> None:
             store.get(principal, sid)
         after = None
         while True:
-            _page, after = store.list(principal, limit=2, after=after)
+            _page, after = store.list_states(principal, limit=2, after=after)
             if after is None:
                 break
-        store.list(principal, model_id="tiny-model", tier="disk")
+        store.list_states(principal, model_id="tiny-model", tier="disk")
         store.find_by_fingerprint(principal, "fp")
-        store.prune(principal, all=True)
+        store.prune(principal, everything=True)
         store.prune(principal, ids=ids[:3] or ["st_" + "0" * 32])
         store.prune(principal, model_id="tiny-model", older_than_unix_ms=2**62)
     store.inventory()
-    store.purge(all=True, dry_run=True)
+    store.purge(everything=True, dry_run=True)
     store.purge(ids=ids[:1] or ["st_" + "0" * 32], dry_run=True)
 
 
@@ -63,7 +63,7 @@ def test_reads_and_dry_runs_change_nothing(make_store: Callable[..., StateStore]
     _all_reads(writer, ids)  # and the instance that holds caches
     assert snapshot(root.parent.parent) == before
 
-    visible = {r.id for r in reader.list(P1)[0]}
+    visible = {r.id for r in reader.list_states(P1)[0]}
     assert visible == set(good) | {corrupt_payload}  # size-correct payload is only caught on use
     assert reader.get(P1, bad_meta) is None and reader.get(P1, pinned) is None
     inv = {e.id: e for e in reader.inventory()}

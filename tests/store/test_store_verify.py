@@ -11,7 +11,8 @@ import pytest
 
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.store import StateStore
-from werk_host.store import store as store_module
+from werk_host.store import layout as store_layout
+from werk_host.store import verify as store_verify
 
 from .helpers import P1, P2, FakeClock, commit, payload_for, read_payload, state_dir
 
@@ -30,20 +31,20 @@ def _flip_in_place(path: Path) -> None:
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes of every payload the store hashes from disk (commit hashes while streaming)."""
     calls: list[int] = []
-    real = store_module._hash_fd
+    real = store_layout.hash_fd
 
     def counting(fd: int, expected_size: int) -> tuple[str, int]:
         calls.append(expected_size)
         return real(fd, expected_size)
 
-    monkeypatch.setattr(store_module, "_hash_fd", counting)
+    monkeypatch.setattr(store_layout, "hash_fd", counting)
     return calls
 
 
 @pytest.fixture
 def no_racy_margin(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trust timestamps at once instead of waiting out the racy-timestamp margin."""
-    monkeypatch.setattr(store_module, "RACY_MARGIN_NS", 0)
+    monkeypatch.setattr(store_layout, "RACY_MARGIN_NS", 0)
 
 
 def _quarantined(root: Path) -> list[str]:
@@ -71,7 +72,7 @@ def test_flipped_byte_fails_and_is_quarantined_at_once(
     assert not state_dir(root, P1, victim.id).exists()
     assert _quarantined(root) == [victim.id]
     assert make_store().get(P1, victim.id) is None
-    assert [r.id for r in make_store().list(P1)[0]] == [keep.id]
+    assert [r.id for r in make_store().list_states(P1)[0]] == [keep.id]
     with pytest.raises(WerkError) as err:
         user.verify(P1, victim.id)
     assert err.value.code is ErrorCode.NOT_FOUND
@@ -121,7 +122,7 @@ def test_recently_changed_file_is_not_remembered(
     store: StateStore, hashed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Within the racy margin a same-timestamp rewrite could go unseen: hash every time."""
-    monkeypatch.setattr(store_module, "RACY_MARGIN_NS", 3600 * 10**9)
+    monkeypatch.setattr(store_layout, "RACY_MARGIN_NS", 3600 * 10**9)
     rec = commit(store)
     assert store.verify(P1, rec.id) and store.verify(P1, rec.id)
     assert len(hashed) == 2
@@ -131,7 +132,7 @@ def test_recently_changed_file_is_not_remembered(
 def test_cache_is_bounded_least_recently_used_first(
     store: StateStore, hashed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "MAX_VERIFIED_CACHE", 2)
+    monkeypatch.setattr(store_verify, "MAX_VERIFIED_CACHE", 2)
     a, b, c = (commit(store, data=payload_for(i, 1000 + i)) for i in range(3))
     for rec in (a, b, a, c):  # c evicts b, the least recently used
         assert store.verify(P1, rec.id)

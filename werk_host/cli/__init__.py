@@ -137,10 +137,12 @@ def add_serve(sub: Any) -> None:
 
 # -- plugins -----------------------------------------------------------------------------
 def cmd_plugins(args: argparse.Namespace) -> int:
+    """The plugin inventory; offering the factories flags declared capability ids that are unknown."""
     from werk_host.plugins import PluginHost
 
     host = PluginHost()
     host.load_entry_points()
+    host.adapter_factories(HostConfig(home=werk_home(None)))  # cheap by contract: starts nothing
     print_json(host.inventory())
     return 0
 

@@ -83,7 +83,7 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
             return 0
         outcome = _store(args).purge(
             ids=[cache_id] if cache_id is not None else None,
-            all=purge_all,
+            everything=purge_all,
             dry_run=bool(args.dry_run),
         )
         if cache_id is not None and outcome.matched == 0:

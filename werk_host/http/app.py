@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from werk_host.http.middleware import (
 from werk_host.http.resources import ROUTES, OpenApiResource, RawOpenApiResource
 from werk_host.logs import TracebackThrottle
 from werk_host.openapi import build_openapi
-from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from werk_host.protocol.envelope import error_json
 from werk_host.service.principals import Authenticator
 
 log = logging.getLogger("werk_host.http")
@@ -41,14 +40,7 @@ def _render_error(req: falcon.Request, resp: falcon.Response, error: WerkError) 
     protocol_headers(resp, request_id)
     if error.code is ErrorCode.UNAUTHORIZED:
         resp.set_header("WWW-Authenticate", "Bearer")
-    resp.text = json.dumps(
-        {
-            "protocol": {"major": PROTOCOL_MAJOR, "minor": PROTOCOL_MINOR},
-            "request_id": request_id,
-            "error": error_body(error),
-        },
-        separators=(",", ":"),
-    )
+    resp.text = error_json(request_id, error_body(error))
 
 
 def _handle_werk_error(req: falcon.Request, resp: falcon.Response, ex: WerkError, params: dict[str, Any]) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import falcon
 
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.protocol.envelope import ErrorBody
 
 log = logging.getLogger("werk_host.http")
 
@@ -29,16 +29,14 @@ STATUS: dict[ErrorCode, int] = {
 }
 
 
-def error_body(error: WerkError) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "code": error.code.value,
-        "message": error.public_message(),
-        "retryable": error.retryable,
-    }
-    details = error.public_details()
-    if details:
-        body["details"] = details
-    return body
+def error_body(error: WerkError) -> ErrorBody:
+    """What a client may see of ``error``: code, redacted message, retryable, public details."""
+    return ErrorBody(
+        code=error.code,
+        message=error.public_message(),
+        retryable=error.retryable,
+        details=error.public_details() or None,
+    )
 
 
 def status_for(error: WerkError, *, body_limit: bool = False) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 import falcon
@@ -10,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.http.jsonbody import decode_json_body
-from werk_host.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from werk_host.protocol.envelope import success_json
 from werk_host.service.principals import Principal
 
 M = TypeVar("M", bound=BaseModel)
@@ -55,18 +54,5 @@ def principal(req: falcon.Request) -> Principal:
 
 
 def render_data(req: falcon.Request, resp: falcon.Response, data: Any, status: int = 200) -> None:
-    if isinstance(data, BaseModel):
-        payload: Any = data.model_dump(mode="json")
-    elif isinstance(data, list):
-        payload = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
-    else:
-        payload = data
     resp.status = status
-    resp.text = json.dumps(
-        {
-            "protocol": {"major": PROTOCOL_MAJOR, "minor": PROTOCOL_MINOR},
-            "request_id": req.context.request_id,
-            "data": payload,
-        },
-        separators=(",", ":"),
-    )
+    resp.text = success_json(req.context.request_id, data)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import falcon
 
-from werk_host.backend import InferenceResponse, client_disconnected
+from werk_host.backend import InferenceResponse, JsonObject, client_disconnected
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import json_body, principal
 from werk_host.service.principals import Principal
@@ -29,9 +29,9 @@ _TYPES = {
 
 
 class InferenceControl(Protocol):
-    def chat_completion(self, principal: Principal, body: dict[str, Any]) -> InferenceResponse: ...
-    def text_completion(self, principal: Principal, body: dict[str, Any]) -> InferenceResponse: ...
-    def list_models(self, principal: Principal) -> list[dict[str, Any]]: ...
+    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+    def text_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+    def list_models(self, principal: Principal) -> list[JsonObject]: ...
 
 
 def render_error(resp: falcon.Response, status: int, error: WerkError) -> None:

@@ -22,7 +22,7 @@ from werk_host.memory.manager import (
     Allocation,
     CapabilityEvidence,
     MemoryManager,
-    Reservation,
+    MemoryReservation,
 )
 from werk_host.memory.relief import (
     ReliefAction,
@@ -52,6 +52,7 @@ __all__ = [
     "CgroupLevel",
     "HostMemorySource",
     "MemoryManager",
+    "MemoryReservation",
     "MemorySample",
     "MemoryTier",
     "NvmlAcceleratorSource",
@@ -61,7 +62,6 @@ __all__ = [
     "ReliefExecutor",
     "ReliefKind",
     "ReliefPlan",
-    "Reservation",
     "TelemetryError",
     "TelemetrySource",
     "Thresholds",

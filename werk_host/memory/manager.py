@@ -70,7 +70,7 @@ class _Status(Enum):
     RELEASED = "released"
 
 
-class Reservation:
+class MemoryReservation:
     """Capacity held for one pending backend operation.
 
     Use as a context manager: on exit (normal or exceptional) an uncommitted
@@ -97,7 +97,7 @@ class Reservation:
     def release(self) -> None:
         self._manager.release_reservation(self)
 
-    def __enter__(self) -> Reservation:
+    def __enter__(self) -> MemoryReservation:
         return self
 
     def __exit__(
@@ -107,7 +107,7 @@ class Reservation:
 
     def __repr__(self) -> str:
         return (
-            f"Reservation(id={self.id!r}, tier={self.tier.value!r}, nbytes={self.nbytes}, "
+            f"MemoryReservation(id={self.id!r}, tier={self.tier.value!r}, nbytes={self.nbytes}, "
             f"{self._status.value})"
         )
 
@@ -210,7 +210,7 @@ class MemoryManager:
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._pools: dict[MemoryTier, _Pool] = {t: _Pool() for t in MemoryTier}
-        self._reservations: dict[str, Reservation] = {}
+        self._reservations: dict[str, MemoryReservation] = {}
         self._allocations: dict[str, Allocation] = {}
         self._obs: dict[MemoryTier, _Observation] = {}
         self._counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
@@ -368,7 +368,7 @@ class MemoryManager:
         *,
         relief: ReliefExecutor | None = None,
         state_id: str | None = None,
-    ) -> Reservation:
+    ) -> MemoryReservation:
         """Reserve ``nbytes`` (positive int) in ``tier`` before a backend operation.
 
         Admitted when projected use plus ``nbytes`` stays below the hard
@@ -386,16 +386,16 @@ class MemoryManager:
             raise invalid("a reservation needs a positive integer byte count")
         self.check_mutation_allowed()
         outcome = self._admit(tier, nbytes, state_id)
-        if isinstance(outcome, Reservation):
+        if isinstance(outcome, MemoryReservation):
             return outcome
         if relief is None or not self._relieve(tier, nbytes, outcome, relief):
             raise exhausted("memory reservation denied: the request would reach the hard pressure threshold")
         outcome = self._admit(tier, nbytes, state_id)
-        if isinstance(outcome, Reservation):
+        if isinstance(outcome, MemoryReservation):
             return outcome
         raise exhausted("memory reservation denied after one relief pass")
 
-    def _admit(self, tier: MemoryTier, nbytes: int, state_id: str | None) -> Reservation | _Denied:
+    def _admit(self, tier: MemoryTier, nbytes: int, state_id: str | None) -> MemoryReservation | _Denied:
         pool = self._pool_of(tier)
         sample = self._observe(pool)
         if sample is None:
@@ -405,19 +405,19 @@ class MemoryManager:
             used = self._projected_locked(pool, sample)
             if 100 * (used + nbytes) >= self._thresholds.hard_pct * sample.capacity_bytes:
                 return _Denied(used=used, capacity=sample.capacity_bytes)
-            res = Reservation(self, f"res-{next(self._ids)}", tier, nbytes, state_id)
+            res = MemoryReservation(self, f"res-{next(self._ids)}", tier, nbytes, state_id)
             self._reservations[res.id] = res
             self._pools[pool].reserved += nbytes
             return res
 
-    def release_reservation(self, reservation: Reservation) -> None:
+    def release_reservation(self, reservation: MemoryReservation) -> None:
         """Return an uncommitted reservation's bytes. Idempotent."""
         with self._lock:
             self._own(reservation._manager)
             if reservation._status is _Status.ACTIVE:
                 self._drop_reservation_locked(reservation, _Status.RELEASED)
 
-    def _drop_reservation_locked(self, reservation: Reservation, status: _Status) -> None:
+    def _drop_reservation_locked(self, reservation: MemoryReservation, status: _Status) -> None:
         reservation._status = status
         self._reservations.pop(reservation.id, None)
         self._pools[self._pool_of(reservation.tier)].reserved -= reservation.nbytes
@@ -426,7 +426,7 @@ class MemoryManager:
         if manager is not self:
             raise invalid("reservation or allocation belongs to another memory manager")
 
-    def commit(self, reservation: Reservation, actual_bytes: int | None) -> Allocation:
+    def commit(self, reservation: MemoryReservation, actual_bytes: int | None) -> Allocation:
         """Turn a reservation into a managed allocation of ``actual_bytes``.
 
         Accounting is committed only when the backend's returned state agrees:

@@ -16,7 +16,7 @@ from werk_host.protocol.chat import (
     ReasoningTierId,
     TokenCount,
 )
-from werk_host.protocol.discovery import CAPABILITY_OPERATIONS, Capability, Limits, RuntimeInfo
+from werk_host.protocol.discovery import CAPABILITY_OPERATIONS, Capability, CapabilityId, Limits, RuntimeInfo
 from werk_host.protocol.envelope import ErrorBody, ErrorEnvelope, ProtocolVersion, SuccessEnvelope
 from werk_host.protocol.experts import (
     ExpertActionKind,
@@ -71,6 +71,7 @@ __all__ = [
     "AllSelector",
     "CAPABILITY_OPERATIONS",
     "Capability",
+    "CapabilityId",
     "ChatCounters",
     "ChatLimits",
     "ChatMessage",

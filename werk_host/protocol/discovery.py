@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 from pydantic import Field
@@ -36,34 +37,68 @@ class RuntimeInfo(DataModel):
     limits: Limits = Field(default_factory=Limits)
 
 
+class CapabilityId(StrEnum):
+    """Every capability id of Werk Protocol 1.0 (docs/protocol.md, "Capability ids").
+
+    A plugin reports statuses keyed by these members; an id outside this enum is a plugin
+    defect that ``werk plugins`` flags and the conformance suite fails."""
+
+    TOKEN_COUNT = "api.chat.token_count"
+    ADMISSION = "api.chat.admission"
+    CHAT_LIMITS = "api.chat.limits"
+    REASONING = "api.chat.reasoning"
+    OMLX_OPTIONS = "api.chat.omlx_options"
+    TELEMETRY_HOST = "runtime.memory.telemetry.host"
+    TELEMETRY_ACCELERATOR = "runtime.memory.telemetry.accelerator"
+    RESERVATIONS = "runtime.memory.reservations"
+    MODEL_RESIDENCY = "runtime.model_residency"
+    PREFIX_CACHE = "runtime.state.prefix_cache"
+    PERSISTENCE = "runtime.state.persistence"
+    RESTORE = "runtime.state.restore"
+    CROSS_RESTART = "runtime.state.restore.cross_restart"
+    TIER_DISK = "runtime.state.tier.disk"
+    TIER_RAM = "runtime.state.tier.ram"
+    TIER_VRAM = "runtime.state.tier.vram"
+    PD_PREFILL = "runtime.pd.prefill"
+    PD_DECODE = "runtime.pd.decode"
+    PD_HANDOFF = "runtime.pd.handoff"
+    EXPERTS = "runtime.experts.residency"
+    PLACEMENT = "runtime.placement"
+
+    @classmethod
+    def tier(cls, tier: str) -> CapabilityId:
+        """The ``runtime.state.tier.<tier>`` id of a state tier (``disk``, ``ram``, ``vram``)."""
+        return cls(f"runtime.state.tier.{tier}")
+
+
 class Capability(DataModel):
-    id: str
+    id: CapabilityId
     status: CapabilityStatus
     detail: str
     operations: list[str]
 
 
 #: Every capability id named by the two seeds, with the operations each entry scopes.
-CAPABILITY_OPERATIONS: Final[dict[str, tuple[str, ...]]] = {
-    "api.chat.token_count": ("count_tokens",),
-    "api.chat.admission": ("admission",),
-    "api.chat.limits": ("limits",),
-    "api.chat.reasoning": ("profile", "tiers"),
-    "api.chat.omlx_options": ("thinking", "expert_cache_mb", "ngram_cache_mb"),
-    "runtime.memory.telemetry.host": ("sample",),
-    "runtime.memory.telemetry.accelerator": ("sample",),
-    "runtime.memory.reservations": ("reserve", "release"),
-    "runtime.model_residency": ("automatic_reuse",),
-    "runtime.state.prefix_cache": ("automatic_reuse",),
-    "runtime.state.persistence": ("snapshot", "list", "prune"),
-    "runtime.state.restore": ("restore",),
-    "runtime.state.restore.cross_restart": ("restore",),
-    "runtime.state.tier.disk": ("promote", "demote", "evict"),
-    "runtime.state.tier.ram": ("promote", "demote", "evict"),
-    "runtime.state.tier.vram": ("promote", "demote", "evict"),
-    "runtime.pd.prefill": ("prefill",),
-    "runtime.pd.decode": ("decode",),
-    "runtime.pd.handoff": ("issue", "consume"),
-    "runtime.experts.residency": ("list", "prefetch", "pin", "unpin", "evict"),
-    "runtime.placement": ("plan",),
+CAPABILITY_OPERATIONS: Final[dict[CapabilityId, tuple[str, ...]]] = {
+    CapabilityId.TOKEN_COUNT: ("count_tokens",),
+    CapabilityId.ADMISSION: ("admission",),
+    CapabilityId.CHAT_LIMITS: ("limits",),
+    CapabilityId.REASONING: ("profile", "tiers"),
+    CapabilityId.OMLX_OPTIONS: ("thinking", "expert_cache_mb", "ngram_cache_mb"),
+    CapabilityId.TELEMETRY_HOST: ("sample",),
+    CapabilityId.TELEMETRY_ACCELERATOR: ("sample",),
+    CapabilityId.RESERVATIONS: ("reserve", "release"),
+    CapabilityId.MODEL_RESIDENCY: ("automatic_reuse",),
+    CapabilityId.PREFIX_CACHE: ("automatic_reuse",),
+    CapabilityId.PERSISTENCE: ("snapshot", "list", "prune"),
+    CapabilityId.RESTORE: ("restore",),
+    CapabilityId.CROSS_RESTART: ("restore",),
+    CapabilityId.TIER_DISK: ("promote", "demote", "evict"),
+    CapabilityId.TIER_RAM: ("promote", "demote", "evict"),
+    CapabilityId.TIER_VRAM: ("promote", "demote", "evict"),
+    CapabilityId.PD_PREFILL: ("prefill",),
+    CapabilityId.PD_DECODE: ("decode",),
+    CapabilityId.PD_HANDOFF: ("issue", "consume"),
+    CapabilityId.EXPERTS: ("list", "prefetch", "pin", "unpin", "evict"),
+    CapabilityId.PLACEMENT: ("plan",),
 }

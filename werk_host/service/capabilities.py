@@ -5,34 +5,31 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from werk_host.backend import Adapter, CapabilityReport
-from werk_host.plugins import PluginHost
-from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityStatus
+from werk_host.hooks import BackendHooks
+from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityId, CapabilityStatus
 
-#: Capabilities the host itself answers for (memory telemetry comes from its own sampling).
-HOST_OWNED = ("runtime.memory.telemetry.host", "runtime.memory.telemetry.accelerator")
-
-HostEvidence = Callable[[], dict[str, CapabilityReport]]
+HostEvidence = Callable[[], dict[CapabilityId, CapabilityReport]]
 
 
 class CapabilityResolver:
     """Merges host evidence with the active adapter's ``werk_capabilities`` report."""
 
-    def __init__(self, plugins: PluginHost, host_evidence: HostEvidence) -> None:
-        self._plugins = plugins
+    def __init__(self, hooks: BackendHooks, host_evidence: HostEvidence) -> None:
+        self._hooks = hooks
         self._host_evidence = host_evidence
 
-    def reports(self, adapter: Adapter | None) -> dict[str, CapabilityReport]:
-        backend: dict[str, CapabilityReport] = {}
+    def reports(self, adapter: Adapter | None) -> dict[CapabilityId, CapabilityReport]:
+        backend: dict[CapabilityId, CapabilityReport] = {}
         if adapter is not None:
-            backend = self._plugins.call("werk_capabilities", adapter) or {}
+            backend = self._hooks.capabilities(adapter) or {}
         host = self._host_evidence()
-        merged: dict[str, CapabilityReport] = {}
+        merged: dict[CapabilityId, CapabilityReport] = {}
         for cap_id in CAPABILITY_OPERATIONS:
             if cap_id in host:
                 merged[cap_id] = host[cap_id]
             elif cap_id in backend:
                 merged[cap_id] = backend[cap_id]
-            elif cap_id == "runtime.memory.reservations":
+            elif cap_id is CapabilityId.RESERVATIONS:
                 merged[cap_id] = CapabilityReport(
                     CapabilityStatus.UNAVAILABLE,
                     "no active adapter supplies a positive bounded memory requirement before load, restore or decode",
@@ -45,7 +42,7 @@ class CapabilityResolver:
                 )
         return merged
 
-    def one(self, adapter: Adapter | None, cap_id: str) -> CapabilityReport:
+    def one(self, adapter: Adapter | None, cap_id: CapabilityId) -> CapabilityReport:
         return self.reports(adapter)[cap_id]
 
     def listing(self, adapter: Adapter | None) -> list[Capability]:

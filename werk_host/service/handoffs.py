@@ -41,7 +41,7 @@ class HandoffRecord:
 
 
 @dataclass
-class Reservation:
+class HandoffReservation:
     """A slot held in the registry; turned into a live handoff by ``issue`` or given back."""
 
     principal_id: str
@@ -87,20 +87,20 @@ class HandoffRegistry:
         total = len(self._live) + sum(self._reserved.values())
         return mine, total
 
-    def _reserve_locked(self, principal_id: str) -> Reservation:
+    def _reserve_locked(self, principal_id: str) -> HandoffReservation:
         mine, total = self._count(principal_id)
         if mine >= self._max_principal or total >= self._max_total:
             raise WerkError(
                 ErrorCode.RESOURCE_EXHAUSTED, "too many live handoffs; decode or wait for expiry", retryable=True
             )
         self._reserved[principal_id] = self._reserved.get(principal_id, 0) + 1
-        return Reservation(principal_id, self)
+        return HandoffReservation(principal_id, self)
 
-    def _release(self, reservation: Reservation) -> None:
+    def _release(self, reservation: HandoffReservation) -> None:
         with self._lock:
             self._release_locked(reservation)
 
-    def _release_locked(self, reservation: Reservation) -> None:
+    def _release_locked(self, reservation: HandoffReservation) -> None:
         if not reservation.active:
             return
         reservation.active = False
@@ -116,7 +116,7 @@ class HandoffRegistry:
                 self._on_expire(record)
 
     # -- public API ----------------------------------------------------------------------
-    def reserve(self, principal_id: str) -> Reservation:
+    def reserve(self, principal_id: str) -> HandoffReservation:
         """Hold a slot before any backend or persistence work (``resource_exhausted`` if full)."""
         with self._lock:
             expired = self._purge_expired()
@@ -125,7 +125,7 @@ class HandoffRegistry:
             finally:
                 self._notify(expired)
 
-    def issue(self, reservation: Reservation, record: HandoffRecord) -> str:
+    def issue(self, reservation: HandoffReservation, record: HandoffRecord) -> str:
         """Turn ``reservation`` into a live handoff for ``record``; returns the secret once."""
         if record.principal_id != reservation.principal_id:
             raise ValueError("reservation and record principals differ")
@@ -138,7 +138,9 @@ class HandoffRegistry:
             self._live[_digest(secret)] = record
         return secret
 
-    def consume(self, principal_id: str, secret: str, adapter_identity: str) -> tuple[HandoffRecord, Reservation]:
+    def consume(
+        self, principal_id: str, secret: str, adapter_identity: str
+    ) -> tuple[HandoffRecord, HandoffReservation]:
         """Redeem ``secret`` once and atomically hold a slot for a replacement handoff.
 
         Invalid, expired, consumed, foreign or other-process handoffs are ``expired_handoff``;
@@ -156,7 +158,7 @@ class HandoffRegistry:
                     expired.append(record)
                     raise WerkError(ErrorCode.EXPIRED_HANDOFF, "handoff belongs to a backend process that is gone")
                 self._reserved[principal_id] = self._reserved.get(principal_id, 0) + 1
-                return record, Reservation(principal_id, self)
+                return record, HandoffReservation(principal_id, self)
             finally:
                 self._notify(expired)
 

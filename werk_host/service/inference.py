@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from werk_host.backend import Adapter, InferenceResponse, client_disconnected
+from werk_host.backend import Adapter, InferenceResponse, JsonObject, client_disconnected
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import ChatLimits, ChatRequest
 from werk_host.service.admission import estimate_input_tokens
@@ -109,19 +109,18 @@ class InferenceService:
         self.stats = stats
 
     def _limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
-        limits: ChatLimits | None = self.runtime.plugins.call("werk_chat_limits", adapter, model=model)
-        return limits
+        return self.runtime.hooks.chat_limits(adapter, model)
 
     def _input_tokens(self, adapter: Adapter, request: ChatRequest) -> int:
         try:
-            count: int | None = self.runtime.plugins.call("werk_count_tokens", adapter, request=request)
+            count = self.runtime.hooks.count_tokens(adapter, request)
         except WerkError as err:
             if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
                 raise
             count = None
         return count if count is not None else estimate_input_tokens(request)
 
-    def admit_chat(self, adapter: Adapter, body: dict[str, Any]) -> dict[str, Any]:
+    def admit_chat(self, adapter: Adapter, body: JsonObject) -> JsonObject:
         """Validate, resolve ``werk.reasoning`` and admit a chat request; returns the body to send."""
         try:
             request = ChatRequest.model_validate(body)
@@ -131,7 +130,7 @@ class InferenceService:
         if request.model is not None and model is None:
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
         limits = self._limits(adapter, model)
-        body = apply_reasoning_tier(self.runtime.plugins, adapter, body, request, limits)
+        body = apply_reasoning_tier(self.runtime.hooks, adapter, body, request, limits)
         output = request.requested_output_tokens()
         if limits is not None and limits.max_output_tokens is not None and output > limits.max_output_tokens:
             self.stats.add(requests_rejected=1)
@@ -149,13 +148,14 @@ class InferenceService:
                 )
         return body
 
-    def _call(self, hook: str, what: str, body: dict[str, Any]) -> InferenceResponse:
+    def _call(self, chat: bool, what: str, body: JsonObject) -> InferenceResponse:
         adapter = self.runtime.require_adapter(what)
-        if hook == "werk_chat_completion":
+        if chat:
             body = self.admit_chat(adapter, body)
         self.stats.add(requests_total=1, requests_active=1)
+        hooks = self.runtime.hooks
         try:
-            response: InferenceResponse | None = self.runtime.plugins.call(hook, adapter, request=body)
+            response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
         except BaseException:
             self.stats.add(requests_active=-1, requests_failed=0 if _client_gone() else 1)
             raise
@@ -202,15 +202,14 @@ class InferenceService:
 
         return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
 
-    def chat_completion(self, principal: Principal, body: dict[str, Any]) -> InferenceResponse:
-        return self._call("werk_chat_completion", "chat completions", body)
+    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse:
+        return self._call(True, "chat completions", body)
 
-    def text_completion(self, principal: Principal, body: dict[str, Any]) -> InferenceResponse:
-        return self._call("werk_text_completion", "completions", body)
+    def text_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse:
+        return self._call(False, "completions", body)
 
-    def list_models(self, principal: Principal) -> list[dict[str, Any]]:
+    def list_models(self, principal: Principal) -> list[JsonObject]:
         adapter = self.runtime.adapter
         if adapter is None:
             return []
-        models: list[dict[str, Any]] | None = self.runtime.plugins.call("werk_list_models", adapter)
-        return models or []
+        return self.runtime.hooks.list_models(adapter) or []

@@ -14,10 +14,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from werk_host.backend import Adapter
+from werk_host.backend import Adapter, MemoryOperation
 from werk_host.errors import WerkError
-from werk_host.memory import Allocation, MemoryManager, MemoryTier, Reservation
-from werk_host.plugins import PluginHost
+from werk_host.hooks import BackendHooks
+from werk_host.memory import Allocation, MemoryManager, MemoryReservation, MemoryTier
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +27,17 @@ def positive_requirement(value: object) -> int | None:
 
 
 class MemoryLeases:
-    def __init__(self, memory: MemoryManager, plugins: PluginHost) -> None:
+    def __init__(self, memory: MemoryManager, hooks: BackendHooks) -> None:
         self.memory = memory
-        self.plugins = plugins
+        self.hooks = hooks
         self._leases: dict[str, tuple[Allocation, Callable[[], None]]] = {}
         self._owners: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def requirement(self, adapter: Adapter, operation: str, model_id: str) -> int | None:
-        return positive_requirement(
-            self.plugins.call("werk_memory_requirement", adapter, operation=operation, model_id=model_id)
-        )
+    def requirement(self, adapter: Adapter, operation: MemoryOperation, model_id: str) -> int | None:
+        return positive_requirement(self.hooks.memory_requirement(adapter, operation, model_id))
 
-    def reserve(self, adapter: Adapter, operation: str, model_id: str) -> Reservation | None:
+    def reserve(self, adapter: Adapter, operation: MemoryOperation, model_id: str) -> MemoryReservation | None:
         """Reserve the adapter's bound for ``operation`` before it runs (``None``: no bound)."""
         nbytes = self.requirement(adapter, operation, model_id)
         if nbytes is None:
@@ -48,7 +46,7 @@ class MemoryLeases:
 
     def commit(
         self,
-        reservation: Reservation | None,
+        reservation: MemoryReservation | None,
         actual: int | None,
         key: str,
         release: Callable[[], None],

@@ -19,21 +19,21 @@ from werk_host.backend import (
     Adapter,
     CapabilityReport,
     DecodeOptions,
-    DecodeOutput,
     DecodeWork,
-    MoveOutput,
+    MemoryOperation,
     MoveWork,
     PrefilledState,
     PrefillWork,
-    Snapshot,
     StoredStateRef,
 )
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.hooks import needed
 from werk_host.memory import MemoryManager
 from werk_host.protocol import (
     MAX_COMPLETION_TEXT_BYTES,
     Admission,
     Capability,
+    CapabilityId,
     CapabilityStatus,
     ChatLimits,
     ChatRequest,
@@ -73,7 +73,7 @@ from werk_host.service.admission import estimate_input_tokens
 from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.counters import ChatStats
 from werk_host.service.cursors import CursorCodec
-from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, Reservation
+from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
 from werk_host.service.leases import MemoryLeases
 from werk_host.service.policy import gate, resolve_prefill_policy
 from werk_host.service.principals import Authenticator, Principal
@@ -118,35 +118,35 @@ class LocalControlService:
         cursor_secret: bytes,
     ) -> None:
         self.runtime = runtime
-        self.plugins = runtime.plugins
+        self.hooks = runtime.hooks
         self.auth = auth
         self.store = store
         self.memory_manager = memory
         self.handoffs = handoffs or HandoffRegistry(on_expire=self._release_expired_handle)
         self.cursors = CursorCodec(cursor_secret)
         self.chat_stats = ChatStats()
-        self.leases = MemoryLeases(memory, self.plugins)
-        self.capability_resolver = CapabilityResolver(self.plugins, self._host_evidence)
+        self.leases = MemoryLeases(memory, self.hooks)
+        self.capability_resolver = CapabilityResolver(self.hooks, self._host_evidence)
 
     # -- helpers -------------------------------------------------------------------------
-    def _host_evidence(self) -> dict[str, CapabilityReport]:
+    def _host_evidence(self) -> dict[CapabilityId, CapabilityReport]:
         host_status, host_detail = self.memory_manager.host_telemetry_status()
         acc_status, acc_detail = self.memory_manager.accelerator_telemetry_status()
         adapter, model = self.runtime.adapter, self.runtime.model
-        bounded = bool(adapter and model and self.leases.requirement(adapter, "load", model.name))
+        bounded = bool(adapter and model and self.leases.requirement(adapter, MemoryOperation.LOAD, model.name))
         res_status, res_detail = self.memory_manager.reservations_status(bounded)
         return {
-            "runtime.memory.telemetry.host": CapabilityReport(CapabilityStatus(host_status), host_detail),
-            "runtime.memory.telemetry.accelerator": CapabilityReport(CapabilityStatus(acc_status), acc_detail),
-            "runtime.memory.reservations": CapabilityReport(CapabilityStatus(res_status), res_detail),
+            CapabilityId.TELEMETRY_HOST: CapabilityReport(CapabilityStatus(host_status), host_detail),
+            CapabilityId.TELEMETRY_ACCELERATOR: CapabilityReport(CapabilityStatus(acc_status), acc_detail),
+            CapabilityId.RESERVATIONS: CapabilityReport(CapabilityStatus(res_status), res_detail),
         }
 
-    def _gate(self, adapter: Adapter | None, cap_id: str, opted_in: bool) -> CapabilityReport:
+    def _gate(self, adapter: Adapter | None, cap_id: CapabilityId, opted_in: bool) -> CapabilityReport:
         report = self.capability_resolver.one(adapter, cap_id)
         gate(cap_id, report.status, report.detail, opted_in, probe_on_use=report.probe_on_use)
         return report
 
-    def _status(self, adapter: Adapter | None, cap_id: str) -> CapabilityStatus:
+    def _status(self, adapter: Adapter | None, cap_id: CapabilityId) -> CapabilityStatus:
         return self.capability_resolver.one(adapter, cap_id).status
 
     def _release_expired_handle(self, record: HandoffRecord) -> None:
@@ -156,7 +156,7 @@ class LocalControlService:
         if record.handle is None or adapter is None:
             return
         try:
-            self.plugins.call("werk_release_state", adapter, handle=record.handle)
+            self.hooks.release_state(adapter, record.handle)
         except Exception:  # release is best effort; the backend reclaims on its own terms
             log.warning("backend failed to release an expired handoff's live state", exc_info=True)
 
@@ -166,10 +166,9 @@ class LocalControlService:
 
     def _envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
         try:
-            envelope = self.plugins.call("werk_producer_envelope", adapter, model_id=model_id)
+            return self.hooks.producer_envelope(adapter, model_id)
         except WerkError:
             return None
-        return dict(envelope) if envelope is not None else None
 
     def _summary(self, record: StateRecord, envelope: dict[str, str] | None, now_ms: int) -> StateSummary:
         expired = record.is_expired(now_ms)
@@ -227,7 +226,7 @@ class LocalControlService:
         adapter = self.runtime.adapter
         workers: list[WorkerObservation] = []
         if adapter is not None:
-            workers = list(self.plugins.call("werk_workers", adapter) or [])
+            workers = self.hooks.workers(adapter) or []
         per_request = [w.context_per_request_tokens for w in workers if w.context_per_request_tokens is not None]
         capacity = [w.context_capacity_tokens for w in workers if w.context_capacity_tokens is not None]
         complete = bool(workers) and len(per_request) == len(workers) and len(capacity) == len(workers)
@@ -247,7 +246,7 @@ class LocalControlService:
     def list_states(self, principal: Principal, query: StateListQuery) -> StatePage:
         scope = f"states:{principal.id}:{query.model_id}:{query.tier}"
         after = self.cursors.decode(query.cursor, scope) if query.cursor else None
-        records, next_after = self.store.list(
+        records, next_after = self.store.list_states(
             principal.id,
             model_id=query.model_id,
             tier=query.tier.value if query.tier else None,
@@ -298,12 +297,12 @@ class LocalControlService:
             raise WerkError(
                 ErrorCode.INVALID_REQUEST, f"{action.value} cannot move a {current.tier.value} state to {target.value}"
             )
-        self._gate(adapter, f"runtime.state.tier.{target.value}", request.allow_experimental)
+        self._gate(adapter, CapabilityId.tier(target.value), request.allow_experimental)
         adapter = self.runtime.require_adapter("state movement")
         if not request.dry_run:
             self.memory_manager.check_mutation_allowed()
         work = MoveWork(self._stored_ref(principal, record), action.value, target, request.dry_run)
-        moved: MoveOutput = self.plugins.require("werk_state_move", adapter, "state movement", work=work)
+        moved = needed(self.hooks.state_move(adapter, work), "state movement", adapter)
         projected = current.model_copy(update={"tier": moved.tier})
         if not request.dry_run and moved.delete_stored:
             self.store.delete(principal.id, state_id)
@@ -321,7 +320,7 @@ class LocalControlService:
                 older_than_unix_ms=selector.older_than_unix_ms,
             )
         elif isinstance(selector, AllSelector):
-            kwargs["all"] = True
+            kwargs["everything"] = True
         if not request.dry_run:
             self.memory_manager.check_mutation_allowed()
         outcome = self.store.prune(principal.id, dry_run=request.dry_run, **kwargs)
@@ -339,36 +338,32 @@ class LocalControlService:
     # -- experts -------------------------------------------------------------------------
     def list_experts(self, principal: Principal, query: ExpertListQuery) -> ExpertPage:
         adapter = self.runtime.adapter
-        self._gate(adapter, "runtime.experts.residency", query.allow_experimental)
+        self._gate(adapter, CapabilityId.EXPERTS, query.allow_experimental)
         adapter = self.runtime.require_adapter("expert residency")
-        page: ExpertPage = self.plugins.require("werk_list_experts", adapter, "expert residency", query=query)
-        return page
+        return needed(self.hooks.list_experts(adapter, query), "expert residency", adapter)
 
     def expert_action(self, principal: Principal, request: ExpertActionRequest) -> ExpertActionResult:
         adapter = self.runtime.adapter
-        self._gate(adapter, "runtime.experts.residency", request.allow_experimental)
+        self._gate(adapter, CapabilityId.EXPERTS, request.allow_experimental)
         adapter = self.runtime.require_adapter("expert residency")
-        result: ExpertActionResult = self.plugins.require(
-            "werk_expert_action", adapter, "expert residency", request=request
-        )
-        return result
+        return needed(self.hooks.expert_action(adapter, request), "expert residency", adapter)
 
     # -- prefill / decode ----------------------------------------------------------------
     def prefill(self, principal: Principal, request: PrefillRequest) -> PrefillResult:
         policy, opted_in = resolve_prefill_policy(request, self.runtime.config.persistence)
         adapter = self.runtime.adapter
-        self._gate(adapter, "runtime.pd.prefill", opted_in)
-        self._gate(adapter, "runtime.pd.handoff", opted_in)
+        self._gate(adapter, CapabilityId.PD_PREFILL, opted_in)
+        self._gate(adapter, CapabilityId.PD_HANDOFF, opted_in)
         adapter = self.runtime.require_adapter("prefill")
         self._require_model(request.model_id)
         mode = policy.mode
         if mode is PersistenceMode.MEMORY:
-            statuses = [self._status(adapter, f"runtime.state.tier.{t}") for t in ("ram", "vram")]
+            statuses = [self._status(adapter, t) for t in (CapabilityId.TIER_RAM, CapabilityId.TIER_VRAM)]
             if all(s in (CapabilityStatus.UNSUPPORTED, CapabilityStatus.METADATA_ONLY) for s in statuses):
                 raise WerkError(ErrorCode.UNSUPPORTED, "memory mode needs an operational RAM or VRAM state tier")
         if mode is PersistenceMode.DISK:
-            self._gate(adapter, "runtime.state.persistence", opted_in)
-            self._gate(adapter, "runtime.state.tier.disk", opted_in)
+            self._gate(adapter, CapabilityId.PERSISTENCE, opted_in)
+            self._gate(adapter, CapabilityId.TIER_DISK, opted_in)
 
         reservation = self.handoffs.reserve(principal.id)
         with ExitStack() as cleanup:
@@ -381,10 +376,10 @@ class LocalControlService:
                     return reused
             want_snapshot = mode in (PersistenceMode.DISK, PersistenceMode.AUTO)
             work = PrefillWork(model_id=request.model_id, input=request.input, want_snapshot=want_snapshot)
-            memory = self.leases.reserve(adapter, "load", request.model_id)
+            memory = self.leases.reserve(adapter, MemoryOperation.LOAD, request.model_id)
             if memory is not None:
                 cleanup.callback(memory.release)
-            state: PrefilledState = self.plugins.require("werk_prefill", adapter, "prefill", work=work)
+            state = needed(self.hooks.prefill(adapter, work), "prefill", adapter)
             cleanup.callback(self._release_handle, adapter, state.handle)
             lease_key = f"handle:{secrets.token_hex(12)}"
             self.leases.commit(  # before anything is published: a disagreeing state is discarded
@@ -423,7 +418,7 @@ class LocalControlService:
 
     def _release_handle(self, adapter: Adapter, handle: Any) -> None:
         if handle is not None:
-            self.plugins.call("werk_release_state", adapter, handle=handle)
+            self.hooks.release_state(adapter, handle)
 
     def _try_reuse(
         self,
@@ -432,7 +427,7 @@ class LocalControlService:
         model_id: str,
         fingerprint: str,
         reuse: ReusePolicy,
-        reservation: Reservation,
+        reservation: HandoffReservation,
     ) -> PrefillResult | None:
         """Answer from the newest compatible stored state whose payload verifies, if any.
 
@@ -502,7 +497,7 @@ class LocalControlService:
         fingerprint: str,
         policy: Any,
     ) -> StateRecord:
-        snapshot: Snapshot = self.plugins.require("werk_snapshot", adapter, "state snapshot", state=state)
+        snapshot = needed(self.hooks.snapshot(adapter, state), "state snapshot", adapter)
         try:
             return self.store.commit(
                 principal.id,
@@ -521,7 +516,7 @@ class LocalControlService:
 
     def decode(self, principal: Principal, request: DecodeRequest) -> DecodeResult:
         adapter = self.runtime.adapter
-        self._gate(adapter, "runtime.pd.decode", request.allow_experimental)
+        self._gate(adapter, CapabilityId.PD_DECODE, request.allow_experimental)
         adapter = self.runtime.require_adapter("decode")
         secret = request.handoff.get_secret_value()
         record, replacement = self.handoffs.consume(principal.id, secret, adapter.identity())
@@ -547,9 +542,7 @@ class LocalControlService:
             )
             if record.state_id is None and record.lease_key is not None:
                 cleanup.callback(self.leases.release, record.lease_key)  # the handoff was the lease
-            output: DecodeOutput = self.plugins.require(
-                "werk_decode", adapter, "decode", work=DecodeWork(record.handle, stored, options)
-            )
+            output = needed(self.hooks.decode(adapter, DecodeWork(record.handle, stored, options)), "decode", adapter)
             if len(output.text.encode("utf-8", "surrogatepass")) > MAX_COMPLETION_TEXT_BYTES:
                 raise WerkError(ErrorCode.RESOURCE_EXHAUSTED, "backend completion text exceeds 1 MiB")
             next_handoff: str | None = None
@@ -579,7 +572,7 @@ class LocalControlService:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- chat planning -------------------------------------------------------------------
-    def _chat_adapter(self, cap_id: str, what: str) -> Adapter:
+    def _chat_adapter(self, cap_id: CapabilityId, what: str) -> Adapter:
         adapter = self.runtime.adapter
         self._gate(adapter, cap_id, False)
         return self.runtime.require_adapter(what)
@@ -595,25 +588,25 @@ class LocalControlService:
     def _check_reasoning_tier(self, adapter: Adapter, model: str, request: ChatRequest) -> None:
         """``werk.reasoning.tier`` on a planning request fails exactly as it would on chat."""
         if request.werk is not None and request.werk.reasoning is not None:
-            limits: ChatLimits | None = self.plugins.call("werk_chat_limits", adapter, model=model)
-            apply_reasoning_tier(self.plugins, adapter, {}, request, limits)
+            limits = self.hooks.chat_limits(adapter, model)
+            apply_reasoning_tier(self.hooks, adapter, {}, request, limits)
 
     def count_tokens(self, principal: Principal, request: ChatRequest) -> TokenCount:
-        adapter = self._chat_adapter("api.chat.token_count", "token counting")
+        adapter = self._chat_adapter(CapabilityId.TOKEN_COUNT, "token counting")
         model = self._model_name(request.model)
         self._check_reasoning_tier(adapter, model, request)
-        count: int = self.plugins.require("werk_count_tokens", adapter, "token counting", request=request)
+        count = needed(self.hooks.count_tokens(adapter, request), "token counting", adapter)
         return TokenCount(model=model, input_tokens=count)
 
     def admission(self, principal: Principal, request: ChatRequest) -> Admission:
-        adapter = self._chat_adapter("api.chat.admission", "admission")
+        adapter = self._chat_adapter(CapabilityId.ADMISSION, "admission")
         model = self._model_name(request.model)
         self._check_reasoning_tier(adapter, model, request)
         method = "native"
         count: int | None = None
-        if self._status(adapter, "api.chat.token_count") is CapabilityStatus.SUPPORTED:
+        if self._status(adapter, CapabilityId.TOKEN_COUNT) is CapabilityStatus.SUPPORTED:
             try:
-                count = self.plugins.call("werk_count_tokens", adapter, request=request)
+                count = self.hooks.count_tokens(adapter, request)
             except WerkError as err:
                 if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
                     raise
@@ -629,15 +622,11 @@ class LocalControlService:
         )
 
     def chat_limits(self, principal: Principal, model: str | None) -> ChatLimits:
-        adapter = self._chat_adapter("api.chat.limits", "chat limits")
+        adapter = self._chat_adapter(CapabilityId.CHAT_LIMITS, "chat limits")
         name = self._model_name(model)
-        limits: ChatLimits = self.plugins.require("werk_chat_limits", adapter, "chat limits", model=name)
-        return limits
+        return needed(self.hooks.chat_limits(adapter, name), "chat limits", adapter)
 
     def reasoning(self, principal: Principal, model: str | None, max_output_tokens: int) -> ReasoningProfile:
-        adapter = self._chat_adapter("api.chat.reasoning", "reasoning profiles")
+        adapter = self._chat_adapter(CapabilityId.REASONING, "reasoning profiles")
         name = self._model_name(model)
-        profile: ReasoningProfile = self.plugins.require(
-            "werk_reasoning_profile", adapter, "reasoning profiles", model=name, max_output_tokens=max_output_tokens
-        )
-        return profile
+        return needed(self.hooks.reasoning_profile(adapter, name, max_output_tokens), "reasoning profiles", adapter)

@@ -9,11 +9,9 @@ default is the highest available tier, and a disabled launch default stays ``non
 
 from __future__ import annotations
 
-from typing import Any
-
-from werk_host.backend import Adapter
+from werk_host.backend import Adapter, JsonObject
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.plugins import PluginHost
+from werk_host.hooks import BackendHooks
 from werk_host.protocol import (
     ChatLimits,
     ChatRequest,
@@ -104,8 +102,8 @@ def invalid_tier(message: str) -> WerkError:
 
 
 def apply_reasoning_tier(
-    plugins: PluginHost, adapter: Adapter, body: dict[str, Any], request: ChatRequest, limits: ChatLimits | None
-) -> dict[str, Any]:
+    hooks: BackendHooks, adapter: Adapter, body: JsonObject, request: ChatRequest, limits: ChatLimits | None
+) -> JsonObject:
     """Resolve ``werk.reasoning.tier`` into ``werk.reasoning.resolved_budget_tokens`` for the
     adapter, or drop it when ``"default"`` meets an unsupported runtime (native default kept).
     Unknown or unavailable tiers and conflicts with ``reasoning_effort`` are
@@ -117,12 +115,7 @@ def apply_reasoning_tier(
         raise invalid_tier("werk.reasoning.tier cannot be combined with reasoning_effort")
     if wanted != "default" and wanted not in {t.value for t in ReasoningTierId}:
         raise invalid_tier(f"unknown reasoning tier {wanted!r}")
-    profile: ReasoningProfile | None = plugins.call(
-        "werk_reasoning_profile",
-        adapter,
-        model=limits.model if limits else None,
-        max_output_tokens=request.requested_output_tokens(),
-    )
+    profile = hooks.reasoning_profile(adapter, limits.model if limits else None, request.requested_output_tokens())
     stripped = {k: v for k, v in body.items() if k != "werk"}
     if profile is None or not profile.supported:
         if wanted == "default":

@@ -8,6 +8,7 @@ import threading
 from werk_host.backend import Adapter
 from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.hooks import BackendHooks
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.plugins import PluginHost
 
@@ -15,10 +16,12 @@ log = logging.getLogger(__name__)
 
 
 class BackendRuntime:
-    """Holds the plugin host, the selected model manifest and the active adapter (or none)."""
+    """Holds the plugin host, its typed hook facade, the selected model manifest and the
+    active adapter (or none)."""
 
     def __init__(self, plugins: PluginHost, config: HostConfig, adapter: Adapter | None = None) -> None:
         self.plugins = plugins
+        self.hooks = BackendHooks(plugins)
         self.config = config
         self.model: ModelManifest | None = None
         self.adapter: Adapter | None = adapter

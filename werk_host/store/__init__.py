@@ -1,10 +1,9 @@
-"""Durable runtime-state store: ``WERK_HOME/runtime-state/v1`` (see :mod:`.store`)."""
+"""Durable runtime-state store: ``WERK_HOME/runtime-state/v1`` (see :mod:`.store` and :mod:`.layout`)."""
 
 from .records import (
     InventoryEntry,
     PruneOutcome,
     PurgeOutcome,
-    ReconcileReport,
     StateRecord,
 )
 from .store import StateStore, runtime_state_root
@@ -13,7 +12,6 @@ __all__ = [
     "InventoryEntry",
     "PruneOutcome",
     "PurgeOutcome",
-    "ReconcileReport",
     "StateRecord",
     "StateStore",
     "runtime_state_root",

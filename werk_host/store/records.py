@@ -8,7 +8,6 @@ file, so the integrity-checked metadata is immutable after commit.
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import hmac
 import json
@@ -100,32 +99,6 @@ class PruneOutcome:
 
 
 @dataclass(frozen=True)
-class ReconcileReport:
-    """What one reconciliation pass changed."""
-
-    staging_removed: int = 0
-    expired_removed: int = 0
-    quarantined: int = 0
-    deleted_uninspectable: int = 0
-    unsafe_unlinked: int = 0
-    quarantine_evicted: int = 0
-    inspected: int = 0
-
-    @property
-    def changed(self) -> bool:
-        return any(
-            (
-                self.staging_removed,
-                self.expired_removed,
-                self.quarantined,
-                self.deleted_uninspectable,
-                self.unsafe_unlinked,
-                self.quarantine_evicted,
-            )
-        )
-
-
-@dataclass(frozen=True)
 class InventoryEntry:
     """One storage entry for ``werk cache list``; ``kind`` is state, quarantine or staging.
 
@@ -172,13 +145,16 @@ class PurgeOutcome:
 
 @dataclass(frozen=True)
 class Metadata:
-    """Parsed, validated ``metadata.json`` (immutable after commit)."""
+    """Parsed, validated ``metadata.json`` (immutable after commit).
 
-    id: str
+    ``state_id`` and ``size`` are stored under the keys ``id`` and ``bytes``.
+    """
+
+    state_id: str
     principal: str
     model_id: str
     backend: str
-    bytes: int
+    size: int
     payload_sha256: str
     created_unix_ms: int
     expires_unix_ms: int | None
@@ -187,15 +163,15 @@ class Metadata:
     prompt_tokens: int | None
     adapter_meta: dict[str, Any]
 
-    def encode(self) -> builtins.bytes:
+    def encode(self) -> bytes:
         doc = {
             "format": METADATA_FORMAT,
-            "id": self.id,
+            "id": self.state_id,
             "principal": self.principal,
             "model_id": self.model_id,
             "backend": self.backend,
             "tier": DISK_TIER,
-            "bytes": self.bytes,
+            "bytes": self.size,
             "payload_sha256": self.payload_sha256,
             "created_unix_ms": self.created_unix_ms,
             "expires_unix_ms": self.expires_unix_ms,
@@ -208,12 +184,12 @@ class Metadata:
 
     def record(self, *, pinned: bool, last_accessed_unix_ms: int | None) -> StateRecord:
         return StateRecord(
-            id=self.id,
+            id=self.state_id,
             principal=self.principal,
             model_id=self.model_id,
             backend=self.backend,
             tier=DISK_TIER,
-            bytes=self.bytes,
+            bytes=self.size,
             created_unix_ms=self.created_unix_ms,
             last_accessed_unix_ms=max(self.created_unix_ms, last_accessed_unix_ms or 0),
             expires_unix_ms=self.expires_unix_ms,
@@ -278,11 +254,11 @@ def decode_metadata(data: bytes, checksum: bytes, *, expected_id: str, expected_
     except Exception:  # any validation failure means "malformed"
         return None
     return Metadata(
-        id=doc["id"],
+        state_id=doc["id"],
         principal=doc["principal"],
         model_id=doc["model_id"],
         backend=doc["backend"],
-        bytes=doc["bytes"],
+        size=doc["bytes"],
         payload_sha256=sha,
         created_unix_ms=doc["created_unix_ms"],
         expires_unix_ms=exp,

@@ -29,15 +29,15 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import ENV_ARGS
-from werk_llamacpp.proxy import ConnectionPool
 from werk_llamacpp.testmodel import generate_model
 
-from tests.support import covers_hooks
-from tests.support.api import Api
-from tests.support.hosts import running
+from werk_host.backends.relay import ConnectionPool
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.server import Host, build_host
+from werk_host.testing.api import Api
+from werk_host.testing.hosts import running
+from werk_host.testing.markers import covers_hooks
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-openai-test-123456"

@@ -19,14 +19,15 @@ import pytest
 from llamacpp_fakes import FAKE_HELP, calls, write_fake_server
 from test_llamacpp_werk import KEY, config, install
 from werk_llamacpp.adapter import LlamaCppAdapter
-from werk_llamacpp.process import LlamaServerError, LlamaServerProcess, advertised_env, free_port
+from werk_llamacpp.process import LlamaServerError, LlamaServerProcess, advertised_env
 
-from tests.support.api import Api
-from tests.support.hosts import running
-from tests.support.processes import gone
 from werk_host.backend_caches import hold_owner_lock
 from werk_host.backends.child import ChildRecord, write_record
+from werk_host.backends.managed import free_port
 from werk_host.server import build_host
+from werk_host.testing.api import Api
+from werk_host.testing.hosts import running
+from werk_host.testing.processes import gone
 
 real_server = pytest.mark.llamaserver
 

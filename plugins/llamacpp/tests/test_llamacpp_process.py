@@ -2,11 +2,7 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import stat
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,31 +14,12 @@ from werk_llamacpp.binary import UnadvertisedFlagError
 from werk_llamacpp.process import (
     LlamaServerProcess,
     LlamaServerStartupError,
-    PrivateDirError,
     effective_args_hash,
-    ensure_private_dir,
     last_flag_value,
-    live_processes,
 )
 
-
-def _gone(pid: int, timeout: float = 5.0) -> bool:
-    """True once ``pid`` no longer exists (or is a zombie of someone else)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] == "Z":
-                    return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
-
+from werk_host.backends.managed import BackendStartupError, live_children
+from werk_host.testing.processes import gone as _gone
 
 # -- pure helpers ---------------------------------------------------------------------
 
@@ -63,16 +40,6 @@ def test_args_hash_ignores_port_and_slot_path_only() -> None:
     assert effective_args_hash(["--port=1"]) == effective_args_hash(["--port=2"])
 
 
-def test_private_dir(tmp_path: Path) -> None:
-    d = tmp_path / "a" / "b"
-    d.mkdir(parents=True, mode=0o755)
-    assert stat.S_IMODE(ensure_private_dir(d).stat().st_mode) == 0o700
-    link = tmp_path / "link"
-    link.symlink_to(d)
-    with pytest.raises(PrivateDirError):
-        ensure_private_dir(link)
-
-
 def test_health_timeout_kills_child_and_reports_log(tmp_path: Path) -> None:
     fake = write_fake_server(tmp_path / "bin")
     model = tmp_path / "m.gguf"
@@ -80,7 +47,9 @@ def test_health_timeout_kills_child_and_reports_log(tmp_path: Path) -> None:
     proc = LlamaServerProcess(model, binary=fake, env_args="", startup_timeout=1.0, work_dir=tmp_path / "w")
     with pytest.raises(LlamaServerStartupError) as err:
         proc.start()
+    assert isinstance(err.value, BackendStartupError)  # the host's typed startup error
     assert "did not become healthy within 1s" in str(err.value)
+    assert "--- llama-server log (tail) ---" in str(err.value) and err.value.returncode is None
     assert "fake llama-server starting" in err.value.log_tail
     assert proc.pid is not None and _gone(proc.pid)
     assert not proc.alive()
@@ -97,7 +66,9 @@ def test_generated_flags_are_verified_before_spawn(tmp_path: Path) -> None:
 
 
 def test_unadvertised_generated_flag_is_refused(tmp_path: Path) -> None:
-    old_help = "\n".join(line for line in FAKE_HELP.splitlines() if "slot-save-path" not in line and "warmup" not in line)
+    old_help = "\n".join(
+        line for line in FAKE_HELP.splitlines() if "slot-save-path" not in line and "warmup" not in line
+    )
     fake = write_fake_server(tmp_path / "bin", help_text=old_help)
     proc = LlamaServerProcess(tmp_path / "m.gguf", binary=fake, env_args="")
     with pytest.raises(UnadvertisedFlagError) as err:
@@ -118,11 +89,12 @@ pytestmark_real = pytest.mark.llamaserver
 
 @pytestmark_real
 def test_start_stop_no_orphan(llama_server_path: Path, tiny_model: Path, tmp_path: Path) -> None:
-    proc = LlamaServerProcess(tiny_model, binary=llama_server_path, parallel=2, ctx=1024, env_args="",
-                              work_dir=tmp_path / "werk")
+    proc = LlamaServerProcess(
+        tiny_model, binary=llama_server_path, parallel=2, ctx=1024, env_args="", work_dir=tmp_path / "werk"
+    )
     proc.start()
     try:
-        assert proc.alive() and proc in live_processes()
+        assert proc.alive() and proc.managed in live_children()  # covered by the host's signal cleanup
         pid = proc.pid
         assert pid is not None
         argv = proc.argv
@@ -144,15 +116,17 @@ def test_start_stop_no_orphan(llama_server_path: Path, tiny_model: Path, tmp_pat
         rc = proc.stop()
     assert rc is not None
     assert _gone(pid)
-    assert not proc.alive() and proc not in live_processes()
+    assert not proc.alive() and proc.managed not in live_children()
     assert not run_dir.exists()
     assert proc.stop() == rc  # idempotent
 
 
 @pytestmark_real
 def test_generation_and_args_hash(llama_server_path: Path, tiny_model: Path) -> None:
-    with LlamaServerProcess(tiny_model, binary=llama_server_path, ctx=512, env_args="") as a, \
-            LlamaServerProcess(tiny_model, binary=llama_server_path, ctx=512, env_args="") as b:
+    with (
+        LlamaServerProcess(tiny_model, binary=llama_server_path, ctx=512, env_args="") as a,
+        LlamaServerProcess(tiny_model, binary=llama_server_path, ctx=512, env_args="") as b,
+    ):
         assert a.generation != b.generation
         assert a.port != b.port
         assert a.args_hash == b.args_hash  # same effective arguments
@@ -216,38 +190,3 @@ def test_garbage_collected_process_is_reaped(llama_server_path: Path, tiny_model
     del proc
     gc.collect()
     assert _gone(pid)
-
-
-_OWNER_SCRIPT = textwrap.dedent(
-    """
-    import sys, time
-    from werk_llamacpp.process import LlamaServerProcess, install_signal_cleanup
-    assert install_signal_cleanup()
-    proc = LlamaServerProcess(sys.argv[1], binary=sys.argv[2], ctx=512, env_args="").start()
-    print(proc.pid, flush=True)
-    time.sleep(120)
-    """
-)
-
-
-@pytestmark_real
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signal_to_owner_leaves_no_orphan(llama_server_path: Path, tiny_model: Path, sig: signal.Signals) -> None:
-    owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER_SCRIPT, str(tiny_model), str(llama_server_path)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert owner.stdout is not None
-        line = owner.stdout.readline()
-        child = int(line)
-        os.kill(child, 0)  # alive
-        owner.send_signal(sig)
-        rc = owner.wait(timeout=30)
-        assert rc != 0  # the owner still dies of the signal (or KeyboardInterrupt)
-        assert _gone(child), f"llama-server {child} survived {sig.name} to its owner"
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from werk_llamacpp.adapter import LlamaCppAdapter
 
-from tests.support import covers_hooks
-from tests.support.api import Api
-from tests.support.hosts import running
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.server import Host, build_host
+from werk_host.testing.api import Api
+from werk_host.testing.hosts import running
+from werk_host.testing.markers import covers_hooks
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-llama-test-123456"

@@ -40,16 +40,24 @@ from werk_host.backend import (
     Snapshot,
     StoredStateRef,
 )
+from werk_host.backends.relay import post_json
 from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
-from werk_host.protocol import CapabilityStatus, ChatLimits, ChatRequest, MessagesInput, WorkerObservation
+from werk_host.protocol import (
+    CapabilityId,
+    CapabilityStatus,
+    ChatLimits,
+    ChatRequest,
+    MessagesInput,
+    WorkerObservation,
+)
 
 from .binary import LlamaServerNotFound, find_llama_server
 from .native import LlamaServerClient, NativeConnectionError, NativeError
 from .probe import ProbeResult, run_probe
 from .process import LlamaServerProcess, LlamaServerStartupError, last_flag_value
-from .proxy import ConnectionPool, post_json
+from .proxy import LlamaConnectionPool as ConnectionPool
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +72,29 @@ _MEDIA_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 OUTPUT_CEILING_PARAMS = ("max_output_tokens", "max_completion_tokens", "max_new_tokens")
 
 STATE_CAPABILITIES = (
-    "runtime.state.prefix_cache",
-    "runtime.state.persistence",
-    "runtime.state.restore",
-    "runtime.state.tier.disk",
-    "runtime.pd.prefill",
-    "runtime.pd.decode",
-    "runtime.pd.handoff",
+    CapabilityId.PREFIX_CACHE,
+    CapabilityId.PERSISTENCE,
+    CapabilityId.RESTORE,
+    CapabilityId.TIER_DISK,
+    CapabilityId.PD_PREFILL,
+    CapabilityId.PD_DECODE,
+    CapabilityId.PD_HANDOFF,
+)
+CHAT_CAPABILITIES = (
+    (CapabilityId.TOKEN_COUNT, "exact count from llama-server's /apply-template and /tokenize"),
+    (CapabilityId.ADMISSION, "native count from llama-server, estimate when it is unavailable"),
+    (CapabilityId.CHAT_LIMITS, "from the manifest and the child's launch arguments"),
+    (CapabilityId.REASONING, "verified only from running launch configuration"),
+)
+#: Every id :meth:`LlamaCppAdapter.capabilities` reports on (declared on the adapter factory).
+REPORTED_CAPABILITIES = (
+    CapabilityId.MODEL_RESIDENCY,
+    *STATE_CAPABILITIES,
+    CapabilityId.CROSS_RESTART,
+    CapabilityId.TIER_RAM,
+    CapabilityId.TIER_VRAM,
+    CapabilityId.EXPERTS,
+    *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
 )
 
 
@@ -91,6 +115,13 @@ class LlamaHandle:
 
     def __repr__(self) -> str:
         return f"LlamaHandle(tokens={len(self.tokens)}, generation={self.generation[:8]})"
+
+
+def own_handle(handle: object) -> LlamaHandle:
+    """``handle`` as this adapter's own type (the host hands back only what prefill returned)."""
+    if not isinstance(handle, LlamaHandle):
+        raise WerkError(ErrorCode.INTERNAL, "the host passed a state handle this adapter did not create")
+    return handle
 
 
 def snapshot_head(handle: LlamaHandle) -> bytes:
@@ -250,16 +281,16 @@ class LlamaCppAdapter:
         proc = self.current()
         return self._probes.get(proc.generation) if proc else None
 
-    def capabilities(self) -> dict[str, CapabilityReport]:
+    def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
         proc = self.current()
         probe = self._probes.get(proc.generation) if proc else None
-        reports: dict[str, CapabilityReport] = {}
+        reports: dict[CapabilityId, CapabilityReport] = {}
         if proc is not None:
-            reports["runtime.model_residency"] = CapabilityReport(
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
                 CapabilityStatus.SUPPORTED, "weights stay loaded in the managed llama-server while werk serve runs"
             )
         else:
-            reports["runtime.model_residency"] = CapabilityReport(
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
                 CapabilityStatus.UNAVAILABLE, "no live llama-server child; the next request starts one"
             )
         if probe is not None and probe.passed:
@@ -279,22 +310,17 @@ class LlamaCppAdapter:
             )
         for cap_id in STATE_CAPABILITIES:
             reports[cap_id] = state
-        reports["runtime.state.restore.cross_restart"] = CapabilityReport(
+        reports[CapabilityId.CROSS_RESTART] = CapabilityReport(
             CapabilityStatus.UNAVAILABLE, "snapshots are restorable only by the llama-server generation that wrote them"
         )
-        for tier in ("ram", "vram"):
-            reports[f"runtime.state.tier.{tier}"] = CapabilityReport(
+        for tier in (CapabilityId.TIER_RAM, CapabilityId.TIER_VRAM):
+            reports[tier] = CapabilityReport(
                 CapabilityStatus.UNSUPPORTED, "llama.cpp named states persist to disk only"
             )
-        reports["runtime.experts.residency"] = CapabilityReport(
+        reports[CapabilityId.EXPERTS] = CapabilityReport(
             CapabilityStatus.UNSUPPORTED, "llama.cpp exposes no expert residency control"
         )
-        for cap_id, detail in (
-            ("api.chat.token_count", "exact count from llama-server's /apply-template and /tokenize"),
-            ("api.chat.admission", "native count from llama-server, estimate when it is unavailable"),
-            ("api.chat.limits", "from the manifest and the child's launch arguments"),
-            ("api.chat.reasoning", "verified only from running launch configuration"),
-        ):
+        for cap_id, detail in CHAT_CAPABILITIES:
             reports[cap_id] = CapabilityReport(CapabilityStatus.SUPPORTED, detail)
         return reports
 
@@ -364,7 +390,7 @@ class LlamaCppAdapter:
             )
 
     def snapshot(self, state: PrefilledState) -> Snapshot:
-        handle: LlamaHandle = state.handle
+        handle = own_handle(state.handle)
         if handle.snapshot is None:
             raise WerkError(ErrorCode.UNAVAILABLE, "the state's local snapshot is gone", retryable=False)
         head = snapshot_head(handle)
@@ -443,7 +469,8 @@ class LlamaCppAdapter:
         with self._slot_lock:
             proc = self.process()
             self.ensure_probed(proc)
-            handle: LlamaHandle | None = work.handle
+            given = own_handle(work.handle) if work.handle is not None else None
+            handle = given
             live = handle is not None and handle.generation == proc.generation and handle.token == self._slot_owner
             restored = False
             if not live:
@@ -475,9 +502,9 @@ class LlamaCppAdapter:
                 raise self.native_failure(err, "decode") from err
             finally:
                 self._slot_owner = None  # the slot now also holds generated tokens
-                if work.handle is not None and work.handle.snapshot is not None:
-                    work.handle.snapshot.unlink(missing_ok=True)
-                    work.handle.snapshot = None
+                if given is not None and given.snapshot is not None:
+                    given.snapshot.unlink(missing_ok=True)
+                    given.snapshot = None
             self.last_decode = {
                 "restored": restored,
                 "prompt_tokens": len(handle.tokens),
@@ -491,7 +518,7 @@ class LlamaCppAdapter:
                 finish_reason=done.finish_reason or "stop",
             )
 
-    def release(self, handle: Any) -> bool:
+    def release(self, handle: object) -> bool:
         if isinstance(handle, LlamaHandle) and handle.snapshot is not None:
             handle.snapshot.unlink(missing_ok=True)
             handle.snapshot = None

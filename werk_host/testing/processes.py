@@ -1,4 +1,4 @@
-"""Process helpers shared by tests that kill servers and watch their children."""
+"""Process helpers for tests that kill servers and watch their children."""
 
 from __future__ import annotations
 
@@ -19,3 +19,6 @@ def gone(pid: int, timeout: float = 5.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+__all__ = ["gone"]

@@ -1,0 +1,1 @@
+"""werk-template: the smallest complete Werk backend plugin (an in-process echo backend)."""

@@ -1,0 +1,259 @@
+"""A pooled, streaming HTTP relay from Werk to a backend's local HTTP server.
+
+Backend plugins that front a native OpenAI-compatible server (llama.cpp's ``llama-server``;
+vLLM, oMLX) send their requests through one :class:`ConnectionPool` per server process. The
+contract:
+
+* **Pooling.** Keep-alive connections to one ``host:port``. A connection goes back to the pool
+  only when its previous response was read to the end and the server did not announce a close;
+  it is reused only while younger than ``idle_reuse_s`` (set it a little under the server's own
+  keep-alive timeout). A reused connection that fails the way a connection closed by the server
+  before it read the request fails (:data:`STALE`) is replaced by a fresh one and the request is
+  sent again: it never ran. Anything else is never retried.
+* **Authentication.** With ``api_key``, every request carries ``Authorization: Bearer <key>``;
+  the key appears in no repr and no error.
+* **Errors.** A connection failure (refused, reset, timed out) is a retryable
+  ``WerkError(unavailable, "<label> is not answering")``. :func:`post_json` maps a status that
+  ``is_refusal`` calls the client's fault (default :func:`client_refusal`: a 4xx other than
+  401, 403, 408 and 429) to ``invalid_request`` with a fixed message (the backend's own text
+  goes to the log only), and every other non-200 status or non-object body to a retryable
+  ``unavailable``. :func:`forward` relays any status as it is.
+* **Streaming.** :func:`forward` returns the response as an
+  :class:`~werk_host.backend.InferenceResponse` whose body yields chunks as the server sends
+  them (server-sent events included), never buffered whole; only the headers in
+  :data:`PASSED_HEADERS` are relayed.
+* **Cancellation.** Closing the response before its end closes the upstream connection, which
+  a server takes as its client going away (llama-server and vLLM then cancel the generation).
+  While waiting for the first response byte, :func:`forward` polls
+  :data:`werk_host.backend.client_disconnected` every :data:`WATCH_INTERVAL_S`; when the client
+  has gone it closes the upstream connection and raises :class:`ClientGone`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from werk_host.backend import InferenceResponse, client_disconnected
+from werk_host.errors import ErrorCode, WerkError
+
+__all__ = [
+    "IDLE_REUSE_S",
+    "PASSED_HEADERS",
+    "READ_CHUNK",
+    "STALE",
+    "WATCH_INTERVAL_S",
+    "ClientGone",
+    "ConnectionPool",
+    "client_refusal",
+    "forward",
+    "post_json",
+]
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 16 * 1024
+#: ``content-length`` too: a non-streamed answer then leaves waitress unchunked, which saves the
+#: client a round of chunk framing. Event streams keep the server's "do not buffer me" hints for
+#: proxies in front of Werk.
+PASSED_HEADERS = ("content-type", "content-length", "cache-control", "x-accel-buffering")
+WATCH_INTERVAL_S = 0.1
+#: Default for :attr:`ConnectionPool.idle_reuse_s`: common local servers (llama-server, uvicorn
+#: under vLLM) close keep-alive connections idle for 5 s.
+IDLE_REUSE_S = 4.0
+#: Failures that show a reused keep-alive connection had been closed by the server before it
+#: read our request, so sending it again on a fresh connection cannot run it twice.
+STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+_CONNECTION_ERRORS = (ConnectionError, http.client.HTTPException, OSError)
+
+
+class ConnectionPool:
+    """Keep-alive connections to one ``host:port`` (see the module docstring).
+
+    ``label`` names the backend in errors and log lines (``"llama-server is not answering"``).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        size: int = 16,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+        label: str = "backend",
+        idle_reuse_s: float = IDLE_REUSE_S,
+    ) -> None:
+        self.host, self.port, self.size, self.timeout = host, port, size, timeout
+        self.label = label
+        self.idle_reuse_s = idle_reuse_s
+        self.auth_headers: dict[str, str] = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._idle: list[tuple[float, http.client.HTTPConnection]] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection (the most recently released young one, else a new one) and whether it is reused."""
+        stale: list[http.client.HTTPConnection] = []
+        conn = None
+        with self._lock:
+            now = time.monotonic()
+            while self._idle:
+                since, candidate = self._idle.pop()
+                if now - since < self.idle_reuse_s:
+                    conn = candidate
+                    break
+                stale.append(candidate)
+        for old in stale:
+            old.close()
+        if conn is not None:
+            return conn, True
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout), False
+
+    def release(self, conn: http.client.HTTPConnection) -> None:
+        """Give back a connection whose response was read to the end (closed when the pool is full)."""
+        with self._lock:
+            if len(self._idle) < self.size:
+                self._idle.append((time.monotonic(), conn))
+                return
+        conn.close()
+
+    def idle(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    def close(self) -> None:
+        """Close every idle connection (connections in use close when their response does)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for _, conn in idle:
+            conn.close()
+
+    def unavailable(self) -> WerkError:
+        return WerkError(ErrorCode.UNAVAILABLE, f"{self.label} is not answering", retryable=True)
+
+    def __repr__(self) -> str:
+        return f"<ConnectionPool {self.label} {self.host}:{self.port} idle={self.idle()}>"
+
+
+class ClientGone(WerkError):
+    """The client disconnected before the upstream answered; the upstream request was closed."""
+
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, "the client disconnected; the request was cancelled", retryable=True)
+
+
+def client_refusal(status: int) -> bool:
+    """Default ``is_refusal``: a 4xx that refuses the request itself (not our key, not a timeout or rate limit)."""
+    return 400 <= status < 500 and status not in (401, 403, 408, 429)
+
+
+def _await_answer(conn: http.client.HTTPConnection, gone: Callable[[], bool]) -> None:
+    """Block until the upstream socket is readable; raise :class:`ClientGone` if the client leaves
+    first. (Nothing is buffered yet: the response object does not exist.)"""
+    sock = conn.sock
+    if sock is None:
+        return
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+    while not poller.poll(WATCH_INTERVAL_S * 1000):
+        if gone():
+            raise ClientGone()
+
+
+def post_json(
+    pool: ConnectionPool,
+    path: str,
+    body: dict[str, Any],
+    *,
+    is_refusal: Callable[[int], bool] = client_refusal,
+) -> dict[str, Any]:
+    """POST ``body`` as JSON over a pooled connection; the (small) JSON object answered with 200.
+
+    Errors as in the module docstring."""
+    payload = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **pool.auth_headers}
+    while True:
+        conn, reused = pool.acquire()
+        try:
+            conn.request("POST", path, body=payload, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+            break
+        except _CONNECTION_ERRORS as err:
+            conn.close()
+            if reused and isinstance(err, STALE):
+                continue
+            raise pool.unavailable() from err
+    if response.will_close:
+        conn.close()
+    else:
+        pool.release(conn)
+    if response.status != 200 and is_refusal(response.status):
+        # The backend refused the request itself (bad messages, unsupported content parts): the
+        # client's error, not a failing backend; its own message stays in our log only.
+        log.info("%s %s refused a request (%s): %.300r", pool.label, path, response.status, raw)
+        raise WerkError(ErrorCode.INVALID_REQUEST, "the backend refused this request as invalid")
+    try:
+        data = json.loads(raw) if response.status == 200 else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise WerkError(ErrorCode.UNAVAILABLE, f"{pool.label} {path} failed ({response.status})", retryable=True)
+    return data
+
+
+def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceResponse:
+    """POST ``body`` to ``path`` upstream and relay the response as it streams (module docstring)."""
+    payload = json.dumps(body).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        **pool.auth_headers,
+    }
+    gone = client_disconnected.get()
+    while True:
+        conn, reused = pool.acquire()
+        try:
+            conn.request("POST", path, body=payload, headers=headers)
+            if gone is not None:
+                _await_answer(conn, gone)
+            response = conn.getresponse()
+            break
+        except ClientGone:
+            conn.close()  # the server sees its client go and cancels the task
+            raise
+        except _CONNECTION_ERRORS as err:
+            conn.close()
+            if reused and isinstance(err, STALE):
+                continue  # the server had closed this keep-alive connection: it never ran the request
+            raise pool.unavailable() from err
+    state = {"done": False, "closed": False}
+
+    def body_iter() -> Iterator[bytes]:
+        while True:
+            chunk = response.read1(READ_CHUNK)
+            if not chunk:
+                state["done"] = True
+                return
+            yield chunk
+
+    def close() -> None:
+        if state["closed"]:
+            return
+        state["closed"] = True
+        if state["done"] and not response.will_close:
+            # read1() does not close a fully read Content-Length response by itself, and
+            # http.client refuses the next request on a connection whose response is open.
+            response.close()
+            pool.release(conn)
+        else:
+            conn.close()  # early close: the upstream sees the disconnect and stops generating
+
+    relayed = {k: v for k, v in response.getheaders() if k.lower() in PASSED_HEADERS}
+    return InferenceResponse(status=response.status, headers=relayed, body=body_iter(), close=close)

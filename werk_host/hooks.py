@@ -1,0 +1,185 @@
+"""The typed facade over operation-hook dispatch: the only way host code reaches a backend.
+
+:class:`BackendHooks` has one method per operation hook of :mod:`werk_host.hookspecs`, with
+the hook's typed arguments and result. Each call goes to the adapter's owning plugin (plus
+wrapper-only plugins) through :meth:`werk_host.plugins.PluginHost.dispatch`, and the result
+is checked against the hook's declared return type: a plugin answering with the wrong type is
+a plugin defect, reported as ``internal`` naming the plugin (never passed on to crash later).
+``None`` stays ``None`` ("not implemented"); :func:`needed` turns it into ``unsupported``.
+
+Capability reports are normalised here: keys become :class:`CapabilityId` members and an
+unknown key is flagged on the plugin's inventory record (``werk plugins``) instead of being
+dropped silently (docs/plugin-hooks.md, "Capability ids").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from pydantic import JsonValue
+
+from werk_host import hookspecs
+from werk_host.backend import (
+    Adapter,
+    CapabilityReport,
+    DecodeOutput,
+    DecodeWork,
+    InferenceResponse,
+    JsonObject,
+    MemoryOperation,
+    MoveOutput,
+    MoveWork,
+    PrefilledState,
+    PrefillWork,
+    Snapshot,
+    StoredStateRef,
+)
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugins import PluginHost
+from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
+from werk_host.protocol.discovery import CapabilityId
+from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
+from werk_host.protocol.telemetry import WorkerObservation
+
+T = TypeVar("T")
+
+
+def needed(result: T | None, what: str, adapter: Adapter | None) -> T:
+    """``result`` itself, or ``unsupported`` when the owning plugin does not implement the hook."""
+    if result is None:
+        backend = adapter.backend if adapter is not None else "(none)"
+        raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {backend}")
+    return result
+
+
+def _defect(adapter: Adapter, hook: str, expected: str) -> WerkError:
+    return WerkError(
+        ErrorCode.INTERNAL, f"plugin {adapter.plugin_name} answered {hook} with something other than {expected}"
+    )
+
+
+def _json_object(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+
+
+class BackendHooks:
+    """One typed method per operation hook, dispatched to the adapter's owning plugin."""
+
+    def __init__(self, plugins: PluginHost) -> None:
+        self._plugins = plugins
+
+    def _one(self, adapter: Adapter, spec: object, kind: type[T], **kwargs: object) -> T | None:
+        name = getattr(spec, "__name__", "")
+        result = self._plugins.dispatch(name, adapter, **kwargs)
+        if result is None or isinstance(result, kind):
+            return result
+        raise _defect(adapter, name, kind.__name__)
+
+    def _many(self, adapter: Adapter, spec: object, kind: type[T]) -> list[T] | None:
+        name = getattr(spec, "__name__", "")
+        result = self._plugins.dispatch(name, adapter)
+        if result is None:
+            return None
+        if isinstance(result, list | tuple) and all(isinstance(item, kind) for item in result):
+            return list(result)
+        raise _defect(adapter, name, f"a list of {kind.__name__}")
+
+    # -- discovery -----------------------------------------------------------------------
+    def capabilities(self, adapter: Adapter) -> dict[CapabilityId, CapabilityReport] | None:
+        name = hookspecs.werk_capabilities.__name__
+        result = self._plugins.dispatch(name, adapter)
+        if result is None:
+            return None
+        if not isinstance(result, Mapping):
+            raise _defect(adapter, name, "a mapping of capability ids to reports")
+        reports: dict[CapabilityId, CapabilityReport] = {}
+        for key, report in result.items():
+            if not isinstance(report, CapabilityReport):
+                raise _defect(adapter, name, "CapabilityReport values")
+            try:
+                reports[CapabilityId(key)] = report
+            except ValueError:
+                self._plugins.flag(adapter.plugin_name, f"reports unknown capability id {key!r}")
+        return reports
+
+    def producer_envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
+        name = hookspecs.werk_producer_envelope.__name__
+        result = self._plugins.dispatch(name, adapter, model_id=model_id)
+        if result is None:
+            return None
+        if isinstance(result, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in result.items()):
+            return dict(result)
+        raise _defect(adapter, name, "a mapping of strings to strings")
+
+    # -- prefill/decode and states ---------------------------------------------------------
+    def prefill(self, adapter: Adapter, work: PrefillWork) -> PrefilledState | None:
+        return self._one(adapter, hookspecs.werk_prefill, PrefilledState, work=work)
+
+    def snapshot(self, adapter: Adapter, state: PrefilledState) -> Snapshot | None:
+        return self._one(adapter, hookspecs.werk_snapshot, Snapshot, state=state)
+
+    def restore(self, adapter: Adapter, stored: StoredStateRef) -> PrefilledState | None:
+        return self._one(adapter, hookspecs.werk_restore, PrefilledState, stored=stored)
+
+    def decode(self, adapter: Adapter, work: DecodeWork) -> DecodeOutput | None:
+        return self._one(adapter, hookspecs.werk_decode, DecodeOutput, work=work)
+
+    def release_state(self, adapter: Adapter, handle: object) -> bool | None:
+        return self._one(adapter, hookspecs.werk_release_state, bool, handle=handle)
+
+    def state_move(self, adapter: Adapter, work: MoveWork) -> MoveOutput | None:
+        return self._one(adapter, hookspecs.werk_state_move, MoveOutput, work=work)
+
+    # -- experts ---------------------------------------------------------------------------
+    def list_experts(self, adapter: Adapter, query: ExpertListQuery) -> ExpertPage | None:
+        return self._one(adapter, hookspecs.werk_list_experts, ExpertPage, query=query)
+
+    def expert_action(self, adapter: Adapter, request: ExpertActionRequest) -> ExpertActionResult | None:
+        return self._one(adapter, hookspecs.werk_expert_action, ExpertActionResult, request=request)
+
+    # -- chat planning -----------------------------------------------------------------------
+    def count_tokens(self, adapter: Adapter, request: ChatRequest) -> int | None:
+        count = self._one(adapter, hookspecs.werk_count_tokens, int, request=request)
+        if isinstance(count, bool) or (count is not None and count < 0):
+            raise _defect(adapter, hookspecs.werk_count_tokens.__name__, "a non-negative int")
+        return count
+
+    def chat_limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
+        return self._one(adapter, hookspecs.werk_chat_limits, ChatLimits, model=model)
+
+    def reasoning_profile(self, adapter: Adapter, model: str | None, max_output_tokens: int) -> ReasoningProfile | None:
+        return self._one(
+            adapter,
+            hookspecs.werk_reasoning_profile,
+            ReasoningProfile,
+            model=model,
+            max_output_tokens=max_output_tokens,
+        )
+
+    # -- OpenAI-compatible inference ---------------------------------------------------------
+    def chat_completion(self, adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
+        return self._one(adapter, hookspecs.werk_chat_completion, InferenceResponse, request=request)
+
+    def text_completion(self, adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
+        return self._one(adapter, hookspecs.werk_text_completion, InferenceResponse, request=request)
+
+    def list_models(self, adapter: Adapter) -> list[JsonObject] | None:
+        name = hookspecs.werk_list_models.__name__
+        result = self._plugins.dispatch(name, adapter)
+        if result is None:
+            return None
+        if isinstance(result, list) and all(_json_object(entry) for entry in result):
+            entries: list[dict[str, JsonValue]] = result
+            return entries
+        raise _defect(adapter, name, "a list of JSON objects")
+
+    # -- observation and memory ----------------------------------------------------------------
+    def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:
+        return self._many(adapter, hookspecs.werk_workers, WorkerObservation)
+
+    def memory_requirement(self, adapter: Adapter, operation: MemoryOperation, model_id: str) -> int | None:
+        nbytes = self._one(adapter, hookspecs.werk_memory_requirement, int, operation=operation, model_id=model_id)
+        if isinstance(nbytes, bool):
+            raise _defect(adapter, hookspecs.werk_memory_requirement.__name__, "an int")
+        return nbytes

@@ -1,0 +1,224 @@
+"""Payload use: verified reads, integrity checks and access-time bookkeeping.
+
+Contract:
+
+* No payload byte reaches a caller unverified: :meth:`VerifyingStore.open_payload` streams
+  the whole file through SHA-256 (bounded chunks) and compares size and digest with the
+  metadata before yielding it, holding a shared ``flock`` on it while in use (``werk
+  cache purge`` treats such a state as active).
+* :meth:`VerifyingStore.verify` remembers a successful hash by the payload's
+  :data:`.layout.PayloadKey` (at most :data:`MAX_VERIFIED_CACHE`, least recently used
+  forgotten first); a file changed within the racy margin, or while being hashed, is not
+  remembered.
+* A failed check marks the state suspect (hidden from this store's reads); ``verify``
+  then quarantines it at once by a reconciliation under the locks, other failures leave
+  that to the next mutation. Absent, expired and foreign ids are ``not_found``.
+* Access times are best effort: written atomically under the locks after a successful
+  read, skipped when the lock is busy or the state was replaced meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hmac
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+from werk_host.errors import WerkError, corrupt, not_found
+
+from . import _fs, layout
+from .base import ACCESS_LOCK_TIMEOUT_S
+from .layout import LAST_ACCESSED, PAYLOAD, Kind, PayloadKey, os_error
+from .reconcile import ReconcilingStore
+from .records import StateRecord, is_state_id, validate_principal
+
+#: Bound on remembered payload verifications (least recently used ones are forgotten first).
+MAX_VERIFIED_CACHE = 4096
+
+
+def _payload_key(st: os.stat_result) -> PayloadKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class VerifyingStore(ReconcilingStore):
+    """Reads payloads only after verifying them; maintains ``_verified``."""
+
+    def _open_verified(self, principal: str, state_id: str) -> tuple[StateRecord, int, int]:
+        """Open and fully verify the payload; returns (record, fd at offset 0, state inode).
+
+        The returned descriptor holds a shared ``flock`` so ``werk cache purge`` sees the
+        state as active while it is in use.
+        """
+        validate_principal(principal)
+        if not is_state_id(state_id):
+            raise not_found()
+        pfd = self._open_principal_ro(principal)
+        if pfd is None:
+            raise not_found()
+        try:
+            try:
+                sfd = _fs.open_dir(state_id, pfd)
+            except OSError:
+                raise not_found() from None
+            try:
+                look = self._look_in(sfd, principal, state_id, self._now_ms())
+                if look.kind in (Kind.ABSENT, Kind.EXPIRED):
+                    raise not_found()
+                with self._cache_lock:
+                    deep = self._suspects.get((principal, state_id), False)
+                if look.kind != Kind.OK or look.record is None or deep:
+                    self._mark_suspect(principal, state_id, deep=False)
+                    raise corrupt()
+                rec = look.record
+                try:
+                    fd = os.open(PAYLOAD, _fs.READ_FLAGS, dir_fd=sfd)
+                except OSError:
+                    self._mark_suspect(principal, state_id, deep=False)
+                    raise corrupt() from None
+                ok = False
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_size != rec.bytes:
+                        self._mark_suspect(principal, state_id, deep=False)
+                        raise corrupt()
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                    digest, size = layout.hash_fd(fd, st.st_size)
+                    if size != rec.bytes or not hmac.compare_digest(digest, rec.payload_sha256):
+                        self._mark_suspect(principal, state_id, deep=True)
+                        raise corrupt()
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    ok = True
+                    return rec, fd, os.fstat(sfd).st_ino
+                finally:
+                    if not ok:
+                        os.close(fd)
+            finally:
+                os.close(sfd)
+        except OSError as exc:
+            raise os_error(exc) from exc
+        finally:
+            os.close(pfd)
+
+    @contextmanager
+    def open_payload(self, principal: str, state_id: str) -> Iterator[BinaryIO]:
+        """Yield the payload for reading after verifying its size and SHA-256.
+
+        Verification streams the file in bounded chunks before anything is yielded; a
+        mismatch is ``corrupt_state`` (and the state is quarantined by the next mutation).
+        Absent, expired or foreign ids are ``not_found``. When the block exits without an
+        exception, ``last-accessed`` is recorded.
+        """
+        rec, fd, ino = self._open_verified(principal, state_id)
+        f = os.fdopen(fd, "rb")
+        try:
+            yield f
+        finally:
+            f.close()
+        self._record_access(principal, rec.id, ino)
+
+    def verify(self, principal: str, state_id: str) -> bool:
+        """Whether the state's payload matches its metadata (size and SHA-256).
+
+        ``True``: the payload is intact. A verification is remembered by the payload file's
+        (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns), for at most
+        :data:`MAX_VERIFIED_CACHE` files, so an unchanged file is hashed once; any write,
+        ``touch`` or replacement changes that key and forces a new hash. A file changed
+        within the racy margin before its hash, or during it, is not remembered.
+
+        ``False``: the state failed integrity validation (payload, metadata or a failed
+        earlier hash); it is quarantined before this returns, by a reconciliation under the
+        locks. If the catalog lock cannot be had within 5 s the state stays hidden from this
+        store's reads and the next mutation quarantines it.
+
+        Absent, expired or foreign ids are ``not_found``. Safe to call from many threads.
+        """
+        validate_principal(principal)
+        if not is_state_id(state_id):
+            raise not_found()
+        pfd = self._open_principal_ro(principal)
+        if pfd is None:
+            raise not_found()
+        try:
+            intact = self._verify_in(pfd, principal, state_id)
+        except OSError as exc:
+            raise os_error(exc) from exc
+        finally:
+            os.close(pfd)
+        if not intact:
+            self._mark_suspect(principal, state_id, deep=True)
+            with (
+                contextlib.suppress(OSError, WerkError),
+                self._mutating(create=False, strict=False, timeout=ACCESS_LOCK_TIMEOUT_S) as rootfd,
+            ):
+                if rootfd is not None:
+                    self._reconcile_locked(rootfd)  # deep-inspects the suspect and quarantines it
+        return intact
+
+    def _verify_in(self, pfd: int, principal: str, sid: str) -> bool:
+        try:
+            sfd = _fs.open_dir(sid, pfd)
+        except OSError:
+            raise not_found() from None
+        try:
+            look = self._look_in(sfd, principal, sid, self._now_ms())
+            if look.kind in (Kind.ABSENT, Kind.EXPIRED):
+                raise not_found()
+            with self._cache_lock:
+                deep = self._suspects.get((principal, sid), False)
+            if look.kind != Kind.OK or look.meta is None or deep:
+                return False
+            meta = look.meta
+            try:
+                fd = os.open(PAYLOAD, _fs.READ_FLAGS, dir_fd=sfd)
+            except OSError:
+                return False
+        finally:
+            os.close(sfd)
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode) or before.st_size != meta.size:
+                return False
+            key = _payload_key(before)
+            with self._cache_lock:
+                known = self._verified.get(key)
+                if known is not None:
+                    self._verified.move_to_end(key)
+            if known is not None and hmac.compare_digest(known, meta.payload_sha256):
+                return True
+            t = _fs.now_ns()
+            digest, size = layout.hash_fd(fd, meta.size)
+            if size != meta.size or not hmac.compare_digest(digest, meta.payload_sha256):
+                return False
+            if _fs.ident(os.fstat(fd)) == _fs.ident(before) and not _fs.racy(before, t, layout.RACY_MARGIN_NS):
+                with self._cache_lock:
+                    self._verified[key] = digest
+                    self._verified.move_to_end(key)
+                    while len(self._verified) > MAX_VERIFIED_CACHE:
+                        self._verified.popitem(last=False)
+            return True
+        finally:
+            os.close(fd)
+
+    def _record_access(self, principal: str, sid: str, ino: int) -> None:
+        """Best effort: write ``last-accessed`` atomically under the lock (no reconcile)."""
+        try:
+            with self._mutating(create=False, strict=False, timeout=ACCESS_LOCK_TIMEOUT_S) as rootfd:
+                if rootfd is None:
+                    return
+                pfd = _fs.open_dir("p_" + principal, rootfd)
+                try:
+                    sfd = _fs.open_dir(sid, pfd)
+                    try:
+                        if os.fstat(sfd).st_ino != ino:
+                            return
+                        _fs.replace_file(LAST_ACCESSED, sfd, str(self._now_ms()).encode(), durable=False)
+                    finally:
+                        os.close(sfd)
+                finally:
+                    os.close(pfd)
+        except (OSError, WerkError):
+            return

@@ -1,0 +1,220 @@
+"""Build hosts around a plugin and serve them on a real waitress server on an ephemeral port.
+
+A plugin's own suite starts the same host ``werk serve`` runs, around its plugin object (or
+module), with keys and a model of its choosing::
+
+    from werk_host.testing.hosts import serving
+
+    with serving(tmp_path / "home", plugin=my_plugin, model=gguf_path, api_keys=("sk-test",)) as live:
+        status, body = live.api.get("/werk/v1/capabilities")
+
+Only the plugins passed in are registered (installed ``werk`` entry points are not loaded
+unless ``load_entry_points=True``). Without ``plugin`` the host is bare (no backend). Without
+``model``, the reference plugin gets a placeholder model (:func:`install_model`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import JsonValue
+
+from werk_host.config import HostConfig
+from werk_host.models import ModelManifest, ModelRegistry
+from werk_host.plugins import PluginHost
+from werk_host.server import Host, build_host, make_server
+from werk_host.testing.api import Api
+from werk_host.testing.reference import BACKEND_ID, PLUGIN_NAME, MemoryBackendPlugin
+
+#: The model name the helpers install by default.
+MODEL = "tiny"
+#: Manifest params of the placeholder model.
+DEFAULT_PARAMS: Mapping[str, JsonValue] = {"max_output_tokens": 32}
+
+
+def install_model(
+    home: Path,
+    name: str = MODEL,
+    *,
+    path: Path | None = None,
+    backend: str | None = BACKEND_ID,
+    params: Mapping[str, JsonValue] | None = None,
+) -> ModelManifest:
+    """Register a model manifest named ``name`` in ``home``'s model registry and return it.
+
+    ``path`` is the model file; without one a small placeholder weights file is written next
+    to ``home`` (``home.parent/<name>.bin``), which only the reference backend can "serve".
+    ``backend`` pins the manifest to a backend id or plugin name (``None``: the first plugin
+    whose factory accepts the file). ``params`` defaults to :data:`DEFAULT_PARAMS`."""
+    if path is None:
+        path = home.parent / f"{name}.bin"
+        path.write_bytes(b"not really weights " + name.encode())
+    manifest = ModelManifest.from_paths(
+        name, [path], backend=backend, params=dict(params if params is not None else DEFAULT_PARAMS)
+    )
+    ModelRegistry(home).add(manifest)
+    return manifest
+
+
+def plugin_name_of(plugin: object) -> str:
+    """The name to register ``plugin`` under: its ``PLUGIN_NAME`` or ``name`` string attribute.
+
+    It must equal the ``plugin_name`` its adapters carry (operation hooks are dispatched to the
+    plugin registered under that name); pass ``plugin_name=`` when the plugin has neither."""
+    for attr in ("PLUGIN_NAME", "name"):
+        value = getattr(plugin, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    raise TypeError(f"cannot tell the plugin name of {plugin!r}: pass plugin_name=")
+
+
+def make_host(
+    home: Path,
+    *,
+    api_keys: tuple[str, ...] = (),
+    plugin: object | None = None,
+    plugin_name: str | None = None,
+    with_model: bool = True,
+    model: ModelManifest | Path | str | None = None,
+    backend_options: Mapping[str, object] | None = None,
+    extra_plugins: Mapping[str, object] | None = None,
+    load_entry_points: bool = False,
+    **config: Any,
+) -> Host:
+    """Build (not serve) a host on ``home`` around ``plugin``; the caller must ``close()`` it.
+
+    * ``plugin``: a plugin object or module, registered as ``plugin_name`` (default
+      :func:`plugin_name_of`); ``extra_plugins`` registers more (name → plugin), e.g. wrappers.
+    * ``model``: a :class:`ModelManifest` (registered as given), a model file ``Path``
+      (registered as :data:`MODEL` with no pinned backend), or the name of a model already in
+      ``home``'s registry. Without one, and with ``with_model`` and a ``plugin``, the reference
+      placeholder model is installed (:func:`install_model`).
+    * ``backend_options``: the plugin's own settings, stored as
+      ``HostConfig.backend_options[plugin_name]``.
+    * ``api_keys``: the accepted bearer keys (none: authentication off).
+    * ``config``: any other :class:`HostConfig` field (``limits``, ``persistence``, …).
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    plugins = PluginHost()
+    if load_entry_points:
+        plugins.load_entry_points()
+    name: str | None = None
+    if plugin is not None:
+        name = plugin_name or plugin_name_of(plugin)
+        plugins.register(plugin, name)
+    for extra_name, extra in (extra_plugins or {}).items():
+        plugins.register(extra, extra_name)
+    model_ref: str | None = None
+    if isinstance(model, ModelManifest):
+        ModelRegistry(home).add(model)
+        model_ref = model.name
+    elif isinstance(model, os.PathLike):
+        model_ref = install_model(home, MODEL, path=Path(model), backend=None, params={}).name
+    elif isinstance(model, str):
+        model_ref = model
+    elif with_model and plugin is not None:
+        model_ref = install_model(home).name
+    cfg = HostConfig(home=home, api_keys=api_keys, model=model_ref)
+    if backend_options is not None:
+        if name is None:
+            raise TypeError("backend_options needs a plugin")
+        cfg = replace(cfg, backend_options={name: dict(backend_options)})
+    if config:
+        cfg = replace(cfg, **config)
+    return build_host(cfg, plugins=plugins)
+
+
+def backend_host(
+    home: Path, *, adapter_kwargs: Mapping[str, Any] | None = None, **kwargs: Any
+) -> tuple[Host, MemoryBackendPlugin]:
+    """A host around a fresh reference plugin (``adapter_kwargs`` go to
+    :class:`~werk_host.testing.reference.MemoryBackendPlugin`), plus that plugin."""
+    plugin = MemoryBackendPlugin(**dict(adapter_kwargs or {}))
+    return make_host(home, plugin=plugin, plugin_name=PLUGIN_NAME, **kwargs), plugin
+
+
+@contextmanager
+def running(host: Host) -> Iterator[str]:
+    """Serve ``host.app`` on 127.0.0.1:<ephemeral>; yields the base URL; always stops the server
+    and closes ``host`` (its backend processes) on the way out."""
+    server = make_server(host.app, "127.0.0.1", 0, host.config.limits)
+    port = server.getsockname()[1]
+    stopping = threading.Event()
+
+    def run() -> None:
+        try:
+            server.run()
+        except OSError:
+            if not stopping.is_set():  # closing the socket under select() is the normal way out
+                raise
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stopping.set()
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+        server.close()
+        thread.join(timeout=5)
+        host.close()
+
+
+@dataclass(frozen=True)
+class LiveHost:
+    """A served host: ``url`` (``http://127.0.0.1:<port>``), the :class:`Host` and an
+    :class:`~werk_host.testing.api.Api` holding the first API key (``None`` without keys)."""
+
+    url: str
+    host: Host
+    api: Api
+
+
+@contextmanager
+def serving(
+    home: Path,
+    *,
+    api_keys: tuple[str, ...] = (),
+    plugin: object | None = None,
+    plugin_name: str | None = None,
+    with_model: bool = True,
+    model: ModelManifest | Path | str | None = None,
+    backend_options: Mapping[str, object] | None = None,
+    extra_plugins: Mapping[str, object] | None = None,
+    load_entry_points: bool = False,
+    **config: Any,
+) -> Iterator[LiveHost]:
+    """:func:`make_host` (same arguments) served by :func:`running`; always stopped and closed."""
+    host = make_host(
+        home,
+        api_keys=api_keys,
+        plugin=plugin,
+        plugin_name=plugin_name,
+        with_model=with_model,
+        model=model,
+        backend_options=backend_options,
+        extra_plugins=extra_plugins,
+        load_entry_points=load_entry_points,
+        **config,
+    )
+    with running(host) as url:
+        yield LiveHost(url, host, Api(url, api_keys[0] if api_keys else None))
+
+
+__all__ = [
+    "DEFAULT_PARAMS",
+    "MODEL",
+    "LiveHost",
+    "backend_host",
+    "install_model",
+    "make_host",
+    "plugin_name_of",
+    "running",
+    "serving",
+]
