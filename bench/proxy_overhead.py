@@ -124,7 +124,11 @@ def werk_serve(home: Path, server: Path, threads: int) -> Iterator[tuple[int, in
     log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-        stdout=subprocess.PIPE, stderr=log, env=env, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=env,
+        text=True,
+        cwd=ROOT,
     )
     try:
         assert proc.stdout is not None

@@ -10,8 +10,8 @@ if [ -z "${WERK_LLAMA_SERVER:-}" ] && [ -f scripts/build-llama-server.sh ]; then
   export WERK_LLAMA_SERVER
 fi
 plugin_sources=()
-for dir in plugins/*/src/*/; do
-  plugin_sources+=("${dir%/}")
+for init in plugins/*/src/*/__init__.py; do
+  plugin_sources+=("$(dirname "$init")")
 done
 echo "[test] ruff check, ruff format --check, mypy --strict werk_host ${plugin_sources[*]}" >&2
 .venv/bin/ruff check werk_host plugins tests bench

@@ -44,8 +44,14 @@ def test_list_marks_active_entries_and_purge_keeps_them(tmp_path: Path) -> None:
         assert not dead.exists() and live.exists()
         assert canary.read_text() == "keep me"  # the planted link was removed, not followed
         err = io.StringIO()
-        assert cmd_purge(Namespace(home=str(home), id="backend:llamacpp/gen-live", purge_all=False, dry_run=False),
-                         out=io.StringIO(), err=err) == 1
+        assert (
+            cmd_purge(
+                Namespace(home=str(home), id="backend:llamacpp/gen-live", purge_all=False, dry_run=False),
+                out=io.StringIO(),
+                err=err,
+            )
+            == 1
+        )
         assert live.exists()
     finally:
         os.close(fd)

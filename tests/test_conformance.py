@@ -5,7 +5,6 @@ an error message that leaks a path)."""
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +27,10 @@ def target(tmp: pytest.TempPathFactory, statuses: dict[CapabilityId, CapabilityS
     weights.write_bytes(b"reference weights")
     manifest = ModelManifest.from_paths("tiny", [weights], backend=BACKEND_ID)
     return ConformanceTarget(
-        plugin=MemoryBackendPlugin(statuses=statuses), plugin_name="testbackend", model=manifest, replace_process=restart
+        plugin=MemoryBackendPlugin(statuses=statuses),
+        plugin_name="testbackend",
+        model=manifest,
+        replace_process=restart,
     )
 
 

@@ -45,10 +45,20 @@ def assert_error(result: falcon.testing.Result, status: int, code: str) -> dict:
 
 def test_every_error_code_has_the_seed_status() -> None:
     expected = {
-        "invalid_request": 400, "incompatible_protocol": 406, "unauthorized": 401, "forbidden": 403,
-        "not_found": 404, "conflict": 409, "incompatible_state": 409, "expired_handoff": 410,
-        "experimental_opt_in_required": 428, "resource_exhausted": 429, "unsupported": 501,
-        "unavailable": 503, "corrupt_state": 500, "internal": 500,
+        "invalid_request": 400,
+        "incompatible_protocol": 406,
+        "unauthorized": 401,
+        "forbidden": 403,
+        "not_found": 404,
+        "conflict": 409,
+        "incompatible_state": 409,
+        "expired_handoff": 410,
+        "experimental_opt_in_required": 428,
+        "resource_exhausted": 429,
+        "unsupported": 501,
+        "unavailable": 503,
+        "corrupt_state": 500,
+        "internal": 500,
     }
     assert {c.value: s for c, s in STATUS.items()} == expected
     assert set(STATUS) == set(ErrorCode)
@@ -64,7 +74,9 @@ def test_unauthorized_carries_challenge_and_envelope(bare_host: Host, headers: d
     assert result.headers["www-authenticate"] == "Bearer"
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}"}, {"authorization": f"bearer {KEY}"}, {"X-API-Key": KEY}])
+@pytest.mark.parametrize(
+    "headers", [{"Authorization": f"Bearer {KEY}"}, {"authorization": f"bearer {KEY}"}, {"X-API-Key": KEY}]
+)
 def test_both_key_headers_are_accepted(bare_host: Host, headers: dict[str, str]) -> None:
     result = falcon.testing.TestClient(bare_host.app).simulate_get("/werk/v1/info", headers=headers)
     assert result.status_code == 200
@@ -74,10 +86,18 @@ def test_both_key_headers_are_accepted(bare_host: Host, headers: dict[str, str])
 @pytest.mark.parametrize(
     ("accept", "ok"),
     [
-        (None, True), ("application/json", True), ("application/*", True), ("*/*", True),
-        ("text/html, application/json;q=0.1", True), ("text/html", False), ("application/json;q=0", False),
-        ("application/json;q=0, */*", False), ("*/*;q=0", False), ("application/xml", False),
-        ("application/json;q=abc", False), ("application/*;q=0.000", False),
+        (None, True),
+        ("application/json", True),
+        ("application/*", True),
+        ("*/*", True),
+        ("text/html, application/json;q=0.1", True),
+        ("text/html", False),
+        ("application/json;q=0", False),
+        ("application/json;q=0, */*", False),
+        ("*/*;q=0", False),
+        ("application/xml", False),
+        ("application/json;q=abc", False),
+        ("application/*;q=0.000", False),
     ],
 )
 def test_accept_negotiation(bare_client: falcon.testing.TestClient, accept: str | None, ok: bool) -> None:
@@ -93,8 +113,17 @@ def test_accept_negotiation(bare_client: falcon.testing.TestClient, accept: str 
 @pytest.mark.parametrize(
     ("version", "ok"),
     [
-        (None, True), ("1.0", True), ("1.7", True), ("1.0, 1.2", True), ("2.0", False), ("0.9", False),
-        ("1.0, 2.0", False), ("1", False), ("abc", False), ("", False), ("1.0,", False),
+        (None, True),
+        ("1.0", True),
+        ("1.7", True),
+        ("1.0, 1.2", True),
+        ("2.0", False),
+        ("0.9", False),
+        ("1.0, 2.0", False),
+        ("1", False),
+        ("abc", False),
+        ("", False),
+        ("1.0,", False),
     ],
 )
 def test_version_negotiation(bare_client: falcon.testing.TestClient, version: str | None, ok: bool) -> None:
@@ -145,7 +174,10 @@ def test_validation_errors_never_echo_submitted_values(bare_client: falcon.testi
 
 
 def test_unexpected_exception_is_internal_with_stable_message(
-    bare_host: Host, bare_client: falcon.testing.TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    bare_host: Host,
+    bare_client: falcon.testing.TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     def explode(principal: object) -> None:
         raise RuntimeError("secret backend detail /home/user/.werk")
@@ -164,12 +196,21 @@ def test_info_and_capabilities_without_adapter(bare_client: falcon.testing.TestC
     assert info["active_backend"] is None
     assert info["service"] == "werk-host"
     assert info["limits"] == {
-        "max_page_size": 100, "max_state_ids_per_operation": 100, "max_expert_ids_per_operation": 256,
-        "max_request_bytes": 1048576, "max_handoff_bytes": 4096, "max_ttl_seconds": 2592000,
+        "max_page_size": 100,
+        "max_state_ids_per_operation": 100,
+        "max_expert_ids_per_operation": 256,
+        "max_request_bytes": 1048576,
+        "max_handoff_bytes": 4096,
+        "max_ttl_seconds": 2592000,
     }
     caps = {c["id"]: c for c in assert_protocol_response(bare_client.simulate_get("/werk/v1/capabilities"))["data"]}
     assert caps["runtime.memory.telemetry.host"]["status"] == "supported"  # psutil samples this host
-    for cap_id in ("runtime.pd.prefill", "runtime.state.persistence", "api.chat.token_count", "runtime.model_residency"):
+    for cap_id in (
+        "runtime.pd.prefill",
+        "runtime.state.persistence",
+        "api.chat.token_count",
+        "runtime.model_residency",
+    ):
         assert caps[cap_id]["status"] == "unsupported"
     assert caps["runtime.memory.reservations"]["status"] == "unavailable"
 
@@ -177,12 +218,20 @@ def test_info_and_capabilities_without_adapter(bare_client: falcon.testing.TestC
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
-        ("POST", "/werk/v1/prefill", {"model_id": "tiny", "input": {"type": "text", "text": "hi"}, "allow_experimental": True}),
+        (
+            "POST",
+            "/werk/v1/prefill",
+            {"model_id": "tiny", "input": {"type": "text", "text": "hi"}, "allow_experimental": True},
+        ),
         ("POST", "/werk/v1/chat/count_tokens", {"messages": [{"role": "user", "content": "hi"}]}),
         ("GET", "/werk/v1/chat/limits", None),
         ("GET", "/werk/v1/chat/reasoning", None),
         ("GET", "/werk/v1/experts", None),
-        ("POST", "/werk/v1/experts/actions", {"model_id": "m", "expert_ids": ["e"], "action": "pin", "allow_experimental": True}),
+        (
+            "POST",
+            "/werk/v1/experts/actions",
+            {"model_id": "m", "expert_ids": ["e"], "action": "pin", "allow_experimental": True},
+        ),
     ],
 )
 def test_operations_without_adapter_are_unsupported(

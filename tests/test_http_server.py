@@ -15,7 +15,12 @@ from werk_host.testing.hosts import backend_host, make_host, running
 
 
 def request(
-    base: str, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None, chunked: bool = False
+    base: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    chunked: bool = False,
 ) -> tuple[int, dict[str, str], dict]:
     url = urlsplit(base)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
@@ -116,7 +121,9 @@ def test_keys_and_handoffs_never_reach_logs(home: Path, caplog: pytest.LogCaptur
             base,
             "POST",
             "/werk/v1/prefill",
-            json.dumps({"model_id": "tiny", "input": {"type": "text", "text": "a b c"}, "allow_experimental": True}).encode(),
+            json.dumps(
+                {"model_id": "tiny", "input": {"type": "text", "text": "a b c"}, "allow_experimental": True}
+            ).encode(),
             AUTH,
         )
         assert status == 200, body
@@ -125,7 +132,9 @@ def test_keys_and_handoffs_never_reach_logs(home: Path, caplog: pytest.LogCaptur
             base, "POST", "/werk/v1/decode", json.dumps({"handoff": handoff, "allow_experimental": True}).encode(), AUTH
         )
         assert status == 200
-        request(base, "POST", "/werk/v1/decode", json.dumps({"handoff": handoff, "allow_experimental": True}).encode(), AUTH)
+        request(
+            base, "POST", "/werk/v1/decode", json.dumps({"handoff": handoff, "allow_experimental": True}).encode(), AUTH
+        )
     text = caplog.text + repr(host.config) + repr(host.auth)
     assert KEY not in text
     assert "wrong-key-xyz" not in text

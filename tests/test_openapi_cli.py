@@ -31,14 +31,32 @@ def test_openapi_covers_every_route_and_schema() -> None:
     prefill = doc["components"]["schemas"]["PrefillRequest"]
     assert prefill["additionalProperties"] is False
     ttl = doc["components"]["schemas"]["Policy"]["properties"]["ttl_seconds"]
-    assert {"minimum": 1, "maximum": 2592000}.items() <= next(s for s in ttl["anyOf"] if s.get("type") == "integer").items()
+    assert {"minimum": 1, "maximum": 2592000}.items() <= next(
+        s for s in ttl["anyOf"] if s.get("type") == "integer"
+    ).items()
 
 
 def test_models_add_list_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
     weights = tmp_path / "m.gguf"
     weights.write_bytes(b"GGUF" + b"\0" * 60)
-    assert main(["models", "add", "demo", str(weights), "--backend", "llama.cpp", "--param", "max_output_tokens=512", "--home", str(home)]) == 0
+    assert (
+        main(
+            [
+                "models",
+                "add",
+                "demo",
+                str(weights),
+                "--backend",
+                "llama.cpp",
+                "--param",
+                "max_output_tokens=512",
+                "--home",
+                str(home),
+            ]
+        )
+        == 0
+    )
     added = json.loads(capsys.readouterr().out)
     assert added["files"][0]["bytes"] == 64
     assert added["params"] == {"max_output_tokens": 512}
@@ -89,7 +107,10 @@ def test_unauthenticated_serve_warns_loudly(tmp_path: Path) -> None:
     env.pop("WERK_API_KEYS", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "werk_host.cli", "serve", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         assert proc.stdout is not None

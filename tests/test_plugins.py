@@ -44,8 +44,8 @@ from werk_host.protocol import (
     TextInput,
     Tier,
 )
-from werk_host.testing import covers_hooks
 from werk_host.testing.hosts import make_host
+from werk_host.testing.markers import covers_hooks
 from werk_host.testing.reference import BACKEND_ID, MemoryAdapter, MemoryBackendPlugin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,14 +53,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_hook_reference_is_generated_from_the_hookspecs() -> None:
     guide = (ROOT / "docs" / "plugin-hooks.md").read_text()
-    assert render(guide) == guide, "docs/plugin-hooks.md is stale: run python -m werk_host.hookdocs docs/plugin-hooks.md"
+    assert render(guide) == guide, (
+        "docs/plugin-hooks.md is stale: run python -m werk_host.hookdocs docs/plugin-hooks.md"
+    )
     documented = set(re.findall(r"^### `(werk_[a-z_]+)`", guide, flags=re.M))
     assert documented == set(hook_names())
 
 
 def test_every_hook_has_a_test() -> None:
     sources = "\n".join(p.read_text() for p in ROOT.glob("**/tests/**/test_*.py") if ".venv" not in p.parts)
-    tested = {h for group in re.findall(r"@covers_hooks\(([^)]*)\)", sources) for h in re.findall(r'"(werk_\w+)"', group)}
+    tested = {
+        h for group in re.findall(r"@covers_hooks\(([^)]*)\)", sources) for h in re.findall(r'"(werk_\w+)"', group)
+    }
     missing = set(hook_names()) - tested
     assert not missing, f"hooks without a @covers_hooks test: {sorted(missing)}"
     assert tested <= set(hook_names()), "a test claims to cover a hook that does not exist"

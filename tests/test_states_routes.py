@@ -28,7 +28,12 @@ def make_states(api: Api, n: int, prefix: str = "prompt", **policy: Any) -> list
     for i in range(n):
         status, body = api.post(
             "/werk/v1/prefill",
-            {"model_id": "tiny", "input": {"type": "text", "text": f"{prefix} {i}"}, "policy": policy, "allow_experimental": True},
+            {
+                "model_id": "tiny",
+                "input": {"type": "text", "text": f"{prefix} {i}"},
+                "policy": policy,
+                "allow_experimental": True,
+            },
         )
         assert status == 200, body
         ids.append(body["data"]["state_id"])
@@ -48,9 +53,23 @@ def test_pages_are_ordered_and_cursors_are_opaque_and_bound(api: tuple[Api, Host
     page = data(client.get("/werk/v1/states", limit=2))
     while True:
         seen += [s["id"] for s in page["states"]]
-        assert all(set(s) == {
-            "id", "model_id", "backend", "tier", "status", "bytes", "created_unix_ms",
-            "last_accessed_unix_ms", "expires_unix_ms", "pinned", "reusable"} for s in page["states"])
+        assert all(
+            set(s)
+            == {
+                "id",
+                "model_id",
+                "backend",
+                "tier",
+                "status",
+                "bytes",
+                "created_unix_ms",
+                "last_accessed_unix_ms",
+                "expires_unix_ms",
+                "pinned",
+                "reusable",
+            }
+            for s in page["states"]
+        )
         if not page["next_cursor"]:
             break
         assert not any(i in page["next_cursor"] for i in ids)
@@ -58,9 +77,17 @@ def test_pages_are_ordered_and_cursors_are_opaque_and_bound(api: tuple[Api, Host
     assert seen == sorted(ids)
     first = data(client.get("/werk/v1/states", limit=2))
     # a cursor is bound to its principal and filters
-    assert data(client.as_key(OTHER_KEY).get("/werk/v1/states", cursor=first["next_cursor"]), 400)["code"] == "invalid_request"
-    assert data(client.get("/werk/v1/states", cursor=first["next_cursor"], model_id="tiny"), 400)["code"] == "invalid_request"
-    assert data(client.get("/werk/v1/states", cursor=first["next_cursor"][:-2] + "zz"), 400)["code"] == "invalid_request"
+    assert (
+        data(client.as_key(OTHER_KEY).get("/werk/v1/states", cursor=first["next_cursor"]), 400)["code"]
+        == "invalid_request"
+    )
+    assert (
+        data(client.get("/werk/v1/states", cursor=first["next_cursor"], model_id="tiny"), 400)["code"]
+        == "invalid_request"
+    )
+    assert (
+        data(client.get("/werk/v1/states", cursor=first["next_cursor"][:-2] + "zz"), 400)["code"] == "invalid_request"
+    )
 
 
 def test_filters(api: tuple[Api, Host]) -> None:
@@ -135,7 +162,12 @@ def test_foreign_state_is_indistinguishable_from_absent(api: tuple[Api, Host]) -
     absent = data(other.post("/werk/v1/states/st_doesnotexist/actions", {"action": "pin"}), 404)
     assert foreign == absent
     assert data(other.get("/werk/v1/states"))["states"] == []
-    assert data(other.post("/werk/v1/states/prune", {"selector": {"kind": "all", "confirm": True}, "dry_run": False}))["removed"] == 0
+    assert (
+        data(other.post("/werk/v1/states/prune", {"selector": {"kind": "all", "confirm": True}, "dry_run": False}))[
+            "removed"
+        ]
+        == 0
+    )
     assert len(data(client.get("/werk/v1/states"))["states"]) == 1
 
 
@@ -148,7 +180,9 @@ def test_prune_selectors_preview_and_execute(api: tuple[Api, Host]) -> None:
     assert len(data(client.get("/werk/v1/states"))["states"]) == 4
     done = data(client.post("/werk/v1/states/prune", {"selector": {"kind": "ids", "ids": ids[:2]}, "dry_run": False}))
     assert (done["matched"], done["removed"], done["dry_run"]) == (2, 2, False)
-    by_filter = data(client.post("/werk/v1/states/prune", {"selector": {"kind": "filter", "model_id": "tiny"}, "dry_run": False}))
+    by_filter = data(
+        client.post("/werk/v1/states/prune", {"selector": {"kind": "filter", "model_id": "tiny"}, "dry_run": False})
+    )
     assert by_filter["removed"] == 2
     assert data(client.get("/werk/v1/states"))["states"] == []
 
@@ -175,7 +209,9 @@ def test_prune_rejects_unsafe_selectors(api: tuple[Api, Host], selector: dict[st
 def test_pinned_states_are_kept_by_prune_all_only_when_expired(api: tuple[Api, Host]) -> None:
     client, _ = api
     make_states(client, 1, pin=True)
-    result = data(client.post("/werk/v1/states/prune", {"selector": {"kind": "all", "confirm": True}, "dry_run": False}))
+    result = data(
+        client.post("/werk/v1/states/prune", {"selector": {"kind": "all", "confirm": True}, "dry_run": False})
+    )
     # an explicit prune is an operator decision: pinning protects only from policy eviction
     assert result["removed"] == 1
 
@@ -183,7 +219,10 @@ def test_pinned_states_are_kept_by_prune_all_only_when_expired(api: tuple[Api, H
 def test_memory_route_reports_real_host_and_null_accelerator(api: tuple[Api, Host]) -> None:
     client, host = api
     report = data(client.get("/werk/v1/memory"))
-    assert report["host"]["capacity_bytes"] > 0 and 0 < report["host"]["available_bytes"] <= report["host"]["capacity_bytes"]
+    assert (
+        report["host"]["capacity_bytes"] > 0
+        and 0 < report["host"]["available_bytes"] <= report["host"]["capacity_bytes"]
+    )
     assert report["host"]["pressure"] in ("normal", "soft", "hard", "emergency")
     caps = {c["id"]: c["status"] for c in data(client.get("/werk/v1/capabilities"))}
     assert caps["runtime.memory.telemetry.host"] == "supported"
@@ -193,9 +232,16 @@ def test_memory_route_reports_real_host_and_null_accelerator(api: tuple[Api, Hos
         assert report["accelerator"]["available_bytes"] is None
         assert report["accelerator"]["pressure"] == "unknown"
     assert set(report["counters"]) == {
-        "active_reservations", "managed_allocations", "pressure_actions_in_flight", "completed_demotions",
-        "completed_evictions", "failed_releases", "orphaned_release_bytes", "telemetry_errors",
-        "backend_cleanup_failures", "backend_cleanup_latched",
+        "active_reservations",
+        "managed_allocations",
+        "pressure_actions_in_flight",
+        "completed_demotions",
+        "completed_evictions",
+        "failed_releases",
+        "orphaned_release_bytes",
+        "telemetry_errors",
+        "backend_cleanup_failures",
+        "backend_cleanup_latched",
     }
     obs = data(client.get("/werk/v1/observability"))
     assert obs["memory"]["host"]["capacity_bytes"] > 0

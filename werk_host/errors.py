@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 
 class ErrorCode(StrEnum):
-    """The seed's error codes (protocol reference, "Errors")."""
+    """The protocol's error codes (docs/protocol.md, "Errors")."""
 
     INVALID_REQUEST = "invalid_request"
     INCOMPATIBLE_PROTOCOL = "incompatible_protocol"

@@ -59,9 +59,7 @@ def build_host(
     runtime = BackendRuntime(plugins, config)
     memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
     store = StateStore(config.home / "runtime-state" / "v1")
-    service = LocalControlService(
-        runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret
-    )
+    service = LocalControlService(runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret)
     inference = InferenceService(runtime, service.chat_stats)
     app = create_app(service, auth, inference=inference)
     host = Host(config, plugins, runtime, service, auth, app)

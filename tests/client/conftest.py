@@ -5,32 +5,36 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.server import Host
 from werk_host.testing import hosts
+from werk_host.testing.reference import EXPERIMENTAL_STATE, MemoryBackendPlugin
 
 #: A distinctive key, so a leak scan cannot match anything by accident.
 LIVE_KEY = "sk-werk-live-5e8c1f0a9b7d3264"
 
 
-def _backend_host(home: Path, **kwargs: Any) -> tuple[Any, Any]:
-    # the helper was first named ``test_backend_host``; accept either name
-    factory: Any = getattr(hosts, "backend_host", None) or getattr(hosts, "test_backend_host", None)
-    return factory(home, **kwargs)  # type: ignore[no-any-return]
+#: The reference backend with every capability the client tests exercise switched on.
+LIVE_STATUSES = {
+    **EXPERIMENTAL_STATE,
+    CapabilityId.REASONING: CapabilityStatus.SUPPORTED,
+    CapabilityId.EXPERTS: CapabilityStatus.EXPERIMENTAL,
+}
 
 
 @dataclass
 class Live:
     url: str
-    host: Any
-    plugin: Any
+    host: Host
+    plugin: MemoryBackendPlugin
 
 
 @pytest.fixture
 def live(home: Path) -> Iterator[Live]:
-    host, plugin = _backend_host(home, api_keys=(LIVE_KEY,))
+    host, plugin = hosts.backend_host(home, api_keys=(LIVE_KEY,), adapter_kwargs={"statuses": LIVE_STATUSES})
     with hosts.running(host) as url:
         yield Live(url, host, plugin)
 
@@ -38,6 +42,6 @@ def live(home: Path) -> Iterator[Live]:
 @pytest.fixture
 def live_continuing(home: Path) -> Iterator[Live]:
     """A server whose decode returns a next handoff (the adapter's ``continue`` switch)."""
-    host, plugin = _backend_host(home, api_keys=(LIVE_KEY,), adapter_kwargs={"fail": {"continue"}})
+    host, plugin = hosts.backend_host(home, api_keys=(LIVE_KEY,), adapter_kwargs={"fail": {"continue"}})
     with hosts.running(host) as url:
         yield Live(url, host, plugin)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.client.conftest import LIVE_KEY, Live, _backend_host
+from tests.client.conftest import LIVE_KEY, Live
 from werk_host.client import (
     ExperimentalOptInRequiredError,
     ExpiredHandoffError,
@@ -22,6 +20,7 @@ from werk_host.protocol import (
     Admission,
     AllSelector,
     Capability,
+    CapabilityId,
     CapabilityStatus,
     ChatLimits,
     ChatMessage,
@@ -49,14 +48,20 @@ from werk_host.protocol import (
     TokenCount,
 )
 from werk_host.testing import hosts
+from werk_host.testing.reference import EXPERIMENTAL_STATE
 
 MODEL = "tiny"
 
 
 def prefill(client: WerkProtocolClient, text: str = "one two three four five", mode: str = "disk") -> tuple[str, str]:
-    result = client.prefill(PrefillRequest(
-        model_id=MODEL, input=TextInput(type="text", text=text), policy=Policy(mode=mode), allow_experimental=True,
-    ))
+    result = client.prefill(
+        PrefillRequest(
+            model_id=MODEL,
+            input=TextInput(type="text", text=text),
+            policy=Policy(mode=mode),
+            allow_experimental=True,
+        )
+    )
     assert result.state_id is not None
     return result.handoff.get_secret_value(), result.state_id
 
@@ -114,15 +119,26 @@ def test_prefill_decode_and_state_lifecycle(live: Live) -> None:
 
 def test_message_prefill_and_next_handoff(live_continuing: Live) -> None:
     client = WerkProtocolClient(live_continuing.url, LIVE_KEY)
-    result = client.prefill(PrefillRequest(
-        model_id=MODEL,
-        input=MessagesInput(type="messages", messages=[Message(role="user", content="alpha beta gamma")]),
-        policy=Policy(mode="ephemeral", reuse="disabled"),
-        allow_experimental=True,
-    ))
+    result = client.prefill(
+        PrefillRequest(
+            model_id=MODEL,
+            input=MessagesInput(type="messages", messages=[Message(role="user", content="alpha beta gamma")]),
+            policy=Policy(mode="ephemeral", reuse="disabled"),
+            allow_experimental=True,
+        )
+    )
     assert result.state_id is None
-    first = client.decode(DecodeRequest(handoff=result.handoff, max_tokens=1, temperature=0.5, top_p=0.9, seed=3,
-                                        stop=["</x>"], allow_experimental=True))
+    first = client.decode(
+        DecodeRequest(
+            handoff=result.handoff,
+            max_tokens=1,
+            temperature=0.5,
+            top_p=0.9,
+            seed=3,
+            stop=["</x>"],
+            allow_experimental=True,
+        )
+    )
     assert first.handoff is not None
     assert first.handoff.get_secret_value() != result.handoff.get_secret_value()
     assert "**" in repr(first)
@@ -147,31 +163,51 @@ def test_chat_planning_routes(live: Live) -> None:
     assert client.chat_limits(MODEL).model == MODEL
     with pytest.raises(NotFoundError):
         client.chat_limits("no-such-model")
-    for model, budget in ((None, 256), (MODEL, 64)):
-        try:
-            profile = client.reasoning(model, max_output_tokens=budget)
-        except UnsupportedError as err:  # the in-memory backend has no reasoning profile
-            assert err.status == 501
-        else:
-            assert isinstance(profile, ReasoningProfile)
+    available: dict[int, set[str]] = {}
+    for model, budget in ((None, 4096), (MODEL, 64)):
+        profile = client.reasoning(model, max_output_tokens=budget)
+        assert isinstance(profile, ReasoningProfile) and profile.supported and profile.model == MODEL
+        assert profile.limits.output_tokens == budget
+        available[budget] = {t.id.value for t in profile.tiers if t.available}
+        assert all((t.reasoning_tokens or 0) < budget for t in profile.tiers if t.available)
+    assert available[64] == {"none"} and {"none", "low", "medium", "high"} <= available[4096]
+
+
+def test_reasoning_route_when_the_backend_has_no_profile(home: Path) -> None:
+    statuses = {**EXPERIMENTAL_STATE, CapabilityId.REASONING: CapabilityStatus.UNSUPPORTED}
+    host, _ = hosts.backend_host(home, api_keys=(LIVE_KEY,), adapter_kwargs={"statuses": statuses})
+    with hosts.running(host) as url, pytest.raises(UnsupportedError) as err:
+        WerkProtocolClient(url, LIVE_KEY).reasoning(MODEL, max_output_tokens=64)
+    assert err.value.status == 501 and not err.value.retryable
 
 
 def test_expert_routes(live: Live) -> None:
     client = WerkProtocolClient(live.url, LIVE_KEY)
-    calls: tuple[Callable[[], Any], ...] = (
-        lambda: client.list_experts(),
-        lambda: client.list_experts(ExpertListQuery(model_id=MODEL, tier="vram", limit=3, allow_experimental=True)),
-        lambda: client.expert_action(ExpertActionRequest(
-            model_id=MODEL, expert_ids=["e1"], action="prefetch", target_tier="vram", dry_run=True,
-        )),
+    with pytest.raises(ExperimentalOptInRequiredError):
+        client.list_experts()
+    page = client.list_experts(ExpertListQuery(model_id=MODEL, limit=3, allow_experimental=True))
+    assert isinstance(page, ExpertPage) and len(page.experts) == 3 and page.next_cursor is not None
+    rest = client.list_experts(ExpertListQuery(model_id=MODEL, cursor=page.next_cursor, allow_experimental=True))
+    assert {e.id for e in page.experts}.isdisjoint(e.id for e in rest.experts)
+    external = next(e for e in page.experts + rest.experts if e.tier.value == "external")
+    request = ExpertActionRequest(
+        model_id=MODEL,
+        expert_ids=[external.id],
+        action="prefetch",
+        target_tier="ram",
+        dry_run=True,
+        allow_experimental=True,
     )
-    for call in calls:
-        try:
-            result = call()
-        except UnsupportedError as err:  # the in-memory backend has no experts
-            assert err.code == "unsupported" and not err.retryable
-        else:
-            assert isinstance(result, ExpertPage) or result.dry_run
+    preview = client.expert_action(request)
+    assert preview.dry_run and preview.experts[0].tier.value == "ram"
+    listed = client.list_experts(ExpertListQuery(model_id=MODEL, tier="external", allow_experimental=True))
+    assert external.id in {e.id for e in listed.experts}  # the dry run changed nothing
+    done = client.expert_action(request.model_copy(update={"dry_run": False}))
+    assert done.changed and not done.dry_run
+    listed = client.list_experts(ExpertListQuery(model_id=MODEL, tier="ram", allow_experimental=True))
+    assert external.id in {e.id for e in listed.experts}
+    with pytest.raises(NotFoundError):
+        client.expert_action(request.model_copy(update={"expert_ids": ["layer9.expert99"]}))
 
 
 def test_authentication(live: Live) -> None:
@@ -182,7 +218,7 @@ def test_authentication(live: Live) -> None:
 
 
 def test_a_server_without_keys_needs_none(home: Path) -> None:
-    host, _ = _backend_host(home)
+    host, _ = hosts.backend_host(home)
     with hosts.running(host) as url:
         assert WerkProtocolClient(url).info().active_backend
 

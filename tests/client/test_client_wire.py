@@ -74,8 +74,16 @@ def test_query_parameters_are_encoded() -> None:
     from werk_host.protocol import StateListQuery
 
     page: dict[str, Any] = {"states": [], "next_cursor": None}
-    profile: dict[str, Any] = {"model": "m", "backend": None, "supported": False, "source": None, "default_tier": None,
-               "default_adjusted_to_limits": False, "limits": None, "tiers": []}
+    profile: dict[str, Any] = {
+        "model": "m",
+        "backend": None,
+        "supported": False,
+        "source": None,
+        "default_tier": None,
+        "default_adjusted_to_limits": False,
+        "limits": None,
+        "tiers": [],
+    }
     with raw_server(http(envelope(page)), http(envelope(profile))) as srv:
         client(srv.url).list_states(StateListQuery(model_id="a b&c", tier="disk", limit=5, cursor="x/y"))
         client(srv.url).reasoning("m", 99)
@@ -108,13 +116,17 @@ def test_a_body_of_exactly_8_mib_is_accepted() -> None:
 
 
 # -- redirects -------------------------------------------------------------------------------
-@pytest.mark.parametrize("status", ["301 Moved Permanently", "302 Found", "303 See Other", "307 Temporary Redirect",
-                                    "308 Permanent Redirect"])
+@pytest.mark.parametrize(
+    "status",
+    ["301 Moved Permanently", "302 Found", "303 See Other", "307 Temporary Redirect", "308 Permanent Redirect"],
+)
 def test_redirects_are_never_followed(status: str) -> None:
     with raw_server(http(envelope(INFO))) as target:
         location = (("Location", f"{target.url}/werk/v1/info"),)
-        with raw_server(http(b"", status=status, extra_headers=location)) as srv, \
-                pytest.raises(RedirectError) as caught:
+        with (
+            raw_server(http(b"", status=status, extra_headers=location)) as srv,
+            pytest.raises(RedirectError) as caught,
+        ):
             client(srv.url).info()
         assert target.requests == []
     assert caught.value.status == int(status[:3])
@@ -212,10 +224,12 @@ def test_broken_chunked_framing_is_rejected(name: str) -> None:
 BAD_HEADS = {
     "te-and-cl": http(chunked(envelope(INFO)), content_length=10, extra_headers=TE),
     "te-gzip": http(envelope(INFO), content_length=None, extra_headers=(("Transfer-Encoding", "gzip"),)),
-    "te-twice-chunked": http(chunked(envelope(INFO)), content_length=None,
-                             extra_headers=(("Transfer-Encoding", "chunked, chunked"),)),
-    "chunked-in-http-1.0": http(chunked(envelope(INFO)), content_length=None, extra_headers=TE,
-                                http_version="HTTP/1.0"),
+    "te-twice-chunked": http(
+        chunked(envelope(INFO)), content_length=None, extra_headers=(("Transfer-Encoding", "chunked, chunked"),)
+    ),
+    "chunked-in-http-1.0": http(
+        chunked(envelope(INFO)), content_length=None, extra_headers=TE, http_version="HTTP/1.0"
+    ),
     "conflicting-cl": http(envelope(INFO), extra_headers=(("Content-Length", "3"),)),
     "non-numeric-cl": http(envelope(INFO), content_length=None, extra_headers=(("Content-Length", "12abc"),)),
     "negative-cl": http(envelope(INFO), content_length=None, extra_headers=(("Content-Length", "-1"),)),
@@ -283,15 +297,19 @@ MISSING = {
     "no-content-type": http(envelope(INFO), content_type=None),
     "text-plain": http(envelope(INFO), content_type="text/plain"),
     "bad-utf8": http(b'{"protocol": "\xff"}'),
-    "protocol-strings": http(json.dumps({"protocol": {"major": "1", "minor": "0"}, "request_id": "r",
-                                         "data": INFO}).encode()),
-    "protocol-bools": http(json.dumps({"protocol": {"major": True, "minor": False}, "request_id": "r",
-                                       "data": INFO}).encode()),
-    "protocol-extra": http(json.dumps({"protocol": {"major": 1, "minor": 0, "patch": 1}, "request_id": "r",
-                                       "data": INFO}).encode()),
+    "protocol-strings": http(
+        json.dumps({"protocol": {"major": "1", "minor": "0"}, "request_id": "r", "data": INFO}).encode()
+    ),
+    "protocol-bools": http(
+        json.dumps({"protocol": {"major": True, "minor": False}, "request_id": "r", "data": INFO}).encode()
+    ),
+    "protocol-extra": http(
+        json.dumps({"protocol": {"major": 1, "minor": 0, "patch": 1}, "request_id": "r", "data": INFO}).encode()
+    ),
     "no-request-id": http(json.dumps({"protocol": {"major": 1, "minor": 0}, "data": INFO}).encode()),
-    "numeric-request-id": http(json.dumps({"protocol": {"major": 1, "minor": 0}, "request_id": 7,
-                                           "data": INFO}).encode()),
+    "numeric-request-id": http(
+        json.dumps({"protocol": {"major": 1, "minor": 0}, "request_id": 7, "data": INFO}).encode()
+    ),
     "no-data": http(json.dumps({"protocol": {"major": 1, "minor": 0}, "request_id": "r"}).encode()),
     "data-and-error": http(envelope(INFO, error={"code": "internal", "message": "x", "retryable": False})),
     "extra-member": http(envelope(INFO, extra=1)),
@@ -317,20 +335,34 @@ def test_missing_or_malformed_envelope_is_a_protocol_violation(name: str) -> Non
 @pytest.mark.parametrize("code", list(ErrorCode))
 def test_every_protocol_error_code_maps_to_its_own_class(code: ErrorCode) -> None:
     retryable = code in (ErrorCode.UNAVAILABLE, ErrorCode.RESOURCE_EXHAUSTED)
-    raw = http(error_envelope(code.value, "it failed", retryable=retryable, request_id="req_abc"),
-               status="409 Conflict", extra_headers=(("X-Werk-Request-Id", "req_abc"),))
+    raw = http(
+        error_envelope(code.value, "it failed", retryable=retryable, request_id="req_abc"),
+        status="409 Conflict",
+        extra_headers=(("X-Werk-Request-Id", "req_abc"),),
+    )
     with raw_server(raw) as srv, pytest.raises(WerkApiError) as caught:
         client(srv.url).info()
     err = caught.value
     assert type(err) is API_ERRORS[code]
     assert (err.code, err.retryable, err.request_id, err.status, err.message) == (
-        code.value, retryable, "req_abc", 409, "it failed")
+        code.value,
+        retryable,
+        "req_abc",
+        409,
+        "it failed",
+    )
     assert len(set(API_ERRORS.values())) == len(ErrorCode)
 
 
 def test_incompatible_state_keeps_only_mismatch_fields() -> None:
-    body = envelope(error={"code": "incompatible_state", "message": "m", "retryable": False,
-                           "details": {"mismatch_fields": ["argv"], "path": "/secret"}})
+    body = envelope(
+        error={
+            "code": "incompatible_state",
+            "message": "m",
+            "retryable": False,
+            "details": {"mismatch_fields": ["argv"], "path": "/secret"},
+        }
+    )
     with raw_server(http(body, status="409 Conflict")) as srv, pytest.raises(WerkApiError) as caught:
         client(srv.url).info()
     assert caught.value.details == {"mismatch_fields": ["argv"]}

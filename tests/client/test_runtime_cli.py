@@ -10,6 +10,7 @@ import socket
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,19 @@ def read_secret(path: Path) -> str:
 
 
 def prefill_args(handoff: Path, *extra: str) -> list[str]:
-    return ["prefill", "--model", "tiny", "--text", "one two three four five", "--mode", "disk",
-            "--allow-experimental", "--handoff-file", str(handoff), *extra]
+    return [
+        "prefill",
+        "--model",
+        "tiny",
+        "--text",
+        "one two three four five",
+        "--mode",
+        "disk",
+        "--allow-experimental",
+        "--handoff-file",
+        str(handoff),
+        *extra,
+    ]
 
 
 # -- prefill -> decode ----------------------------------------------------------------------
@@ -74,25 +86,63 @@ def test_prefill_decode_round_trip_through_the_handoff_file(
     assert result["handoff"].startswith("[secret handoff written to ") and str(handoff_file) in result["handoff"]
     assert result["state_id"].startswith("st_") and result["tier"] == "disk" and result["prompt_tokens"] == 5
 
-    second = run(capsys, "decode", "--handoff-file", str(handoff_file), "--max-tokens", "3",
-                 "--temperature", "0.2", "--top-p", "0.9", "--seed", "7", "--stop", "</a>", "--stop", "</b>",
-                 "--allow-experimental")
+    second = run(
+        capsys,
+        "decode",
+        "--handoff-file",
+        str(handoff_file),
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0.2",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--stop",
+        "</a>",
+        "--stop",
+        "</b>",
+        "--allow-experimental",
+    )
     assert second.rc == 0, second.err
-    assert second.json() == {"text": "one two three", "handoff": None, "completion_tokens": 3,
-                             "finish_reason": "length"}
+    assert second.json() == {
+        "text": "one two three",
+        "handoff": None,
+        "completion_tokens": 3,
+        "finish_reason": "length",
+    }
 
     again = run(capsys, "decode", "--handoff-file", str(handoff_file), "--allow-experimental")
     assert again.rc == 27 and again.out == ""
     assert again.error()["code"] == "expired_handoff" and again.error()["request_id"].startswith("req_")
 
 
-def test_prefill_with_messages_file_and_policy_flags(env: Live, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_prefill_with_messages_file_and_policy_flags(
+    env: Live, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     messages = tmp_path / "messages.json"
-    messages.write_text(json.dumps({"messages": [{"role": "system", "content": "be brief"},
-                                                 {"role": "user", "content": "hello"}]}))
-    out = run(capsys, "prefill", "--model", "tiny", "--messages-file", str(messages), "--mode", "disk",
-              "--reuse", "disabled", "--ttl-seconds", "600", "--pin", "--allow-experimental",
-              "--handoff-file", str(tmp_path / "h"))
+    messages.write_text(
+        json.dumps({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]})
+    )
+    out = run(
+        capsys,
+        "prefill",
+        "--model",
+        "tiny",
+        "--messages-file",
+        str(messages),
+        "--mode",
+        "disk",
+        "--reuse",
+        "disabled",
+        "--ttl-seconds",
+        "600",
+        "--pin",
+        "--allow-experimental",
+        "--handoff-file",
+        str(tmp_path / "h"),
+    )
     assert out.rc == 0, out.err
     assert out.json()["expires_unix_ms"] is not None
     listed = run(capsys, "states", "list").json()["states"]
@@ -119,8 +169,17 @@ def test_prefill_refuses_an_existing_file_or_a_link(
 
 def test_a_failed_prefill_leaves_no_handoff_file(env: Live, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     handoff_file = tmp_path / "h"
-    res = run(capsys, "prefill", "--model", "tiny", "--text", "x", "--no-allow-experimental",
-              "--handoff-file", str(handoff_file))
+    res = run(
+        capsys,
+        "prefill",
+        "--model",
+        "tiny",
+        "--text",
+        "x",
+        "--no-allow-experimental",
+        "--handoff-file",
+        str(handoff_file),
+    )
     assert res.rc == 28 and res.error()["code"] == "experimental_opt_in_required"
     assert not handoff_file.exists()
 
@@ -177,8 +236,17 @@ def test_decode_stores_a_next_handoff(
     assert run(capsys, *prefill_args(fresh)).rc == 0
     third_secret = read_secret(fresh)
     next_file = tmp_path / "next"
-    moved = run(capsys, "decode", "--handoff-file", str(fresh), "--next-handoff-file", str(next_file),
-                "--max-tokens", "1", "--allow-experimental")
+    moved = run(
+        capsys,
+        "decode",
+        "--handoff-file",
+        str(fresh),
+        "--next-handoff-file",
+        str(next_file),
+        "--max-tokens",
+        "1",
+        "--allow-experimental",
+    )
     assert moved.rc == 0, moved.err
     assert stat.S_IMODE(next_file.lstat().st_mode) == 0o600
     fourth_secret = read_secret(next_file)
@@ -190,7 +258,9 @@ def test_decode_stores_a_next_handoff(
 
 
 # -- previews --------------------------------------------------------------------------------
-def test_state_mutations_are_previews_unless_execute(env: Live, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_state_mutations_are_previews_unless_execute(
+    env: Live, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     state_id = run(capsys, *prefill_args(tmp_path / "h")).json()["state_id"]
 
     preview = run(capsys, "states", "action", state_id, "pin")
@@ -210,18 +280,32 @@ def test_state_mutations_are_previews_unless_execute(env: Live, tmp_path: Path, 
 
 
 STATE_RESULT = {
-    "state": {"id": "st_a", "model_id": "m", "backend": "b", "tier": "disk", "status": "ready", "bytes": None,
-              "created_unix_ms": 1, "last_accessed_unix_ms": 1, "expires_unix_ms": None, "pinned": True,
-              "reusable": True},
+    "state": {
+        "id": "st_a",
+        "model_id": "m",
+        "backend": "b",
+        "tier": "disk",
+        "status": "ready",
+        "bytes": None,
+        "created_unix_ms": 1,
+        "last_accessed_unix_ms": 1,
+        "expires_unix_ms": None,
+        "pinned": True,
+        "reusable": True,
+    },
     "changed": True,
     "dry_run": True,
 }
 MUTATIONS = {
     "states-action": (["states", "action", "st_a", "pin"], STATE_RESULT),
-    "states-prune": (["states", "prune", "--model-id", "m", "--older-than-unix-ms", "5"],
-                     {"matched": 0, "removed": 0, "bytes": None, "dry_run": True}),
-    "experts-action": (["experts", "action", "evict", "--model-id", "m", "--expert-id", "e1", "--expert-id", "e2"],
-                       {"experts": [], "changed": False, "dry_run": True}),
+    "states-prune": (
+        ["states", "prune", "--model-id", "m", "--older-than-unix-ms", "5"],
+        {"matched": 0, "removed": 0, "bytes": None, "dry_run": True},
+    ),
+    "experts-action": (
+        ["experts", "action", "evict", "--model-id", "m", "--expert-id", "e1", "--expert-id", "e2"],
+        {"experts": [], "changed": False, "dry_run": True},
+    ),
 }
 
 
@@ -246,15 +330,27 @@ COMMANDS: dict[str, tuple[list[str], str, str]] = {
     "memory": (["memory"], "GET", "/werk/v1/memory"),
     "observability": (["observability"], "GET", "/werk/v1/observability"),
     "deployments": (["deployments"], "GET", "/werk/v1/deployments"),
-    "states-list": (["states", "list", "--model-id", "m", "--tier", "ram", "--limit", "7", "--cursor", "c"], "GET",
-                    "/werk/v1/states?model_id=m&tier=ram&limit=7&cursor=c"),
-    "states-action": (["states", "action", "st_x", "demote", "--target-tier", "disk"], "POST",
-                      "/werk/v1/states/st_x/actions"),
+    "states-list": (
+        ["states", "list", "--model-id", "m", "--tier", "ram", "--limit", "7", "--cursor", "c"],
+        "GET",
+        "/werk/v1/states?model_id=m&tier=ram&limit=7&cursor=c",
+    ),
+    "states-action": (
+        ["states", "action", "st_x", "demote", "--target-tier", "disk"],
+        "POST",
+        "/werk/v1/states/st_x/actions",
+    ),
     "states-prune": (["states", "prune", "--id", "st_x", "--id", "st_y"], "POST", "/werk/v1/states/prune"),
-    "experts-list": (["experts", "list", "--allow-experimental"], "GET",
-                     "/werk/v1/experts?limit=100&allow_experimental=true"),
-    "experts-action": (["experts", "action", "prefetch", "--model-id", "m", "--expert-id", "e", "--target-tier",
-                        "ram"], "POST", "/werk/v1/experts/actions"),
+    "experts-list": (
+        ["experts", "list", "--allow-experimental"],
+        "GET",
+        "/werk/v1/experts?limit=100&allow_experimental=true",
+    ),
+    "experts-action": (
+        ["experts", "action", "prefetch", "--model-id", "m", "--expert-id", "e", "--target-tier", "ram"],
+        "POST",
+        "/werk/v1/experts/actions",
+    ),
     "prefill": (["prefill", "--model", "m", "--text", "t", "--handoff-file", "{tmp}/new"], "POST", "/werk/v1/prefill"),
     "decode": (["decode", "--handoff-file", "{tmp}/h"], "POST", "/werk/v1/decode"),
     "count-tokens": (["count-tokens", "--text", "hi", "--model", "m"], "POST", "/werk/v1/chat/count_tokens"),
@@ -278,30 +374,65 @@ def test_every_command_reaches_its_route(
         monkeypatch.setenv("WERK_SERVER", srv.url)
         res = run(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in argv])
     assert res.rc == 30 and res.out == ""
-    assert res.error() == {"type": "UnsupportedError", "code": "unsupported", "message": "nope",
-                           "retryable": False, "request_id": "req_z", "status": 501}
+    assert res.error() == {
+        "type": "UnsupportedError",
+        "code": "unsupported",
+        "message": "nope",
+        "retryable": False,
+        "request_id": "req_z",
+        "status": 501,
+    }
     [req] = srv.requests
     assert (req.method, req.target) == (method, target)
     assert req.headers["authorization"] == "Bearer sk-route-check"
     assert not (tmp_path / "new").exists()
 
 
-LIVE_COMMANDS = [
-    ["info"], ["capabilities"], ["memory"], ["observability"], ["deployments"], ["states", "list"],
-    ["states", "prune", "--tier", "disk"], ["experts", "list"],
-    ["experts", "action", "pin", "--model-id", "tiny", "--expert-id", "e1"],
-    ["count-tokens", "--text", "hello world"], ["admission", "--text", "hello world", "--max-tokens", "9"],
-    ["limits"], ["limits", "--model", "tiny"], ["reasoning", "--model", "tiny"],
-]
+#: Each command against the live reference backend, and what its JSON output must say.
+LIVE_COMMANDS: dict[str, tuple[list[str], Callable[[Any], bool]]] = {
+    "info": (["info"], lambda d: d["protocol"] == {"major": 1, "minor": 0} and d["active_backend"] == "test-backend"),
+    "capabilities": (
+        ["capabilities"],
+        lambda d: {c["id"]: c["status"] for c in d}["runtime.experts.residency"] == "experimental",
+    ),
+    "memory": (["memory"], lambda d: d["counters"]["active_reservations"] == 0),
+    "observability": (["observability"], lambda d: d["chat"]["requests_total"] == 0 and len(d["workers"]) == 1),
+    "deployments": (["deployments"], lambda d: set(d) == {"inventory", "plans", "slots"}),
+    "states-list": (["states", "list"], lambda d: d == {"states": [], "next_cursor": None}),
+    "states-prune": (["states", "prune", "--tier", "disk"], lambda d: (d["matched"], d["dry_run"]) == (0, True)),
+    "experts-list": (
+        ["experts", "list", "--allow-experimental"],
+        lambda d: len(d["experts"]) == 8 and {e["tier"] for e in d["experts"]} == {"ram", "external"},
+    ),
+    "experts-action": (
+        ["experts", "action", "pin", "--model-id", "tiny", "--expert-id", "layer0.expert1", "--allow-experimental"],
+        lambda d: d["dry_run"] is True and d["experts"][0]["id"] == "layer0.expert1" and d["experts"][0]["pinned"],
+    ),
+    "count-tokens": (["count-tokens", "--text", "hello world"], lambda d: d == {"model": "tiny", "input_tokens": 4}),
+    "admission": (
+        ["admission", "--text", "hello world", "--max-tokens", "9"],
+        lambda d: (d["input_tokens"], d["max_output_tokens"], d["token_count_method"]) == (4, 9, "native"),
+    ),
+    "limits": (["limits"], lambda d: (d["model"], d["context_tokens"], d["max_output_tokens"]) == ("tiny", 64, 63)),
+    "limits-model": (["limits", "--model", "tiny"], lambda d: d["model"] == "tiny"),
+    "reasoning": (["reasoning", "--model", "tiny"], lambda d: d["supported"] is True and d["model"] == "tiny"),
+}
 
 
-@pytest.mark.parametrize("argv", LIVE_COMMANDS, ids=lambda a: "-".join(a[:2]))
-def test_commands_against_a_real_server(argv: list[str], env: Live, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("name", sorted(LIVE_COMMANDS))
+def test_commands_against_a_real_server(name: str, env: Live, capsys: pytest.CaptureFixture[str]) -> None:
+    argv, check = LIVE_COMMANDS[name]
     res = run(capsys, *argv)
-    if res.rc == 0:
-        assert isinstance(res.json(), dict | list) and res.err == ""
-    else:  # a typed protocol error (the in-memory backend lacks experts and reasoning)
-        assert res.out == "" and res.rc == 30 and res.error()["code"] == "unsupported"
+    assert res.rc == 0 and res.err == "", res.err
+    assert check(res.json()), res.out
+
+
+def test_an_experimental_route_without_opt_in_exits_with_its_code(
+    env: Live, capsys: pytest.CaptureFixture[str]
+) -> None:
+    res = run(capsys, "experts", "list")
+    assert res.rc != 0 and res.out == ""
+    assert res.error()["code"] == "experimental_opt_in_required" and res.error()["status"] == 428
 
 
 def _refused_port() -> int:
@@ -369,14 +500,29 @@ def test_local_failure_exit_codes(
     res = run(capsys, "count-tokens", "--text", "x" * (1 << 20))
     assert res.rc == 11 and res.error()["code"] == "request_too_large"
     secret_like = "sk-not-to-echo-1234"
-    res = run(capsys, "prefill", "--model", "tiny", "--text", secret_like, "--ttl-seconds", "99999999",
-              "--handoff-file", str(tmp_path / "h"))
+    res = run(
+        capsys,
+        "prefill",
+        "--model",
+        "tiny",
+        "--text",
+        secret_like,
+        "--ttl-seconds",
+        "99999999",
+        "--handoff-file",
+        str(tmp_path / "h"),
+    )
     assert res.rc == 14 and secret_like not in res.err and not (tmp_path / "h").exists()
 
 
 def test_usage_errors_and_no_key_on_argv(env: Live, capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["info", "--api-key", LIVE_KEY], ["prefill", "--model", "tiny", "--text", "x"], ["states"],
-                 ["decode"], ["states", "action", "st_x", "explode"]):
+    for argv in (
+        ["info", "--api-key", LIVE_KEY],
+        ["prefill", "--model", "tiny", "--text", "x"],
+        ["states"],
+        ["decode"],
+        ["states", "action", "st_x", "explode"],
+    ):
         with pytest.raises(SystemExit) as caught:
             main(["runtime", *argv])
         assert caught.value.code == 2

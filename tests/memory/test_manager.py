@@ -55,9 +55,7 @@ def _err(exc: pytest.ExceptionInfo[WerkError]) -> ErrorCode:
 
 def test_snapshot_reproduces_the_seed_example(clock: FakeClock, wall: FakeClock) -> None:
     host = FakeSource(capacity=68719476736, used=68719476736 - 42949672960)
-    mgr = MemoryManager(
-        host, FakeSource(capacity=None), clock=clock, wall_clock=wall, topology=Topology.DISCRETE
-    )
+    mgr = MemoryManager(host, FakeSource(capacity=None), clock=clock, wall_clock=wall, topology=Topology.DISCRETE)
     snap = mgr.snapshot()
     assert snap == SEED_EXAMPLE
     assert list(snap) == list(SEED_EXAMPLE)

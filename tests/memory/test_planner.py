@@ -115,9 +115,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[ReliefCandidate], int, int, int, Th
 def feasible_by_brute_force(
     cands: list[ReliefCandidate], need: int, capacity: int, used: int, th: Thresholds, k: int
 ) -> bool:
-    usable = [
-        x.bytes for x in cands if not x.pinned and not x.handoff_live and x.bytes is not None and x.bytes > 0
-    ]
+    usable = [x.bytes for x in cands if not x.pinned and not x.handoff_live and x.bytes is not None and x.bytes > 0]
     for r in range(min(k, len(usable)) + 1):
         for subset in combinations(usable, r):
             if below_hard(used + need - min(sum(subset), used), capacity, th):

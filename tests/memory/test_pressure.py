@@ -114,9 +114,7 @@ def test_manager_walks_every_crossing_with_hysteresis(clock: FakeClock, wall: Fa
         assert snap["accelerator"]["pressure"] == "unknown"
 
 
-def test_manager_pressure_counts_reserved_and_unobserved_managed(
-    manager: MemoryManager, host: FakeSource
-) -> None:
+def test_manager_pressure_counts_reserved_and_unobserved_managed(manager: MemoryManager, host: FakeSource) -> None:
     cap = host.capacity
     assert cap is not None
     host.set_pct(60)

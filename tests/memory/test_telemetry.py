@@ -137,9 +137,7 @@ def v1(tmp_path: Path) -> tuple[Path, Path]:
     write(root, "memory/memory.usage_in_bytes", f"{20 * GIB}\n")
     write(root, "memory/docker/abc/memory.limit_in_bytes", f"{2 * GIB}\n")
     write(root, "memory/docker/abc/memory.usage_in_bytes", f"{768 * MIB}\n")
-    write(
-        root, "memory/docker/abc/memory.stat", f"cache 1\ninactive_file 5\ntotal_inactive_file {256 * MIB}\n"
-    )
+    write(root, "memory/docker/abc/memory.stat", f"cache 1\ninactive_file 5\ntotal_inactive_file {256 * MIB}\n")
     proc = tmp_path / "proc_self_cgroup"
     proc.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n")
     return root, proc

@@ -219,8 +219,14 @@ def _emit_error(error: BaseException) -> None:
     if isinstance(error, WerkClientError):
         body = error.as_dict()
     else:
-        body = {"type": type(error).__name__, "code": getattr(error, "code", "error"), "message": str(error),
-                "retryable": False, "request_id": None, "status": None}
+        body = {
+            "type": type(error).__name__,
+            "code": getattr(error, "code", "error"),
+            "message": str(error),
+            "retryable": False,
+            "request_id": None,
+            "status": None,
+        }
     print(json.dumps({"error": body}, indent=2, sort_keys=True), file=sys.stderr, flush=True)
 
 
@@ -407,16 +413,19 @@ def _simple(method: str) -> Callable[[argparse.Namespace], Any]:
 
 
 def cmd_states_list(args: argparse.Namespace) -> Any:
-    query = _build(lambda: StateListQuery(model_id=args.model_id, tier=args.tier, limit=args.limit,
-                                          cursor=args.cursor))
+    query = _build(lambda: StateListQuery(model_id=args.model_id, tier=args.tier, limit=args.limit, cursor=args.cursor))
     return _dump(_client(args).list_states(query))
 
 
 def cmd_states_action(args: argparse.Namespace) -> Any:
-    request = _build(lambda: StateActionRequest(
-        action=args.action, target_tier=args.target_tier, dry_run=not args.execute,
-        allow_experimental=args.allow_experimental,
-    ))
+    request = _build(
+        lambda: StateActionRequest(
+            action=args.action,
+            target_tier=args.target_tier,
+            dry_run=not args.execute,
+            allow_experimental=args.allow_experimental,
+        )
+    )
     return _dump(_client(args).state_action(args.state_id, request))
 
 
@@ -434,23 +443,39 @@ def cmd_states_prune(args: argparse.Namespace) -> Any:
     else:
         if not filtered:
             raise InputError("choose --id, --all, or at least one of --model-id, --tier, --older-than-unix-ms")
-        selector = _build(lambda: FilterSelector(kind="filter", model_id=args.model_id, tier=args.tier,
-                                                 older_than_unix_ms=args.older_than_unix_ms))
+        selector = _build(
+            lambda: FilterSelector(
+                kind="filter", model_id=args.model_id, tier=args.tier, older_than_unix_ms=args.older_than_unix_ms
+            )
+        )
     request = _build(lambda: PruneRequest(selector=selector, dry_run=not args.execute))
     return _dump(_client(args).prune_states(request))
 
 
 def cmd_experts_list(args: argparse.Namespace) -> Any:
-    query = _build(lambda: ExpertListQuery(model_id=args.model_id, tier=args.tier, limit=args.limit,
-                                           cursor=args.cursor, allow_experimental=args.allow_experimental))
+    query = _build(
+        lambda: ExpertListQuery(
+            model_id=args.model_id,
+            tier=args.tier,
+            limit=args.limit,
+            cursor=args.cursor,
+            allow_experimental=args.allow_experimental,
+        )
+    )
     return _dump(_client(args).list_experts(query))
 
 
 def cmd_experts_action(args: argparse.Namespace) -> Any:
-    request = _build(lambda: ExpertActionRequest(
-        model_id=args.model_id, expert_ids=args.expert_ids, action=args.action, target_tier=args.target_tier,
-        dry_run=not args.execute, allow_experimental=args.allow_experimental,
-    ))
+    request = _build(
+        lambda: ExpertActionRequest(
+            model_id=args.model_id,
+            expert_ids=args.expert_ids,
+            action=args.action,
+            target_tier=args.target_tier,
+            dry_run=not args.execute,
+            allow_experimental=args.allow_experimental,
+        )
+    )
     return _dump(_client(args).expert_action(request))
 
 
@@ -472,12 +497,19 @@ def cmd_prefill(args: argparse.Namespace) -> Any:
         prefill_input = _build(lambda: TextInput(type="text", text=args.text))
     policy = None
     if args.mode is not None or args.reuse is not None or args.ttl_seconds is not None or args.pin:
-        policy = _build(lambda: Policy(
-            mode=args.mode or PersistenceMode.AUTO, reuse=args.reuse or ReusePolicy.PREFER,
-            ttl_seconds=args.ttl_seconds, pin=args.pin,
-        ))
-    request = _build(lambda: PrefillRequest(model_id=args.model, input=prefill_input, policy=policy,
-                                            allow_experimental=args.allow_experimental))
+        policy = _build(
+            lambda: Policy(
+                mode=args.mode or PersistenceMode.AUTO,
+                reuse=args.reuse or ReusePolicy.PREFER,
+                ttl_seconds=args.ttl_seconds,
+                pin=args.pin,
+            )
+        )
+    request = _build(
+        lambda: PrefillRequest(
+            model_id=args.model, input=prefill_input, policy=policy, allow_experimental=args.allow_experimental
+        )
+    )
     client = _client(args)
     holder = _SecretFile(args.handoff_file)
     try:
@@ -493,10 +525,17 @@ def cmd_prefill(args: argparse.Namespace) -> Any:
 
 def cmd_decode(args: argparse.Namespace) -> Any:
     handoff = read_handoff_file(args.handoff_file)
-    request = _build(lambda: DecodeRequest(
-        handoff=handoff, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        seed=args.seed, stop=args.stop, allow_experimental=args.allow_experimental,
-    ))
+    request = _build(
+        lambda: DecodeRequest(
+            handoff=handoff,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=args.stop,
+            allow_experimental=args.allow_experimental,
+        )
+    )
     client = _client(args)
     holder = _SecretFile(args.next_handoff_file) if args.next_handoff_file else None
     try:
@@ -595,8 +634,13 @@ def _timeout(text: str) -> float:
 class _RefuseKeyOnArgv(argparse.Action):
     """``--api-key`` exists only to refuse it without echoing the value (argv lands in shell history)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         parser.error(f"the API key is never read from the command line; set {KEY_ENV} or answer the prompt")
 
 
@@ -611,8 +655,9 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _execute_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--execute", action="store_true",
-                        help="act for real; without it the server only previews (dry_run)")
+    parser.add_argument(
+        "--execute", action="store_true", help="act for real; without it the server only previews (dry_run)"
+    )
 
 
 def _experimental_flag(parser: argparse.ArgumentParser) -> None:
@@ -624,10 +669,11 @@ def register(subparsers: Any) -> None:
     common = _common()
     doc = (__doc__ or "").replace("``", "")
     runtime = subparsers.add_parser(
-        "runtime", help="drive the Werk Protocol control plane of a running server",
+        "runtime",
+        help="drive the Werk Protocol control plane of a running server",
         description="Drive the Werk Protocol 1.0 control plane of a running werk serve. Mutations are "
-                    "previews unless --execute is given; handoffs only ever live in owner-only files.",
-        epilog=doc[doc.find("Success prints"):] if "Success prints" in doc else None,
+        "previews unless --execute is given; handoffs only ever live in owner-only files.",
+        epilog=doc[doc.find("Success prints") :] if "Success prints" in doc else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = runtime.add_subparsers(dest="runtime_command", required=True, metavar="COMMAND")
@@ -650,8 +696,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tier", choices=[t.value for t in Tier])
     p.add_argument("--limit", type=_positive_int, default=100)
     p.add_argument("--cursor")
-    p = leaf(ssub, "action", "pin, unpin, promote, demote or evict one state (preview unless --execute)",
-             cmd_states_action)
+    p = leaf(
+        ssub, "action", "pin, unpin, promote, demote or evict one state (preview unless --execute)", cmd_states_action
+    )
     p.add_argument("state_id")
     p.add_argument("action", choices=[a.value for a in StateActionKind])
     p.add_argument("--target-tier", choices=[t.value for t in Tier])
@@ -673,12 +720,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--limit", type=_positive_int, default=100)
     p.add_argument("--cursor")
     _experimental_flag(p)
-    p = leaf(esub, "action", "prefetch, pin, unpin or evict experts (preview unless --execute)",
-             cmd_experts_action)
+    p = leaf(esub, "action", "prefetch, pin, unpin or evict experts (preview unless --execute)", cmd_experts_action)
     p.add_argument("action", choices=[a.value for a in ExpertActionKind])
     p.add_argument("--model-id", required=True)
-    p.add_argument("--expert-id", dest="expert_ids", action="append", required=True, metavar="EXPERT_ID",
-                   help="an expert id (repeatable)")
+    p.add_argument(
+        "--expert-id",
+        dest="expert_ids",
+        action="append",
+        required=True,
+        metavar="EXPERT_ID",
+        help="an expert id (repeatable)",
+    )
     p.add_argument("--target-tier", choices=[t.value for t in Tier])
     _experimental_flag(p)
     _execute_flag(p)
@@ -693,13 +745,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reuse", choices=[r.value for r in ReusePolicy])
     p.add_argument("--ttl-seconds", type=_positive_int)
     p.add_argument("--pin", action="store_true")
-    p.add_argument("--allow-experimental", action=argparse.BooleanOptionalAction, default=None,
-                   help="explicit experimental opt-in (omitted: the server's default applies)")
+    p.add_argument(
+        "--allow-experimental",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="explicit experimental opt-in (omitted: the server's default applies)",
+    )
 
     p = leaf(sub, "decode", "decode from the handoff in an owner-only file", cmd_decode)
     p.add_argument("--handoff-file", required=True, help="owner-only file holding the handoff")
-    p.add_argument("--next-handoff-file",
-                   help="new file for a next handoff (default: replace the consumed one in --handoff-file)")
+    p.add_argument(
+        "--next-handoff-file", help="new file for a next handoff (default: replace the consumed one in --handoff-file)"
+    )
     p.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_OUTPUT_TOKENS)
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-p", type=float)

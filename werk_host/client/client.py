@@ -148,8 +148,12 @@ class WerkProtocolClient:
         deployment: str | None = None,
     ) -> None:
         self._endpoint: Endpoint = parse_base_url(base_url)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) \
-                or timeout <= 0:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
             raise ClientConfigError("timeout must be a positive, finite number of seconds")
         self._timeout = float(timeout)
         if api_key is not None and not _printable_token(api_key, 4096):
@@ -319,7 +323,8 @@ class WerkProtocolClient:
         except ValidationError as err:
             raise ProtocolViolationError(
                 f"the response data is not a valid {name}: {_validation_summary(err)}",
-                status=answer.status, request_id=answer.request_id,
+                status=answer.status,
+                request_id=answer.request_id,
             ) from None
 
     def _scrub(self, text: str, secrets: tuple[str, ...]) -> str:
@@ -354,8 +359,13 @@ class WerkProtocolClient:
             headers.append(("Content-Type", "application/json"))
         try:
             raw = exchange(
-                self._endpoint, method, target, headers, body,
-                timeout=self._timeout, max_response_bytes=MAX_RESPONSE_BYTES,
+                self._endpoint,
+                method,
+                target,
+                headers,
+                body,
+                timeout=self._timeout,
+                max_response_bytes=MAX_RESPONSE_BYTES,
             )
         except WerkClientError as err:
             log.debug("%s %s failed: %s", method, path, err.code)
@@ -374,15 +384,15 @@ class WerkProtocolClient:
         header_request_id = raw.single("X-Werk-Request-Id")
 
         def violation(message: str, cls: type[ProtocolViolationError] = ProtocolViolationError) -> Exception:
-            rid = header_request_id if header_request_id and len(header_request_id) <= MAX_REQUEST_ID_CHARS \
-                else None
+            rid = header_request_id if header_request_id and len(header_request_id) <= MAX_REQUEST_ID_CHARS else None
             return cls(message, status=status, request_id=rid)
 
         content_type = raw.single("Content-Type")
         media = (content_type or "").split(";", 1)[0].strip().lower()
         if media != "application/json":
-            raise violation(f"the response (HTTP {status}) is not a Werk Protocol envelope: "
-                            "Content-Type is not application/json")
+            raise violation(
+                f"the response (HTTP {status}) is not a Werk Protocol envelope: Content-Type is not application/json"
+            )
         try:
             envelope = json.loads(
                 raw.body.decode("utf-8"), object_pairs_hook=_unique_object, parse_constant=_reject_constant
@@ -392,8 +402,12 @@ class WerkProtocolClient:
         if not isinstance(envelope, dict) or "protocol" not in envelope:
             raise violation(f"the response (HTTP {status}) has no Werk Protocol envelope")
         protocol = envelope["protocol"]
-        if not isinstance(protocol, dict) or set(protocol) != {"major", "minor"} \
-                or not _is_int(protocol["major"]) or not _is_int(protocol["minor"]):
+        if (
+            not isinstance(protocol, dict)
+            or set(protocol) != {"major", "minor"}
+            or not _is_int(protocol["major"])
+            or not _is_int(protocol["minor"])
+        ):
             raise violation("the response envelope has a malformed protocol version")
         major, minor = protocol["major"], protocol["minor"]
         if header_version is not None and _parse_version(header_version) != (major, minor):
@@ -408,8 +422,11 @@ class WerkProtocolClient:
                 IncompatibleVersionError,
             )
         request_id = envelope.get("request_id")
-        if not isinstance(request_id, str) or not 1 <= len(request_id) <= MAX_REQUEST_ID_CHARS \
-                or not request_id.isprintable():
+        if (
+            not isinstance(request_id, str)
+            or not 1 <= len(request_id) <= MAX_REQUEST_ID_CHARS
+            or not request_id.isprintable()
+        ):
             raise violation("the response envelope has no valid request_id")
         if header_request_id is not None and header_request_id != request_id:
             raise violation("X-Werk-Request-Id disagrees with the envelope's request_id")
@@ -418,20 +435,26 @@ class WerkProtocolClient:
             if set(envelope) != {"protocol", "request_id", "data"}:
                 raise ProtocolViolationError(
                     f"a success response (HTTP {status}) must carry exactly protocol, request_id and data",
-                    status=status, request_id=request_id,
+                    status=status,
+                    request_id=request_id,
                 )
             return _Answer(envelope["data"], request_id, status)
         error = envelope.get("error")
         if set(envelope) != {"protocol", "request_id", "error"} or not isinstance(error, dict):
             raise ProtocolViolationError(
                 f"an error response (HTTP {status}) must carry exactly protocol, request_id and error",
-                status=status, request_id=request_id,
+                status=status,
+                request_id=request_id,
             )
         code, message, retryable = error.get("code"), error.get("message"), error.get("retryable")
         details = error.get("details")
-        if not set(error) <= {"code", "message", "retryable", "details"} or not isinstance(code, str) \
-                or not isinstance(message, str) or not isinstance(retryable, bool) \
-                or not (details is None or isinstance(details, dict)):
+        if (
+            not set(error) <= {"code", "message", "retryable", "details"}
+            or not isinstance(code, str)
+            or not isinstance(message, str)
+            or not isinstance(retryable, bool)
+            or not (details is None or isinstance(details, dict))
+        ):
             raise ProtocolViolationError(
                 f"the error envelope (HTTP {status}) is malformed", status=status, request_id=request_id
             )
@@ -447,6 +470,9 @@ class WerkProtocolClient:
             if isinstance(fields, list) and all(isinstance(f, str) for f in fields):
                 public["mismatch_fields"] = [self._scrub(f, secrets) for f in fields[:64]]
         raise API_ERRORS[error_code](
-            self._scrub(message, secrets), retryable=retryable, request_id=request_id, status=status,
+            self._scrub(message, secrets),
+            retryable=retryable,
+            request_id=request_id,
+            status=status,
             details=public,
         )

@@ -345,8 +345,9 @@ def exchange(
         else:
             raise ProtocolViolationError("too many interim (1xx) responses")
         if 300 <= status < 400:
-            raise RedirectError(f"the server answered with a redirect ({status}); redirects are never followed",
-                                status=status)
+            raise RedirectError(
+                f"the server answered with a redirect ({status}); redirects are never followed", status=status
+            )
         payload = _read_body(reader, minor, status, response_headers, max_response_bytes)
         reader.ensure_nothing_more(status)
     return RawResponse(status=status, reason=reason, headers=tuple(response_headers), body=payload)

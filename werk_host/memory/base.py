@@ -118,9 +118,7 @@ def classify_pressure(
     if raw >= prev:
         return _BY_RANK[raw]
     held = prev
-    while (
-        held > raw and scaled < (thresholds.pct(_BY_RANK[held]) - thresholds.hysteresis_pct) * capacity_bytes
-    ):
+    while held > raw and scaled < (thresholds.pct(_BY_RANK[held]) - thresholds.hysteresis_pct) * capacity_bytes:
         held -= 1
     return _BY_RANK[max(raw, held)]
 

@@ -44,23 +44,14 @@ from werk_host.memory.base import (
 )
 from werk_host.memory.relief import ReliefCandidate, ReliefExecutor, ReliefKind, plan_relief
 from werk_host.memory.telemetry import TelemetrySource, detect_topology, is_apple_silicon
+from werk_host.protocol.telemetry import MemoryCounters
 
 _log = logging.getLogger(__name__)
 
 CapabilityEvidence = tuple[Literal["supported", "unavailable"], str]
 
-COUNTER_NAMES: tuple[str, ...] = (
-    "active_reservations",
-    "managed_allocations",
-    "pressure_actions_in_flight",
-    "completed_demotions",
-    "completed_evictions",
-    "failed_releases",
-    "orphaned_release_bytes",
-    "telemetry_errors",
-    "backend_cleanup_failures",
-    "backend_cleanup_latched",
-)
+#: The memory counters, in report order: the fields of the protocol's ``MemoryCounters``.
+COUNTER_NAMES: tuple[str, ...] = tuple(MemoryCounters.model_fields)
 
 
 class _Status(Enum):
@@ -107,8 +98,7 @@ class MemoryReservation:
 
     def __repr__(self) -> str:
         return (
-            f"MemoryReservation(id={self.id!r}, tier={self.tier.value!r}, nbytes={self.nbytes}, "
-            f"{self._status.value})"
+            f"MemoryReservation(id={self.id!r}, tier={self.tier.value!r}, nbytes={self.nbytes}, {self._status.value})"
         )
 
 
@@ -201,9 +191,7 @@ class MemoryManager:
         self._clock = clock
         self._wall = wall_clock
         self._fixed_topology = Topology(topology) if topology is not None else None
-        self._unified = (
-            self._fixed_topology is Topology.UNIFIED if topology is not None else is_apple_silicon()
-        )
+        self._unified = self._fixed_topology is Topology.UNIFIED if topology is not None else is_apple_silicon()
         self._thresholds = thresholds
         self._cooldown_s = cooldown_s
         self._max_actions = max_relief_actions
@@ -269,7 +257,7 @@ class MemoryManager:
     # ------------------------------------------------------------------ snapshot
 
     def snapshot(self) -> dict[str, Any]:
-        """A fresh ``/werk/v1/memory`` document, exactly the seed's shape.
+        """A fresh ``/werk/v1/memory`` document, exactly the protocol's shape (docs/openapi.json).
 
         Each pool is sampled now; a failed or unknown sample yields null
         capacity/availability and ``unknown`` pressure while managed/reserved
@@ -442,9 +430,7 @@ class MemoryManager:
                 self._drop_reservation_locked(reservation, _Status.RELEASED)
                 raise internal("backend state does not agree with its memory reservation")
             self._drop_reservation_locked(reservation, _Status.COMMITTED)
-            alloc = Allocation(
-                self, f"alloc-{next(self._ids)}", reservation.tier, actual_bytes, reservation.state_id
-            )
+            alloc = Allocation(self, f"alloc-{next(self._ids)}", reservation.tier, actual_bytes, reservation.state_id)
             self._allocations[alloc.id] = alloc
             self._pools[self._pool_of(alloc.tier)].managed += actual_bytes
             return alloc
@@ -498,18 +484,12 @@ class MemoryManager:
     # ------------------------------------------------------------------ relief
 
     def _cooling_down_locked(self) -> bool:
-        return (
-            self._last_action_mono is not None and self._clock() - self._last_action_mono < self._cooldown_s
-        )
+        return self._last_action_mono is not None and self._clock() - self._last_action_mono < self._cooldown_s
 
     def _relieve(self, tier: MemoryTier, nbytes: int, denied: _Denied, relief: ReliefExecutor) -> bool:
         """One bounded relief pass; True when at least one action was attempted."""
         with self._lock:
-            if (
-                self._counters["backend_cleanup_latched"]
-                or self._relief_running
-                or self._cooling_down_locked()
-            ):
+            if self._counters["backend_cleanup_latched"] or self._relief_running or self._cooling_down_locked():
                 return False
             self._relief_running = True
         try:
@@ -531,9 +511,7 @@ class MemoryManager:
                     cand = replace(cand, pinned=True)
                 candidates.append(cand)
                 by_id.setdefault(cand.state_id, cand)
-            plan = plan_relief(
-                candidates, nbytes, denied.capacity, denied.used, self._thresholds, self._max_actions
-            )
+            plan = plan_relief(candidates, nbytes, denied.capacity, denied.used, self._thresholds, self._max_actions)
             if not plan.feasible or not plan.actions:
                 return False
             attempted = False
@@ -559,11 +537,7 @@ class MemoryManager:
                         self._last_action_mono = self._clock()
                         self._last_action_unix_ms = int(self._wall() * 1000)
                         if ok:
-                            key = (
-                                "completed_demotions"
-                                if action.kind is ReliefKind.DEMOTE
-                                else "completed_evictions"
-                            )
+                            key = "completed_demotions" if action.kind is ReliefKind.DEMOTE else "completed_evictions"
                             self._counters[key] += 1
                 if not ok:
                     break

@@ -153,11 +153,7 @@ def plan_relief(
     )
     budget = max_actions
     # Nothing can free more than is in use: the request alone must fit below hard.
-    if (
-        required > used
-        or budget == 0
-        or top_sum(sorted((size(c) for c in order), reverse=True), budget) < required
-    ):
+    if required > used or budget == 0 or top_sum(sorted((size(c) for c in order), reverse=True), budget) < required:
         return infeasible
 
     remaining = list(order)
@@ -178,9 +174,7 @@ def plan_relief(
                 return prefix[-1] - b
             return prefix[m + 1] - b if b >= values[m - 1] else prefix[m]
 
-        pick = next(
-            i for i, c in enumerate(remaining) if size(c) >= left or rest_top(size(c)) >= left - size(c)
-        )
+        pick = next(i for i, c in enumerate(remaining) if size(c) >= left or rest_top(size(c)) >= left - size(c))
         cand = remaining.pop(pick)
         chosen.append(cand)
         left -= size(cand)

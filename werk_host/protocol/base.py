@@ -29,6 +29,8 @@ DEFAULT_OUTPUT_TOKENS: Final = 256
 
 #: A request boolean: only JSON ``true``/``false`` (never ``0``, ``"no"`` or ``"false"``).
 JsonBool = StrictBool
+
+
 def integral_number(value: object) -> object:
     """JSON Schema counts ``5.0`` as an integer; so do we. Everything else passes unchanged."""
     if type(value) is float and value.is_integer():
@@ -129,11 +131,38 @@ class Topology(StrEnum):
     UNIFIED = "unified"
     UNKNOWN = "unknown"
 
+
 __all__ = [
-    "PROTOCOL_MAJOR", "PROTOCOL_MINOR", "PROTOCOL_VERSION", "MAX_PAGE_SIZE", "MAX_STATE_IDS_PER_OPERATION",
-    "MAX_EXPERT_IDS_PER_OPERATION", "MAX_REQUEST_BYTES", "MAX_HANDOFF_BYTES", "MAX_TTL_SECONDS",
-    "MAX_INPUT_TEXT_BYTES", "MAX_MESSAGES", "MAX_DECODE_TOKENS", "MAX_STOP_STRINGS", "MAX_STOP_BYTES",
-    "MAX_COMPLETION_TEXT_BYTES", "DEFAULT_OUTPUT_TOKENS", "JsonBool", "JsonInt", "integral_number",
-    "PositiveJsonInt", "NonNegativeJsonInt", "JsonFloat", "StrictModel", "DataModel", "CapabilityStatus", "Tier",
-    "TIER_ORDER", "check_target_tier", "target_tier_schema", "present_schema", "Pressure", "Topology",
+    "PROTOCOL_MAJOR",
+    "PROTOCOL_MINOR",
+    "PROTOCOL_VERSION",
+    "MAX_PAGE_SIZE",
+    "MAX_STATE_IDS_PER_OPERATION",
+    "MAX_EXPERT_IDS_PER_OPERATION",
+    "MAX_REQUEST_BYTES",
+    "MAX_HANDOFF_BYTES",
+    "MAX_TTL_SECONDS",
+    "MAX_INPUT_TEXT_BYTES",
+    "MAX_MESSAGES",
+    "MAX_DECODE_TOKENS",
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_BYTES",
+    "MAX_COMPLETION_TEXT_BYTES",
+    "DEFAULT_OUTPUT_TOKENS",
+    "JsonBool",
+    "JsonInt",
+    "integral_number",
+    "PositiveJsonInt",
+    "NonNegativeJsonInt",
+    "JsonFloat",
+    "StrictModel",
+    "DataModel",
+    "CapabilityStatus",
+    "Tier",
+    "TIER_ORDER",
+    "check_target_tier",
+    "target_tier_schema",
+    "present_schema",
+    "Pressure",
+    "Topology",
 ]

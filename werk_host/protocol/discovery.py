@@ -78,7 +78,7 @@ class Capability(DataModel):
     operations: list[str]
 
 
-#: Every capability id named by the two seeds, with the operations each entry scopes.
+#: Every capability id with the operations each entry scopes (docs/protocol.md, "Capability ids").
 CAPABILITY_OPERATIONS: Final[dict[CapabilityId, tuple[str, ...]]] = {
     CapabilityId.TOKEN_COUNT: ("count_tokens",),
     CapabilityId.ADMISSION: ("admission",),

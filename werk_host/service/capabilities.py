@@ -1,4 +1,4 @@
-"""Capability discovery: every id of the seeds, each status computed from evidence now."""
+"""Capability discovery: every protocol capability id (docs/protocol.md), each status computed from evidence now."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prefill policy resolution and capability gating.
 
-Precedence (seed "Server-side Prefill defaults"): a present ``policy`` object owns the whole
+Precedence (docs/protocol.md, "Prefill defaults"): a present ``policy`` object owns the whole
 policy (``{}`` gets protocol defaults, not the server's); an absent one takes the server's
 persistence defaults when configured, else the protocol defaults. A present
 ``allow_experimental`` (``false`` included) always wins; an absent one is ``true`` only under

@@ -106,8 +106,4 @@ class Authenticator:
 
 def read_key_file(path: Path) -> list[str]:
     """One key per line; blank lines and ``#`` comments ignored."""
-    return [
-        line.strip()
-        for line in path.read_text().splitlines()
-        if line.strip() and not line.strip().startswith("#")
-    ]
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.strip().startswith("#")]

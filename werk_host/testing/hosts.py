@@ -177,34 +177,12 @@ class LiveHost:
 
 
 @contextmanager
-def serving(
-    home: Path,
-    *,
-    api_keys: tuple[str, ...] = (),
-    plugin: object | None = None,
-    plugin_name: str | None = None,
-    with_model: bool = True,
-    model: ModelManifest | Path | str | None = None,
-    backend_options: Mapping[str, object] | None = None,
-    extra_plugins: Mapping[str, object] | None = None,
-    load_entry_points: bool = False,
-    **config: Any,
-) -> Iterator[LiveHost]:
-    """:func:`make_host` (same arguments) served by :func:`running`; always stopped and closed."""
-    host = make_host(
-        home,
-        api_keys=api_keys,
-        plugin=plugin,
-        plugin_name=plugin_name,
-        with_model=with_model,
-        model=model,
-        backend_options=backend_options,
-        extra_plugins=extra_plugins,
-        load_entry_points=load_entry_points,
-        **config,
-    )
+def serving(home: Path, **kwargs: Any) -> Iterator[LiveHost]:
+    """:func:`make_host` (same keyword arguments) served by :func:`running`; always stopped and closed."""
+    host = make_host(home, **kwargs)
+    keys = kwargs.get("api_keys") or ()
     with running(host) as url:
-        yield LiveHost(url, host, Api(url, api_keys[0] if api_keys else None))
+        yield LiveHost(url, host, Api(url, keys[0] if keys else None))
 
 
 __all__ = [

@@ -23,8 +23,24 @@ from werk_llamacpp.binary import (
 def test_parse_help_flags() -> None:
     flags = parse_help_flags(FAKE_HELP)
     assert flags == {
-        "-h", "--help", "--usage", "--version", "-t", "--threads", "-c", "--ctx-size", "-m", "--model",
-        "--warmup", "--no-warmup", "-np", "--parallel", "--host", "--port", "--slot-save-path", "--api-key",
+        "-h",
+        "--help",
+        "--usage",
+        "--version",
+        "-t",
+        "--threads",
+        "-c",
+        "--ctx-size",
+        "-m",
+        "--model",
+        "--warmup",
+        "--no-warmup",
+        "-np",
+        "--parallel",
+        "--host",
+        "--port",
+        "--slot-save-path",
+        "--api-key",
     }
     assert "--not-a-real-flag" not in flags  # mentioned in a description only
 
@@ -112,8 +128,21 @@ def test_inspection_fails_for_non_llama_executable(tmp_path: Path) -> None:
 @pytest.mark.llamaserver
 def test_real_binary_help(llama_server_path: Path) -> None:
     info = inspect_executable(llama_server_path)
-    for flag in ("--host", "--port", "-m", "--model", "-np", "--parallel", "-c", "--ctx-size",
-                 "--slot-save-path", "--no-warmup", "--warmup", "-t", "--threads"):
+    for flag in (
+        "--host",
+        "--port",
+        "-m",
+        "--model",
+        "-np",
+        "--parallel",
+        "-c",
+        "--ctx-size",
+        "--slot-save-path",
+        "--no-warmup",
+        "--warmup",
+        "-t",
+        "--threads",
+    ):
         assert info.advertises(flag), flag
     assert len(info.flags) > 100
     assert len(info.sha256) == 64 and len(info.help_sha256) == 64

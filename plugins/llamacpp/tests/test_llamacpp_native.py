@@ -97,8 +97,9 @@ def test_out_of_range_slot_ids_wrap_around(server: LlamaServerProcess) -> None:
 def test_random_output_is_bytes_safe(server: LlamaServerProcess) -> None:
     c = _client(server)
     for seed in range(3):
-        res = c.completion("\u00e9\u00e8 bytes", n_predict=48, temperature=1.5, top_k=0, top_p=1.0, seed=seed,
-                           ignore_eos=True)
+        res = c.completion(
+            "\u00e9\u00e8 bytes", n_predict=48, temperature=1.5, top_k=0, top_p=1.0, seed=seed, ignore_eos=True
+        )
         assert isinstance(res.content, str) and res.predicted_n == 48
 
 

@@ -151,7 +151,9 @@ class Env:
         counters: dict[str, int] = body["data"]["chat"]
         return counters
 
-    def raw_v1(self, method: str, path: str, body: Any = None, key: str | None = KEY) -> tuple[int, dict[str, str], bytes]:
+    def raw_v1(
+        self, method: str, path: str, body: Any = None, key: str | None = KEY
+    ) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(self.api.host, self.api.port, timeout=60)
         headers = {"Content-Type": "application/json"}
         if key is not None:
@@ -186,7 +188,6 @@ def _build(home: Path, server: Path, llama_args: str, ctx: int = 2 * CONTEXT) ->
     with pytest.MonkeyPatch.context() as mp:  # the operator's trailing llama-server arguments
         mp.setenv(ENV_ARGS, llama_args)
         return build_host(config)
-
 
 
 def _client(base: str, key: str = KEY) -> openai.OpenAI:
@@ -327,7 +328,11 @@ def test_a_pooled_connection_closed_by_the_server_is_replaced(env: Env) -> None:
 
 def test_chat_streams_chunk_by_chunk_and_ends_with_done(env: Env) -> None:
     chunks = chat_stream(
-        env.client, messages=QUESTION, max_tokens=12, temperature=0, stream_options={"include_usage": True},
+        env.client,
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0,
+        stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
@@ -363,8 +368,10 @@ def test_legacy_completions(env: Env) -> None:
 
 
 def test_tools_tool_calls_and_results_reach_the_child(env: Env) -> None:
-    plain, with_tools, history = env.count(messages=QUESTION), env.count(messages=QUESTION, tools=TOOLS), env.count(
-        messages=TOOL_HISTORY, tools=TOOLS
+    plain, with_tools, history = (
+        env.count(messages=QUESTION),
+        env.count(messages=QUESTION, tools=TOOLS),
+        env.count(messages=TOOL_HISTORY, tools=TOOLS),
     )
     # The template renders the tool schema and the earlier call/result: each adds many tokens.
     assert with_tools > plain + 50 and history > with_tools + 20
@@ -554,7 +561,11 @@ def test_reasoning_tier_default_is_stripped_and_explicit_tiers_are_refused(env: 
     assert profile["supported"] is False and profile["tiers"] == [] and profile["default_tier"] is None
     plain = chat(env.client, messages=QUESTION, max_tokens=6, temperature=0, seed=3)
     tiered = chat(
-        env.client, messages=QUESTION, max_tokens=6, temperature=0, seed=3,
+        env.client,
+        messages=QUESTION,
+        max_tokens=6,
+        temperature=0,
+        seed=3,
         extra_body={"werk": {"reasoning": {"tier": "default"}}},
     )
     assert tiered.choices[0].message.content == plain.choices[0].message.content  # the native default is kept
@@ -590,7 +601,12 @@ def test_v1_uses_werk_keys_and_openai_error_shape(env: Env) -> None:
     status, headers, raw = env.raw_v1("POST", "/v1/chat/completions", {"messages": QUESTION}, key=None)
     assert status == 401 and headers["www-authenticate"] == "Bearer"
     assert json.loads(raw) == {
-        "error": {"message": "missing or invalid API key", "type": "authentication_error", "param": None, "code": "unauthorized"}
+        "error": {
+            "message": "missing or invalid API key",
+            "type": "authentication_error",
+            "param": None,
+            "code": "unauthorized",
+        }
     }
     with pytest.raises(openai.NotFoundError) as missing:
         chat(env.client, model="not-installed", messages=QUESTION)
@@ -608,7 +624,11 @@ def test_observability_counts_v1_requests(env: Env) -> None:
     before = env.chat_counters()
     plain = chat(env.client, messages=QUESTION, max_tokens=3, extra_body={"ignore_eos": True})
     streamed = chat_stream(
-        env.client, messages=QUESTION, max_tokens=3, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}
+        env.client,
+        messages=QUESTION,
+        max_tokens=3,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     )
     chat_stream(env.client, messages=QUESTION, max_tokens=3)
     text = env.client.completions.create(model=MODEL, prompt="hi", max_tokens=3, extra_body={"ignore_eos": True})
@@ -641,7 +661,10 @@ def test_openai_client_against_werk_serve(tmp_path: Path, llama_server_path: Pat
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-            stdout=subprocess.PIPE, stderr=stderr, env=environ, text=True,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=environ,
+            text=True,
         )
     try:
         assert proc.stdout is not None
@@ -677,7 +700,9 @@ RAW_BACKEND_TEXT = ("json.exception", "type_error", "parser", "grammar", "mmproj
     ],
 )
 def test_backend_error_text_is_replaced_by_an_openai_error(env: Env, extra: dict[str, Any]) -> None:
-    status, headers, raw = env.raw_v1("POST", "/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 4, **extra})
+    status, headers, raw = env.raw_v1(
+        "POST", "/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 4, **extra}
+    )
     assert status == 400, raw
     assert headers["content-type"].startswith("application/json")
     error = json.loads(raw)["error"]

@@ -82,7 +82,10 @@ class TestOnServer:
         prompt = server.client.apply_template(
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
         )
-        assert prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello?<|im_end|>\n<|im_start|>assistant\n"
+        assert (
+            prompt
+            == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello?<|im_end|>\n<|im_start|>assistant\n"
+        )
         ids = server.client.tokenize(prompt)
         tokens, _, _ = build_vocab()
         assert ids[0] == tokens.index("<|im_start|>")  # control tokens are parsed as such

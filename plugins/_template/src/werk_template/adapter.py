@@ -90,7 +90,7 @@ class EchoAdapter:
             "total_tokens": message_tokens(messages) + len(words),
         }
         finish = "length" if len(last_user_text(messages).split()) > limit else "stop"
-        base: JsonObject = {
+        base: dict[str, object] = {
             "id": f"chatcmpl-{secrets.token_hex(6)}",
             "created": int(time.time()),
             "model": self.manifest.name,
@@ -99,7 +99,7 @@ class EchoAdapter:
             return InferenceResponse(
                 200, {"Content-Type": "text/event-stream"}, _stream(base, words, finish, usage), lambda: None
             )
-        doc = {
+        doc: dict[str, object] = {
             **base,
             "object": "chat.completion",
             "choices": [
@@ -112,16 +112,16 @@ class EchoAdapter:
         )
 
 
-def _stream(base: JsonObject, words: list[str], finish: str, usage: dict[str, int]) -> Iterator[bytes]:
+def _stream(base: dict[str, object], words: list[str], finish: str, usage: dict[str, int]) -> Iterator[bytes]:
     for i, word in enumerate(words):
         delta = {"content": word if i == 0 else f" {word}"}
-        chunk = {
+        chunk: dict[str, object] = {
             **base,
             "object": "chat.completion.chunk",
             "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
         }
         yield f"data: {json.dumps(chunk)}\n\n".encode()
-    last = {
+    last: dict[str, object] = {
         **base,
         "object": "chat.completion.chunk",
         "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],

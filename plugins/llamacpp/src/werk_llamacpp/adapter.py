@@ -1,6 +1,6 @@
 """The llama.cpp adapter: one managed ``llama-server`` per model, probed slot state.
 
-State model (see ``001_…`` "llama.cpp's experimental boundary"):
+State model (docs/architecture.md, "llama.cpp slot use" and "Snapshot format of llama.cpp states"):
 
 * One slot, the last one (``state_slot``), is where Werk prefills, restores and decodes
   named states; the functional probe runs there too. A lock serializes that work.
