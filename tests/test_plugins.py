@@ -291,14 +291,11 @@ class FactoriesOnly:
 
     @hookimpl
     def werk_adapter_factories(self, config: HostConfig) -> list[AdapterFactory]:
-        return []
+        return [AdapterFactory(BACKEND_ID, "testbackend", lambda m: True, lambda c, m: MemoryAdapter("tiny"))]
 
 
 def test_none_from_a_hook_is_unsupported_over_http(home: Path) -> None:
-    plugin = FactoriesOnly()
-    host = make_host(home, api_keys=(KEY,))
-    host.plugins.register(plugin, "testbackend")
-    host.runtime.adapter = MemoryAdapter(model_name="tiny")  # owned by "testbackend", which answers nothing
+    host = make_host(home, api_keys=(KEY,), plugin=FactoriesOnly(), plugin_name="testbackend")
     client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
     try:
         caps = client.simulate_get("/werk/v1/capabilities").json["data"]
@@ -464,8 +461,8 @@ def test_hook_werk_reasoning_profile(facade: tuple[BackendHooks, MemoryAdapter, 
     assert profile.supported is True and profile.tiers
 
 
-@covers_hooks("werk_chat_completion", "werk_text_completion", "werk_list_models")
-def test_hook_werk_completions_and_models(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+@covers_hooks("werk_chat_completion", "werk_text_completion")
+def test_hook_werk_completions(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
     hooks, adapter, _ = facade
     messages = [{"role": "user", "content": "three little words"}]
     response = needed(hooks.chat_completion(adapter, {"messages": messages}), "chat", adapter)  # type: ignore[dict-item]
@@ -473,8 +470,6 @@ def test_hook_werk_completions_and_models(facade: tuple[BackendHooks, MemoryAdap
     assert doc["object"] == "chat.completion" and doc["usage"]["prompt_tokens"] == 5
     text = needed(hooks.text_completion(adapter, {"prompt": "a b"}), "completions", adapter)
     assert json.loads(b"".join(text.body))["object"] == "text_completion"
-    models = needed(hooks.list_models(adapter), "models", adapter)
-    assert models[0]["id"] == "tiny"
 
 
 @covers_hooks("werk_workers", "werk_memory_requirement")
@@ -485,3 +480,12 @@ def test_hook_werk_workers_and_memory_requirement(facade: tuple[BackendHooks, Me
     assert hooks.memory_requirement(adapter, MemoryOperation.LOAD, "tiny") is None
     adapter.memory_requirement = 4096
     assert hooks.memory_requirement(adapter, MemoryOperation.LOAD, "tiny") == 4096
+
+
+@covers_hooks("werk_deployment_plan")
+def test_hook_werk_deployment_plan(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    hooks, adapter, _ = facade
+    plan = needed(hooks.deployment_plan(adapter), "plan", adapter)
+    assert (plan.parallel_slots, plan.context_per_slot, plan.device) == (1, 64, "cpu")
+    adapter.close()
+    assert hooks.deployment_plan(adapter) is None

@@ -45,13 +45,21 @@ class HostConfig:
     host: str = "127.0.0.1"
     port: int = 11434
     limits: ServerLimits = field(default_factory=ServerLimits)
+    #: The model to serve (``--model``); more with ``models``. Each is one instance (id = model name).
     model: str | None = None
+    models: tuple[str, ...] = ()
+    #: A deployment profile (``--profile``); without one, ``WERK_HOME/deployments.toml`` when present.
+    profile: Path | None = None
     persistence: PersistenceDefaults | None = None
     #: Backend-specific settings keyed by plugin name (e.g. ``{"llamacpp": {"llama_server": ...}}``).
     backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def served_models(self) -> tuple[str, ...]:
+        """``model`` then ``models``, without repeats: the ``--model`` shorthand's instances."""
+        return tuple(dict.fromkeys(m for m in (self.model, *self.models) if m))
+
     def __repr__(self) -> str:  # never show keys
         return (
             f"HostConfig(home={str(self.home)!r}, api_keys=<{len(self.api_keys)} configured>, "
-            f"host={self.host!r}, port={self.port}, model={self.model!r})"
+            f"host={self.host!r}, port={self.port}, models={self.served_models()!r}, profile={self.profile!r})"
         )

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
-from pydantic import JsonValue
-
 from werk_host import hookspecs
 from werk_host.backend import (
     Adapter,
@@ -38,6 +36,7 @@ from werk_host.backend import (
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.plugins import PluginHost
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
+from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
 from werk_host.protocol.telemetry import WorkerObservation
@@ -164,16 +163,6 @@ class BackendHooks:
     def text_completion(self, adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
         return self._one(adapter, hookspecs.werk_text_completion, InferenceResponse, request=request)
 
-    def list_models(self, adapter: Adapter) -> list[JsonObject] | None:
-        name = hookspecs.werk_list_models.__name__
-        result = self._plugins.dispatch(name, adapter)
-        if result is None:
-            return None
-        if isinstance(result, list) and all(_json_object(entry) for entry in result):
-            entries: list[dict[str, JsonValue]] = result
-            return entries
-        raise _defect(adapter, name, "a list of JSON objects")
-
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:
         return self._many(adapter, hookspecs.werk_workers, WorkerObservation)
@@ -183,3 +172,6 @@ class BackendHooks:
         if isinstance(nbytes, bool):
             raise _defect(adapter, hookspecs.werk_memory_requirement.__name__, "an int")
         return nbytes
+
+    def deployment_plan(self, adapter: Adapter) -> DeploymentPlan | None:
+        return self._one(adapter, hookspecs.werk_deployment_plan, DeploymentPlan)

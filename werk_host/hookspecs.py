@@ -41,6 +41,7 @@ from werk_host.backend import (
 )
 from werk_host.config import HostConfig
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
+from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
 from werk_host.protocol.telemetry import WorkerObservation
@@ -175,12 +176,6 @@ def werk_text_completion(adapter: Adapter, request: JsonObject) -> InferenceResp
 
 
 @hookspec(firstresult=True)
-def werk_list_models(adapter: Adapter) -> list[JsonObject] | None:
-    """OpenAI ``/v1/models`` entries (``id``, ``object``, ``owned_by``, …) for the models
-    this adapter serves."""
-
-
-@hookspec(firstresult=True)
 def werk_workers(adapter: Adapter) -> list[WorkerObservation] | None:
     """Fresh observations of the backend's workers (model, pid, state, slots, context).
     Only currently valid samples; unknown fields are ``None``."""
@@ -191,3 +186,12 @@ def werk_memory_requirement(adapter: Adapter, operation: MemoryOperation, model_
     """A positive, bounded byte requirement for ``operation`` (``load``, ``restore``,
     ``decode``) before it runs, or ``None`` when the backend cannot bound it. The host
     reserves it against the memory budget (``runtime.memory.reservations``)."""
+
+
+@hookspec(firstresult=True)
+def werk_deployment_plan(adapter: Adapter) -> DeploymentPlan | None:
+    """The resolved placement the adapter's backend runs with now: effective launch arguments
+    (secrets and filesystem paths replaced by placeholders), threads, parallel slots, context
+    per slot and device placement, read from the running process's configuration. ``None``
+    when nothing runs. An adapter that answers reports ``runtime.placement`` as ``supported``
+    (docs/deployments.md, "Inventory")."""

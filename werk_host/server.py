@@ -13,6 +13,7 @@ from typing import Any
 import falcon
 
 from werk_host.config import HostConfig, ServerLimits
+from werk_host.deployments.registry import profile_for
 from werk_host.http.app import create_app
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
 from werk_host.paths import ensure_private_dir
@@ -48,7 +49,8 @@ def build_host(
     memory: MemoryManager | None = None,
     load_entry_points: bool = True,
 ) -> Host:
-    """Wire plugins → runtime → service → app. Activates the configured model's adapter."""
+    """Wire plugins → runtime → service → app, then deploy the configured profile (or the
+    ``--model`` shorthand): preloaded instances start now, the others on first use."""
     ensure_private_dir(config.home)
     if plugins is None:
         plugins = PluginHost()
@@ -61,14 +63,15 @@ def build_host(
     store = StateStore(config.home / "runtime-state" / "v1")
     service = LocalControlService(runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret)
     inference = InferenceService(runtime, service.chat_stats)
-    app = create_app(service, auth, inference=inference)
+    app = create_app(service, auth, inference=inference, runtime=runtime)
     host = Host(config, plugins, runtime, service, auth, app)
-    if config.model:
-        try:
-            runtime.activate(config.model)
-        except BaseException:
-            host.close()
-            raise
+    try:
+        profile = profile_for(config)
+        if profile is not None:
+            runtime.deploy(profile)
+    except BaseException:
+        host.close()
+        raise
     return host
 
 

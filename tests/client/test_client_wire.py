@@ -106,13 +106,31 @@ def test_interim_100_continue_is_skipped() -> None:
         assert client(srv.url).info().service == "werk-host"
 
 
+def _inventory(error: str) -> dict[str, Any]:
+    entry = {
+        "id": "a",
+        "backend": "b",
+        "model": "m",
+        "aliases": [],
+        "default": True,
+        "state": "failed",
+        "pid": None,
+        "endpoint": "local",
+        "started_unix_ms": None,
+        "last_used_unix_ms": None,
+        "in_flight": 0,
+        "keep_alive_seconds": None,
+        "error": error,
+    }
+    return {"inventory": [entry], "plans": [], "slots": []}
+
+
 def test_a_body_of_exactly_8_mib_is_accepted() -> None:
-    head = envelope({"inventory": [{"pad": ""}], "plans": [], "slots": []})
-    pad = LIMIT - len(head)
-    body = envelope({"inventory": [{"pad": "x" * pad}], "plans": [], "slots": []})
+    pad = LIMIT - len(envelope(_inventory("")))
+    body = envelope(_inventory("x" * pad))
     assert len(body) == LIMIT
     with raw_server(http(body)) as srv:
-        assert len(client(srv.url).deployments().inventory[0]["pad"]) == pad
+        assert len(client(srv.url).deployments().inventory[0].error or "") == pad
 
 
 # -- redirects -------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from werk_host import __version__
-from werk_host.cli import cache, runtime
+from werk_host.cli import cache, deployments, runtime
 from werk_host.config import HostConfig, PersistenceDefaults, ServerLimits
+from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
 from werk_host.models import ModelManifest, ModelRegistry, parse_param
 from werk_host.paths import werk_home
@@ -91,7 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             channel_timeout=args.channel_timeout,
             cleanup_interval=args.cleanup_interval,
         ),
-        model=args.model,
+        models=tuple(args.model or ()),
+        profile=Path(args.profile) if args.profile else None,
         persistence=persistence_defaults(args),
         backend_options=_backend_options(args),
     )
@@ -118,7 +120,12 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument("--api-key", action="append", help="accepted API key (repeatable)")
     p.add_argument("--api-key-file", help="file with one API key per line")
-    p.add_argument("--model", help="model manifest NAME or a model file PATH")
+    p.add_argument(
+        "--model",
+        action="append",
+        help="model manifest NAME or a model file PATH; repeat for more (one instance each, id = name)",
+    )
+    p.add_argument("--profile", help="deployment profile (TOML; default: WERK_HOME/deployments.toml when present)")
     p.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
     p.add_argument("--persistence", action="store_true", help="server-side Prefill defaults (auto/prefer)")
     p.add_argument("--persistence-mode", choices=[m.value for m in PersistenceMode])
@@ -193,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_models(sub)
     cache.register(sub)
     runtime.register(sub)
+    deployments.register(sub)
     return parser
 
 
@@ -204,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except WerkError as err:
         print(json.dumps({"error": {"code": err.code.value, "message": err.message}}), file=sys.stderr)
+        return 2
+    except ProfileError as err:  # nothing started: the message names the file, line and field
+        print(json.dumps({"error": {"code": "invalid_profile", "message": str(err)}}), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

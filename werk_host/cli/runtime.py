@@ -215,7 +215,7 @@ def _emit(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True), flush=True)
 
 
-def _emit_error(error: BaseException) -> None:
+def emit_error(error: BaseException) -> None:
     if isinstance(error, WerkClientError):
         body = error.as_dict()
     else:
@@ -264,7 +264,7 @@ def _api_key() -> str | None:
     return None
 
 
-def _client(args: argparse.Namespace) -> WerkProtocolClient:
+def client_for(args: argparse.Namespace) -> WerkProtocolClient:
     server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
     return WerkProtocolClient(server, _api_key(), timeout=args.timeout, deployment=args.deployment)
 
@@ -407,14 +407,14 @@ def _handoff_note(path: str) -> str:
 # -- commands ----------------------------------------------------------------------------
 def _simple(method: str) -> Callable[[argparse.Namespace], Any]:
     def run(args: argparse.Namespace) -> Any:
-        return _dump(getattr(_client(args), method)())
+        return _dump(getattr(client_for(args), method)())
 
     return run
 
 
 def cmd_states_list(args: argparse.Namespace) -> Any:
     query = _build(lambda: StateListQuery(model_id=args.model_id, tier=args.tier, limit=args.limit, cursor=args.cursor))
-    return _dump(_client(args).list_states(query))
+    return _dump(client_for(args).list_states(query))
 
 
 def cmd_states_action(args: argparse.Namespace) -> Any:
@@ -426,7 +426,7 @@ def cmd_states_action(args: argparse.Namespace) -> Any:
             allow_experimental=args.allow_experimental,
         )
     )
-    return _dump(_client(args).state_action(args.state_id, request))
+    return _dump(client_for(args).state_action(args.state_id, request))
 
 
 def cmd_states_prune(args: argparse.Namespace) -> Any:
@@ -449,7 +449,7 @@ def cmd_states_prune(args: argparse.Namespace) -> Any:
             )
         )
     request = _build(lambda: PruneRequest(selector=selector, dry_run=not args.execute))
-    return _dump(_client(args).prune_states(request))
+    return _dump(client_for(args).prune_states(request))
 
 
 def cmd_experts_list(args: argparse.Namespace) -> Any:
@@ -462,7 +462,7 @@ def cmd_experts_list(args: argparse.Namespace) -> Any:
             allow_experimental=args.allow_experimental,
         )
     )
-    return _dump(_client(args).list_experts(query))
+    return _dump(client_for(args).list_experts(query))
 
 
 def cmd_experts_action(args: argparse.Namespace) -> Any:
@@ -476,7 +476,7 @@ def cmd_experts_action(args: argparse.Namespace) -> Any:
             allow_experimental=args.allow_experimental,
         )
     )
-    return _dump(_client(args).expert_action(request))
+    return _dump(client_for(args).expert_action(request))
 
 
 def _messages(path: str) -> list[Any]:
@@ -510,7 +510,7 @@ def cmd_prefill(args: argparse.Namespace) -> Any:
             model_id=args.model, input=prefill_input, policy=policy, allow_experimental=args.allow_experimental
         )
     )
-    client = _client(args)
+    client = client_for(args)
     holder = _SecretFile(args.handoff_file)
     try:
         result = client.prefill(request)
@@ -536,7 +536,7 @@ def cmd_decode(args: argparse.Namespace) -> Any:
             allow_experimental=args.allow_experimental,
         )
     )
-    client = _client(args)
+    client = client_for(args)
     holder = _SecretFile(args.next_handoff_file) if args.next_handoff_file else None
     try:
         result = client.decode(request)
@@ -580,19 +580,19 @@ def _chat_request(args: argparse.Namespace) -> ChatRequest:
 
 
 def cmd_count_tokens(args: argparse.Namespace) -> Any:
-    return _dump(_client(args).count_tokens(_chat_request(args)))
+    return _dump(client_for(args).count_tokens(_chat_request(args)))
 
 
 def cmd_admission(args: argparse.Namespace) -> Any:
-    return _dump(_client(args).admission(_chat_request(args)))
+    return _dump(client_for(args).admission(_chat_request(args)))
 
 
 def cmd_limits(args: argparse.Namespace) -> Any:
-    return _dump(_client(args).chat_limits(args.model))
+    return _dump(client_for(args).chat_limits(args.model))
 
 
 def cmd_reasoning(args: argparse.Namespace) -> Any:
-    return _dump(_client(args).reasoning(args.model, args.max_output_tokens))
+    return _dump(client_for(args).reasoning(args.model, args.max_output_tokens))
 
 
 # -- parser ------------------------------------------------------------------------------
@@ -601,7 +601,7 @@ def _dispatch(command: Callable[[argparse.Namespace], Any]) -> Callable[[argpars
         try:
             result = command(args)
         except (WerkClientError, InputError, HandoffFileError) as err:
-            _emit_error(err)
+            emit_error(err)
             return exit_code_for(err)
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
@@ -644,7 +644,7 @@ class _RefuseKeyOnArgv(argparse.Action):
         parser.error(f"the API key is never read from the command line; set {KEY_ENV} or answer the prompt")
 
 
-def _common() -> argparse.ArgumentParser:
+def connection_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--api-key", action=_RefuseKeyOnArgv, help=argparse.SUPPRESS)
     group = common.add_argument_group("connection")
@@ -666,7 +666,7 @@ def _experimental_flag(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``werk runtime …`` to the ``werk`` command's sub-parsers."""
-    common = _common()
+    common = connection_options()
     doc = (__doc__ or "").replace("``", "")
     runtime = subparsers.add_parser(
         "runtime",

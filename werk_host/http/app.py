@@ -12,10 +12,12 @@ from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http import openai
 from werk_host.http.errors import error_body, from_falcon, status_for
+from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
     AuthMiddleware,
     BodyLimitMiddleware,
     BodyTooLarge,
+    DeploymentMiddleware,
     NegotiationMiddleware,
     RequestIdMiddleware,
     is_openai_path,
@@ -26,6 +28,7 @@ from werk_host.logs import TracebackThrottle
 from werk_host.openapi import build_openapi
 from werk_host.protocol.envelope import error_json
 from werk_host.service.principals import Authenticator
+from werk_host.service.runtime import BackendRuntime
 
 log = logging.getLogger("werk_host.http")
 
@@ -82,15 +85,25 @@ class _UnexpectedErrors:
         _render_error(req, resp, WerkError(ErrorCode.INTERNAL, "internal error"))
 
 
-def create_app(control: WerkControl, auth: Authenticator, *, inference: Any | None = None) -> falcon.App[Any, Any]:
-    """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given)."""
+def create_app(
+    control: WerkControl,
+    auth: Authenticator,
+    *,
+    inference: Any | None = None,
+    runtime: BackendRuntime | None = None,
+) -> falcon.App[Any, Any]:
+    """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given). With
+    ``runtime``, ``/werk/v1`` requests select their deployment instance (``X-Werk-Deployment``)."""
+    metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
+        metrics.middleware,  # first, so that it sees every response (401s included)
         RequestIdMiddleware(),
         AuthMiddleware(auth),
         NegotiationMiddleware(),
+        *([DeploymentMiddleware(runtime)] if runtime is not None else []),
         BodyLimitMiddleware(),
     ]
-    app: falcon.App[Any, Any] = falcon.App(middleware=middleware)
+    app: falcon.App[Any, Any] = falcon.App(middleware=middleware, router=metrics.router)
     app.req_options.auto_parse_qs_csv = False
     app.req_options.keep_blank_qs_values = True
     app.resp_options.default_media_type = "application/json"
@@ -101,6 +114,7 @@ def create_app(control: WerkControl, auth: Authenticator, *, inference: Any | No
     app.add_route("/openapi.json", RawOpenApiResource(document))
     if inference is not None:
         openai.add_routes(app, inference)
+    app.add_route(METRICS_PATH, metrics.resource)
     # Registration order matters: Falcon picks the most specific handler class.
     app.add_error_handler(Exception, _UnexpectedErrors())
     app.add_error_handler(falcon.HTTPError, _handle_http_error)

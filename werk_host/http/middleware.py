@@ -1,7 +1,8 @@
 """Request-scoped middleware: request id, authentication, negotiation and the body bound.
 
 Order per request: request id → authentication (401) → protocol negotiation for
-``/werk/v1`` (406) → body bound on POST (413) → resource.
+``/werk/v1`` (406) → deployment selection for ``/werk/v1`` (400/404) → body bound on POST
+(413) → resource.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from typing import Any, Final
 
 import falcon
 
+from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_VERSION
 from werk_host.service.principals import Authenticator
+from werk_host.service.runtime import BackendRuntime
 
 PROTOCOL_PREFIX = "/werk/v1"
 OPENAI_PREFIX = "/v1"
@@ -68,7 +71,7 @@ class AuthMiddleware:
         self._auth = auth
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not (is_protocol_path(req.path) or is_openai_path(req.path)):
+        if not (is_protocol_path(req.path) or is_openai_path(req.path) or req.path == "/metrics"):
             return
         principal = self._auth.authenticate(presented_key(req))
         if principal is None:
@@ -157,3 +160,34 @@ class BodyLimitMiddleware:
         if len(data) > self._limit:
             raise BodyTooLarge()
         req.context.body = data
+
+
+class DeploymentMiddleware:
+    """Selects the instance a ``/werk/v1`` request controls (``X-Werk-Deployment``, else the
+    default; docs/deployments.md, "Routing") for the whole request, and names it in
+    ``req.context.instance_id``. ``/v1`` requests are routed by their body's ``model`` in the
+    inference service instead."""
+
+    def __init__(self, runtime: BackendRuntime) -> None:
+        self._runtime = runtime
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if not is_protocol_path(req.path):
+            return
+        header = req.get_header(DEPLOYMENT_HEADER)
+        deployments = self._runtime.deployments
+        if deployments is None:
+            if header is not None:
+                raise WerkError(ErrorCode.NOT_FOUND, "no deployment instance has that id")
+            return
+        instance = deployments.control(header)
+        req.context.instance_id = instance.id
+        req.context.selection = self._runtime.select(instance)
+
+    def process_response(
+        self, req: falcon.Request, resp: falcon.Response, resource: object, req_succeeded: bool
+    ) -> None:
+        token = getattr(req.context, "selection", None)
+        if token is not None:
+            self._runtime.unselect(token)
+            req.context.selection = None

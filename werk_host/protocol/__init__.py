@@ -9,12 +9,20 @@ from werk_host.protocol.chat import (
     ChatLimits,
     ChatMessage,
     ChatRequest,
-    Deployments,
     ReasoningLimits,
     ReasoningProfile,
     ReasoningTier,
     ReasoningTierId,
     TokenCount,
+)
+from werk_host.protocol.deployments import (
+    DeploymentPlan,
+    Deployments,
+    EndpointKind,
+    InstanceInventory,
+    InstancePlan,
+    InstanceSlots,
+    InstanceStateName,
 )
 from werk_host.protocol.discovery import CAPABILITY_OPERATIONS, Capability, CapabilityId, Limits, RuntimeInfo
 from werk_host.protocol.envelope import ErrorBody, ErrorEnvelope, ProtocolVersion, SuccessEnvelope
@@ -78,7 +86,13 @@ __all__ = [
     "ChatRequest",
     "DecodeRequest",
     "DecodeResult",
+    "DeploymentPlan",
     "Deployments",
+    "EndpointKind",
+    "InstanceInventory",
+    "InstancePlan",
+    "InstanceSlots",
+    "InstanceStateName",
     "ErrorBody",
     "ErrorEnvelope",
     "ExpertActionKind",

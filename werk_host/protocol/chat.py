@@ -165,9 +165,3 @@ class ReasoningProfile(DataModel):
     default_adjusted_to_limits: bool
     limits: ReasoningLimits | None
     tiers: list[ReasoningTier]
-
-
-class Deployments(DataModel):
-    inventory: list[dict[str, Any]]
-    plans: list[dict[str, Any]]
-    slots: list[dict[str, Any]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from werk_host.backend import Adapter, CapabilityReport
+from werk_host.deployments.instances import Instance
 from werk_host.hooks import BackendHooks
 from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityId, CapabilityStatus
 
@@ -18,10 +19,21 @@ class CapabilityResolver:
         self._hooks = hooks
         self._host_evidence = host_evidence
 
-    def reports(self, adapter: Adapter | None) -> dict[CapabilityId, CapabilityReport]:
+    def reports(
+        self, adapter: Adapter | None, instance: Instance | None = None
+    ) -> dict[CapabilityId, CapabilityReport]:
+        """Every capability id's report for ``adapter`` (the selected instance's, when ready).
+
+        A deployed instance that is not ready (cold, starting, failed) reports the ids its
+        backend declares as ``unavailable`` (residency included) with the reason, and the rest
+        ``unsupported``; operations start it first, so only discovery sees these."""
         backend: dict[CapabilityId, CapabilityReport] = {}
         if adapter is not None:
             backend = self._hooks.capabilities(adapter) or {}
+            if CapabilityId.PLACEMENT not in backend:
+                backend[CapabilityId.PLACEMENT] = self._placement(adapter)
+        elif instance is not None:
+            backend = self._not_ready(instance)
         host = self._host_evidence()
         merged: dict[CapabilityId, CapabilityReport] = {}
         for cap_id in CAPABILITY_OPERATIONS:
@@ -34,6 +46,10 @@ class CapabilityResolver:
                     CapabilityStatus.UNAVAILABLE,
                     "no active adapter supplies a positive bounded memory requirement before load, restore or decode",
                 )
+            elif adapter is None and instance is not None:
+                merged[cap_id] = CapabilityReport(
+                    CapabilityStatus.UNSUPPORTED, f"not declared by backend {instance.backend}"
+                )
             elif adapter is None:
                 merged[cap_id] = CapabilityReport(CapabilityStatus.UNSUPPORTED, "no backend adapter is active")
             else:
@@ -42,10 +58,22 @@ class CapabilityResolver:
                 )
         return merged
 
-    def one(self, adapter: Adapter | None, cap_id: CapabilityId) -> CapabilityReport:
-        return self.reports(adapter)[cap_id]
+    def _placement(self, adapter: Adapter) -> CapabilityReport:
+        if self._hooks.deployment_plan(adapter) is not None:
+            return CapabilityReport(CapabilityStatus.SUPPORTED, "the running backend reports its resolved plan")
+        return CapabilityReport(CapabilityStatus.UNSUPPORTED, f"backend {adapter.backend} reports no resolved plan")
 
-    def listing(self, adapter: Adapter | None) -> list[Capability]:
+    @staticmethod
+    def _not_ready(instance: Instance) -> dict[CapabilityId, CapabilityReport]:
+        view = instance.view()
+        why = view.error or f"instance {instance.id} is {view.state.value}; a request that uses it starts it"
+        declared = {*instance.factory.capabilities, CapabilityId.MODEL_RESIDENCY}
+        return {cap_id: CapabilityReport(CapabilityStatus.UNAVAILABLE, why) for cap_id in declared}
+
+    def one(self, adapter: Adapter | None, cap_id: CapabilityId, instance: Instance | None = None) -> CapabilityReport:
+        return self.reports(adapter, instance)[cap_id]
+
+    def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> list[Capability]:
         return [
             Capability(
                 id=cap_id,
@@ -53,5 +81,5 @@ class CapabilityResolver:
                 detail=report.detail,
                 operations=list(report.operations or CAPABILITY_OPERATIONS[cap_id]),
             )
-            for cap_id, report in self.reports(adapter).items()
+            for cap_id, report in self.reports(adapter, instance).items()
         ]

@@ -1,36 +1,63 @@
-"""Server-wide chat counters shared by the inference routes and observability."""
+"""Server-wide chat counters shared by the inference routes, observability and ``/metrics``.
+
+:class:`ChatStats` is the one source of these counts. It keeps them per instance label (an
+adapter instance id, or :data:`DEFAULT_INSTANCE` when a caller names none):
+``/werk/v1/observability`` reports the sum over instances, ``GET /metrics`` each instance.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Final
 
 from werk_host.protocol import ChatCounters
+
+#: The instance label of counts added without one ("no instance selected").
+DEFAULT_INSTANCE: Final = "-"
 
 
 class ChatStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._c = {k: 0 for k in ChatCounters.model_fields}
+        self._per: dict[str, dict[str, int]] = {}
 
-    def add(self, **deltas: int) -> None:
+    def add(self, *, instance: str = DEFAULT_INSTANCE, **deltas: int) -> None:
+        """Add ``deltas`` (``ChatCounters`` field → change) to ``instance``'s counters."""
+        unknown = set(deltas) - set(ChatCounters.model_fields)
+        if unknown:
+            raise KeyError(", ".join(sorted(unknown)))
         with self._lock:
+            counts = self._per.get(instance)
+            if counts is None:
+                counts = self._per[instance] = dict.fromkeys(ChatCounters.model_fields, 0)
             for key, delta in deltas.items():
-                self._c[key] += delta
+                counts[key] += delta
 
     @contextmanager
-    def request(self) -> Iterator[None]:
+    def request(self, *, instance: str = DEFAULT_INSTANCE) -> Iterator[None]:
         """Count one inference request as active for its duration; failures are counted."""
-        self.add(requests_total=1, requests_active=1)
+        self.add(instance=instance, requests_total=1, requests_active=1)
         try:
             yield
         except BaseException:
-            self.add(requests_failed=1)
+            self.add(instance=instance, requests_failed=1)
             raise
         finally:
-            self.add(requests_active=-1)
+            self.add(instance=instance, requests_active=-1)
 
     def snapshot(self) -> ChatCounters:
+        """The counters summed over every instance."""
         with self._lock:
-            return ChatCounters(**self._c)
+            total = dict.fromkeys(ChatCounters.model_fields, 0)
+            for counts in self._per.values():
+                for key, value in counts.items():
+                    total[key] += value
+        return ChatCounters(**total)
+
+    def per_instance(self) -> dict[str, ChatCounters]:
+        """The counters of each instance label that has been counted."""
+        with self._lock:
+            copies = {instance: dict(counts) for instance, counts in self._per.items()}
+        return {instance: ChatCounters(**counts) for instance, counts in copies.items()}

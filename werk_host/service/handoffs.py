@@ -169,3 +169,11 @@ class HandoffRegistry:
             counts = self._count(principal_id or "")
         self._notify(expired)
         return counts
+
+    def live_count(self) -> int:
+        """Live (issued, unexpired, unredeemed) handoffs in total; reserved slots not included."""
+        with self._lock:
+            expired = self._purge_expired()
+            live = len(self._live)
+        self._notify(expired)
+        return live

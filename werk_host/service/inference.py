@@ -23,10 +23,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from werk_host.backend import Adapter, InferenceResponse, JsonObject, client_disconnected
+from werk_host.deployments.instances import Instance
+from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import ChatLimits, ChatRequest
 from werk_host.service.admission import estimate_input_tokens
-from werk_host.service.counters import ChatStats
+from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.principals import Principal
 from werk_host.service.reasoning import apply_reasoning_tier
 from werk_host.service.runtime import BackendRuntime
@@ -126,10 +128,10 @@ class InferenceService:
             request = ChatRequest.model_validate(body)
         except ValidationError as err:
             raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
-        model = request.model if request.model in self.runtime.model_ids() else None
-        if request.model is not None and model is None:
+        if self.runtime.deployments is None and request.model not in (None, *self.runtime.model_ids()):
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
-        limits = self._limits(adapter, model)
+        served = self.runtime.model
+        limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
         body = apply_reasoning_tier(self.runtime.hooks, adapter, body, request, limits)
         output = request.requested_output_tokens()
         if limits is not None and limits.max_output_tokens is not None and output > limits.max_output_tokens:
@@ -148,26 +150,44 @@ class InferenceService:
                 )
         return body
 
+    def _route(self, body: JsonObject) -> Instance | None:
+        """The instance a ``/v1`` body's ``model`` names (an instance id, a served model name or
+        an alias, advancing the alias's round-robin), else the selected/default instance."""
+        deployments = self.runtime.deployments
+        model = body.get("model")
+        if deployments is None or not isinstance(model, str):
+            return self.runtime.instance
+        return deployments.route(model)
+
     def _call(self, chat: bool, what: str, body: JsonObject) -> InferenceResponse:
-        adapter = self.runtime.require_adapter(what)
-        if chat:
-            body = self.admit_chat(adapter, body)
-        self.stats.add(requests_total=1, requests_active=1)
+        instance = self._route(body)
+        with self.runtime.selecting(instance):
+            adapter = self.runtime.require_adapter(what)
+            if chat:
+                body = self.admit_chat(adapter, body)
+        label = instance.id if instance is not None else DEFAULT_INSTANCE
+        self.stats.add(instance=label, requests_total=1, requests_active=1)
+        if instance is not None:
+            instance.enter()
         hooks = self.runtime.hooks
         try:
             response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
+            if response is None:
+                raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
         except BaseException:
-            self.stats.add(requests_active=-1, requests_failed=0 if _client_gone() else 1)
+            self.stats.add(instance=label, requests_active=-1, requests_failed=0 if _client_gone() else 1)
+            if instance is not None:
+                instance.leave()
             raise
-        if response is None:
-            self.stats.add(requests_active=-1, requests_failed=1)
-            raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
         if response.status >= 400:
             response = sanitized_error(response)
-        return self._tracked(response)
+        if instance is not None:
+            response.headers[DEPLOYMENT_HEADER] = instance.id
+        return self._tracked(response, label, instance)
 
-    def _tracked(self, response: InferenceResponse) -> InferenceResponse:
-        """``response`` counted as active until closed, with its usage added to the totals."""
+    def _tracked(self, response: InferenceResponse, label: str, instance: Instance | None) -> InferenceResponse:
+        """``response`` counted as active (and its instance in use) until closed, with its usage
+        added to the totals."""
         stats = self.stats
         state: dict[str, Any] = {"tail": b"", "failed": response.status >= 400, "closed": False}
 
@@ -192,8 +212,11 @@ class InferenceService:
             try:
                 response.close()
             finally:
+                if instance is not None:
+                    instance.leave()
                 usage = None if state["failed"] else usage_tokens(state["tail"])
                 stats.add(
+                    instance=label,
                     requests_active=-1,
                     requests_failed=1 if state["failed"] else 0,
                     prompt_tokens_total=usage[0] if usage else 0,
@@ -209,7 +232,13 @@ class InferenceService:
         return self._call(False, "completions", body)
 
     def list_models(self, principal: Principal) -> list[JsonObject]:
-        adapter = self.runtime.adapter
-        if adapter is None:
+        """``/v1/models``: every instance id and alias (docs/deployments.md, "Routing")."""
+        deployments = self.runtime.deployments
+        if deployments is None:
             return []
-        return self.runtime.hooks.list_models(adapter) or []
+        entries: list[JsonObject] = []
+        for instance in deployments.instances.values():
+            entries.append({"id": instance.id, "object": "model", "owned_by": "werk", "created": 0})
+        for alias in deployments.aliases:
+            entries.append({"id": alias, "object": "model", "owned_by": "werk", "created": 0})
+        return entries

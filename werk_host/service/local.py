@@ -26,8 +26,10 @@ from werk_host.backend import (
     PrefillWork,
     StoredStateRef,
 )
+from werk_host.deployments.report import deployment_report
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import needed
+from werk_host.http.metrics import MetricsSnapshot
 from werk_host.memory import MemoryManager
 from werk_host.protocol import (
     MAX_COMPLETION_TEXT_BYTES,
@@ -69,15 +71,14 @@ from werk_host.protocol import (
     tier_moves_in_direction,
 )
 from werk_host.protocol.states import AllSelector, FilterSelector, IdsSelector
-from werk_host.service.admission import estimate_input_tokens
 from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.counters import ChatStats
 from werk_host.service.cursors import CursorCodec
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
 from werk_host.service.leases import MemoryLeases
+from werk_host.service.planning import ChatPlanning
 from werk_host.service.policy import gate, resolve_prefill_policy
 from werk_host.service.principals import Authenticator, Principal
-from werk_host.service.reasoning import apply_reasoning_tier
 from werk_host.service.runtime import BackendRuntime
 from werk_host.store import StateRecord, StateStore
 
@@ -127,6 +128,7 @@ class LocalControlService:
         self.chat_stats = ChatStats()
         self.leases = MemoryLeases(memory, self.hooks)
         self.capability_resolver = CapabilityResolver(self.hooks, self._host_evidence)
+        self.planning = ChatPlanning(runtime, self.hooks, self.capability_resolver)
 
     # -- helpers -------------------------------------------------------------------------
     def _host_evidence(self) -> dict[CapabilityId, CapabilityReport]:
@@ -142,23 +144,29 @@ class LocalControlService:
         }
 
     def _gate(self, adapter: Adapter | None, cap_id: CapabilityId, opted_in: bool) -> CapabilityReport:
-        report = self.capability_resolver.one(adapter, cap_id)
+        report = self.capability_resolver.one(adapter, cap_id, self.runtime.instance)
         gate(cap_id, report.status, report.detail, opted_in, probe_on_use=report.probe_on_use)
         return report
 
     def _status(self, adapter: Adapter | None, cap_id: CapabilityId) -> CapabilityStatus:
-        return self.capability_resolver.one(adapter, cap_id).status
+        return self.capability_resolver.one(adapter, cap_id, self.runtime.instance).status
 
     def _release_expired_handle(self, record: HandoffRecord) -> None:
         if record.lease_key is not None and record.state_id is None:
             self.leases.release(record.lease_key)
-        adapter = self.runtime.adapter
+        adapter = self._adapter_with_identity(record.adapter_identity)
         if record.handle is None or adapter is None:
             return
         try:
             self.hooks.release_state(adapter, record.handle)
         except Exception:  # release is best effort; the backend reclaims on its own terms
             log.warning("backend failed to release an expired handoff's live state", exc_info=True)
+
+    def _adapter_with_identity(self, identity: str) -> Adapter | None:
+        """The ready adapter a handoff was issued by, whichever instance holds it."""
+        deployments = self.runtime.deployments
+        candidates = [i.peek() for i in deployments.instances.values()] if deployments else [self.runtime.adapter]
+        return next((a for a in candidates if a is not None and a.identity() == identity), None)
 
     def _require_model(self, model_id: str) -> None:
         if model_id not in self.runtime.model_ids():
@@ -205,16 +213,16 @@ class LocalControlService:
 
     # -- discovery -----------------------------------------------------------------------
     def info(self, principal: Principal) -> RuntimeInfo:
-        adapter = self.runtime.adapter
+        instance = self.runtime.instance
         return RuntimeInfo(
             service=SERVICE_NAME,
             service_version=__version__,
             protocol=ProtocolVersion(),
-            active_backend=adapter.backend if adapter else None,
+            active_backend=instance.backend if instance else None,
         )
 
     def capabilities(self, principal: Principal) -> list[Capability]:
-        return self.capability_resolver.listing(self.runtime.adapter)
+        return self.capability_resolver.listing(self.runtime.adapter, self.runtime.instance)
 
     def memory_report(self) -> MemoryReport:
         return MemoryReport.model_validate(self.memory_manager.snapshot())
@@ -223,10 +231,9 @@ class LocalControlService:
         return self.memory_report()
 
     def observability(self, principal: Principal) -> Observability:
-        adapter = self.runtime.adapter
         workers: list[WorkerObservation] = []
-        if adapter is not None:
-            workers = self.hooks.workers(adapter) or []
+        for adapter in self._ready_adapters():
+            workers += self.hooks.workers(adapter) or []
         per_request = [w.context_per_request_tokens for w in workers if w.context_per_request_tokens is not None]
         capacity = [w.context_capacity_tokens for w in workers if w.context_capacity_tokens is not None]
         complete = bool(workers) and len(per_request) == len(workers) and len(capacity) == len(workers)
@@ -239,8 +246,15 @@ class LocalControlService:
             memory=self.memory_report(),
         )
 
+    def _ready_adapters(self) -> list[Adapter]:
+        deployments = self.runtime.deployments
+        candidates = [i.peek() for i in deployments.instances.values()] if deployments else [self.runtime.adapter]
+        return [a for a in candidates if a is not None]
+
     def deployments(self, principal: Principal) -> Deployments:
-        return Deployments(inventory=[], plans=[], slots=[])
+        if self.runtime.deployments is None:
+            return Deployments(inventory=[], plans=[], slots=[])
+        return deployment_report(self.runtime.deployments, self.hooks)
 
     # -- states --------------------------------------------------------------------------
     def list_states(self, principal: Principal, query: StateListQuery) -> StatePage:
@@ -297,6 +311,7 @@ class LocalControlService:
             raise WerkError(
                 ErrorCode.INVALID_REQUEST, f"{action.value} cannot move a {current.tier.value} state to {target.value}"
             )
+        adapter = self.runtime.started()
         self._gate(adapter, CapabilityId.tier(target.value), request.allow_experimental)
         adapter = self.runtime.require_adapter("state movement")
         if not request.dry_run:
@@ -337,13 +352,13 @@ class LocalControlService:
 
     # -- experts -------------------------------------------------------------------------
     def list_experts(self, principal: Principal, query: ExpertListQuery) -> ExpertPage:
-        adapter = self.runtime.adapter
+        adapter = self.runtime.started()
         self._gate(adapter, CapabilityId.EXPERTS, query.allow_experimental)
         adapter = self.runtime.require_adapter("expert residency")
         return needed(self.hooks.list_experts(adapter, query), "expert residency", adapter)
 
     def expert_action(self, principal: Principal, request: ExpertActionRequest) -> ExpertActionResult:
-        adapter = self.runtime.adapter
+        adapter = self.runtime.started()
         self._gate(adapter, CapabilityId.EXPERTS, request.allow_experimental)
         adapter = self.runtime.require_adapter("expert residency")
         return needed(self.hooks.expert_action(adapter, request), "expert residency", adapter)
@@ -351,7 +366,7 @@ class LocalControlService:
     # -- prefill / decode ----------------------------------------------------------------
     def prefill(self, principal: Principal, request: PrefillRequest) -> PrefillResult:
         policy, opted_in = resolve_prefill_policy(request, self.runtime.config.persistence)
-        adapter = self.runtime.adapter
+        adapter = self.runtime.started()
         self._gate(adapter, CapabilityId.PD_PREFILL, opted_in)
         self._gate(adapter, CapabilityId.PD_HANDOFF, opted_in)
         adapter = self.runtime.require_adapter("prefill")
@@ -515,7 +530,7 @@ class LocalControlService:
             snapshot.close()
 
     def decode(self, principal: Principal, request: DecodeRequest) -> DecodeResult:
-        adapter = self.runtime.adapter
+        adapter = self.runtime.started()
         self._gate(adapter, CapabilityId.PD_DECODE, request.allow_experimental)
         adapter = self.runtime.require_adapter("decode")
         secret = request.handoff.get_secret_value()
@@ -571,62 +586,37 @@ class LocalControlService:
             )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    # -- chat planning -------------------------------------------------------------------
-    def _chat_adapter(self, cap_id: CapabilityId, what: str) -> Adapter:
-        adapter = self.runtime.adapter
-        self._gate(adapter, cap_id, False)
-        return self.runtime.require_adapter(what)
-
-    def _model_name(self, requested: str | None) -> str:
-        if requested is not None:
-            self._require_model(requested)
-            return requested
-        if self.runtime.model is None:
-            raise WerkError(ErrorCode.NOT_FOUND, "no model is selected on this server")
-        return self.runtime.model.name
-
-    def _check_reasoning_tier(self, adapter: Adapter, model: str, request: ChatRequest) -> None:
-        """``werk.reasoning.tier`` on a planning request fails exactly as it would on chat."""
-        if request.werk is not None and request.werk.reasoning is not None:
-            limits = self.hooks.chat_limits(adapter, model)
-            apply_reasoning_tier(self.hooks, adapter, {}, request, limits)
-
+    # -- chat planning (werk_host/service/planning.py) ------------------------------------
     def count_tokens(self, principal: Principal, request: ChatRequest) -> TokenCount:
-        adapter = self._chat_adapter(CapabilityId.TOKEN_COUNT, "token counting")
-        model = self._model_name(request.model)
-        self._check_reasoning_tier(adapter, model, request)
-        count = needed(self.hooks.count_tokens(adapter, request), "token counting", adapter)
-        return TokenCount(model=model, input_tokens=count)
+        return self.planning.count_tokens(request)
 
     def admission(self, principal: Principal, request: ChatRequest) -> Admission:
-        adapter = self._chat_adapter(CapabilityId.ADMISSION, "admission")
-        model = self._model_name(request.model)
-        self._check_reasoning_tier(adapter, model, request)
-        method = "native"
-        count: int | None = None
-        if self._status(adapter, CapabilityId.TOKEN_COUNT) is CapabilityStatus.SUPPORTED:
-            try:
-                count = self.hooks.count_tokens(adapter, request)
-            except WerkError as err:
-                if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
-                    raise
-        if count is None:
-            method, count = "estimate", estimate_input_tokens(request)
-        limits = self.chat_limits(principal, model)
-        return Admission(
-            model=model,
-            input_tokens=count,
-            max_output_tokens=min(request.requested_output_tokens(), limits.max_output_tokens or 1 << 31),
-            context_tokens=limits.context_tokens,
-            token_count_method=method,
-        )
+        return self.planning.admission(request)
 
     def chat_limits(self, principal: Principal, model: str | None) -> ChatLimits:
-        adapter = self._chat_adapter(CapabilityId.CHAT_LIMITS, "chat limits")
-        name = self._model_name(model)
-        return needed(self.hooks.chat_limits(adapter, name), "chat limits", adapter)
+        return self.planning.chat_limits(model)
 
     def reasoning(self, principal: Principal, model: str | None, max_output_tokens: int) -> ReasoningProfile:
-        adapter = self._chat_adapter(CapabilityId.REASONING, "reasoning profiles")
-        name = self._model_name(model)
-        return needed(self.hooks.reasoning_profile(adapter, name, max_output_tokens), "reasoning profiles", adapter)
+        return self.planning.reasoning(model, max_output_tokens)
+
+    # -- metrics -------------------------------------------------------------------------
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What ``GET /metrics`` reads at scrape time: live handoffs, the named states per tier
+        (committed, readable and unexpired; staging and quarantine entries left out), instance
+        states and the memory report."""
+        states: dict[str, int] = {}
+        state_bytes: dict[str, int] = {}
+        for entry in self.store.inventory():
+            if entry.kind != "state" or entry.invalid or entry.expired:
+                continue
+            states[Tier.DISK.value] = states.get(Tier.DISK.value, 0) + 1
+            state_bytes[Tier.DISK.value] = state_bytes.get(Tier.DISK.value, 0) + (entry.bytes or 0)
+        deployments = self.runtime.deployments
+        instances = {i: s.value for i, s in deployments.states().items()} if deployments is not None else {}
+        return MetricsSnapshot(
+            handoffs_live=self.handoffs.live_count(),
+            memory=self.memory_report(),
+            states=states,
+            state_bytes=state_bytes,
+            instances=instances,
+        )

@@ -1,72 +1,109 @@
-"""The active backend: which adapter serves this host, chosen once at start-up."""
+"""Which instance serves the current request: the deployment set plus a per-request selection.
+
+The HTTP layer selects an instance for each request (``X-Werk-Deployment`` on control routes,
+``model`` on ``/v1`` and chat planning; docs/deployments.md, "Routing") and runs the request
+inside :meth:`BackendRuntime.selecting`. Service code then asks for ``adapter`` (what the
+selected instance has now, never starting it: discovery) or :meth:`BackendRuntime.started`
+(starting a cold instance first: operations). Outside a request the default instance is
+selected, which keeps a single-model host exactly as simple as before.
+"""
 
 from __future__ import annotations
 
 import logging
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+
+from werk_host.deployments.profile import DeploymentProfile
 
 from werk_host.backend import Adapter
 from werk_host.config import HostConfig
+from werk_host.deployments.instances import Instance
+from werk_host.deployments.registry import DeploymentSet
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
-from werk_host.models import ModelManifest, ModelRegistry
+from werk_host.models import ModelManifest
 from werk_host.plugins import PluginHost
 
 log = logging.getLogger(__name__)
 
+_selected: ContextVar[Instance | None] = ContextVar("werk_selected_instance", default=None)
+
+
+def _no_backend(what: str) -> WerkError:
+    return WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported: no backend adapter is active")
+
 
 class BackendRuntime:
-    """Holds the plugin host, its typed hook facade, the selected model manifest and the
-    active adapter (or none)."""
+    """The plugin host, its typed hook facade, and the deployment set (or none)."""
 
-    def __init__(self, plugins: PluginHost, config: HostConfig, adapter: Adapter | None = None) -> None:
+    def __init__(self, plugins: PluginHost, config: HostConfig) -> None:
         self.plugins = plugins
         self.hooks = BackendHooks(plugins)
         self.config = config
-        self.model: ModelManifest | None = None
-        self.adapter: Adapter | None = adapter
-        self._lock = threading.Lock()
+        self.deployments: DeploymentSet | None = None
 
-    def activate(self, model_ref: str | None = None, backend: str | None = None) -> Adapter | None:
-        """Create the adapter for ``model_ref`` (a manifest name or a file path).
+    def deploy(self, profile: DeploymentProfile) -> DeploymentSet:
+        """Build the instances of ``profile`` (every backend resolved, or ``ProfileError``) and
+        preload the ``preload`` ones; a preload failure stays on its instance."""
+        deployments = DeploymentSet(profile, self.plugins, self.config)
+        self.deployments = deployments
+        deployments.start()
+        return deployments
 
-        The backend is the manifest's, ``backend`` if given, or the first factory that
-        accepts the model. With no model and no backend, no adapter is activated.
-        """
-        manifest = ModelRegistry(self.config.home).resolve(model_ref) if model_ref else None
-        wanted = backend or (manifest.backend if manifest else None)
-        factories = self.plugins.adapter_factories(self.config)
-        chosen = None
-        for factory in factories:
-            if wanted is not None and wanted not in (factory.backend, factory.plugin_name):
-                continue
-            if wanted is not None or factory.accepts(manifest):
-                chosen = factory
-                break
-        if chosen is None:
-            if manifest is None and wanted is None:
-                return None
-            raise WerkError(
-                ErrorCode.UNSUPPORTED,
-                f"no installed backend plugin can serve {wanted or (manifest.name if manifest else 'this model')}",
-            )
-        with self._lock:
-            self.model = manifest
-            self.adapter = chosen.create(self.config, manifest)
-        log.info("active backend %s (%s)", chosen.backend, self.adapter.instance_id)
-        return self.adapter
+    # -- selection -----------------------------------------------------------------------
+    @contextmanager
+    def selecting(self, instance: Instance | None) -> Iterator[None]:
+        """Run the body with ``instance`` selected (``None``: the default instance)."""
+        token = _selected.set(instance)
+        try:
+            yield
+        finally:
+            _selected.reset(token)
+
+    def select(self, instance: Instance) -> Token[Instance | None]:
+        """Select ``instance`` until :meth:`unselect` (for middleware that cannot use ``with``)."""
+        return _selected.set(instance)
+
+    def unselect(self, token: Token[Instance | None]) -> None:
+        _selected.reset(token)
+
+    @property
+    def instance(self) -> Instance | None:
+        """The selected instance, or the default one; ``None`` when nothing is deployed."""
+        chosen = _selected.get()
+        if chosen is not None:
+            return chosen
+        return self.deployments.default if self.deployments is not None else None
+
+    @property
+    def adapter(self) -> Adapter | None:
+        """The selected instance's adapter while it is ready; never starts it."""
+        instance = self.instance
+        return instance.peek() if instance is not None else None
+
+    @property
+    def model(self) -> ModelManifest | None:
+        instance = self.instance
+        return instance.manifest if instance is not None else None
+
+    def started(self) -> Adapter | None:
+        """The selected instance's adapter, starting the instance when it is cold (an operation
+        is about to use it); ``None`` when nothing is deployed."""
+        instance = self.instance
+        return instance.use() if instance is not None else None
 
     def require_adapter(self, what: str) -> Adapter:
-        adapter = self.adapter
+        adapter = self.started()
         if adapter is None:
-            raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported: no backend adapter is active")
+            raise _no_backend(what)
         return adapter
 
     def model_ids(self) -> set[str]:
-        return {self.model.name} if self.model else set()
+        model = self.model
+        return {model.name} if model is not None else set()
 
     def close(self) -> None:
-        with self._lock:
-            adapter, self.adapter = self.adapter, None
-        if adapter is not None:
-            adapter.close()
+        if self.deployments is not None:
+            self.deployments.close()

@@ -65,6 +65,7 @@ HOOKS_BEHIND: dict[CapabilityId, tuple[str, ...]] = {
     CapabilityId.TOKEN_COUNT: (hookspecs.werk_count_tokens.__name__,),
     CapabilityId.CHAT_LIMITS: (hookspecs.werk_chat_limits.__name__,),
     CapabilityId.REASONING: (hookspecs.werk_reasoning_profile.__name__,),
+    CapabilityId.PLACEMENT: (hookspecs.werk_deployment_plan.__name__,),
 }
 
 #: A path-like run of two or more segments (``/tmp/x/model.gguf``), not ``prefill/decode``.

@@ -54,6 +54,8 @@ from werk_host.protocol import (
     ChatLimits,
     ChatMessage,
     ChatRequest,
+    DeploymentPlan,
+    EndpointKind,
     ExpertActionKind,
     ExpertActionRequest,
     ExpertActionResult,
@@ -533,10 +535,6 @@ class MemoryBackendPlugin:
             return _sse_response(events)
         return _json_response({**head, "choices": choices, "usage": usage})
 
-    @hookimpl
-    def werk_list_models(self, adapter: MemoryAdapter) -> list[JsonObject]:
-        return [{"id": adapter.model_name, "object": "model", "created": 0, "owned_by": "werk"}]
-
     # -- observation and memory ----------------------------------------------------------------
     @hookimpl
     def werk_workers(self, adapter: MemoryAdapter) -> list[WorkerObservation]:
@@ -552,6 +550,20 @@ class MemoryBackendPlugin:
                 context_capacity_tokens=CONTEXT_TOKENS,
             )
         ]
+
+    @hookimpl
+    def werk_deployment_plan(self, adapter: MemoryAdapter) -> DeploymentPlan | None:
+        """Its fixed in-process placement: one slot of the whole context, on the CPU."""
+        if adapter.closed:
+            return None
+        return DeploymentPlan(
+            endpoint=EndpointKind.LOCAL,
+            arguments=["--in-memory"],
+            threads=1,
+            parallel_slots=1,
+            context_per_slot=CONTEXT_TOKENS,
+            device="cpu",
+        )
 
     @hookimpl
     def werk_memory_requirement(self, adapter: MemoryAdapter, operation: MemoryOperation, model_id: str) -> int | None:

@@ -258,7 +258,6 @@ def _sse_events(resp: http.client.HTTPResponse) -> Iterator[tuple[float, bytes]]
 # -- models, chat, completions -------------------------------------------------------------------
 
 
-@covers_hooks("werk_list_models")
 def test_models_lists_the_manifest_name_and_no_path(env: Env) -> None:
     models = env.client.models.list()
     assert [m.id for m in models.data] == [MODEL]

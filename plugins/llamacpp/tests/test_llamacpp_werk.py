@@ -231,7 +231,7 @@ def test_killed_llama_server_gives_typed_error_and_a_fresh_child(env: Env) -> No
     assert "generation" in body["error"]["details"]["mismatch_fields"]
 
 
-@covers_hooks("werk_count_tokens", "werk_chat_limits", "werk_workers", "werk_list_models")
+@covers_hooks("werk_count_tokens", "werk_chat_limits", "werk_workers", "werk_deployment_plan")
 def test_chat_planning_routes(env: Env) -> None:
     request = {"messages": [{"role": "user", "content": "count these words please"}]}
     count = ok(env.api.post("/werk/v1/chat/count_tokens", request))
@@ -253,6 +253,16 @@ def test_chat_planning_routes(env: Env) -> None:
     assert obs["context_per_request_tokens"] == 2048 and obs["context_capacity_tokens"] == 4096
     reasoning = ok(env.api.get("/werk/v1/chat/reasoning"))
     assert reasoning["supported"] is False and reasoning["tiers"] == [] and reasoning["default_tier"] is None
+    deployments = ok(env.api.get("/werk/v1/deployments"))
+    (plan,) = deployments["plans"]
+    assert plan["plan"]["parallel_slots"] == 2 and plan["plan"]["context_per_slot"] == 2048
+    assert plan["plan"]["device"] == "cpu" and plan["plan"]["endpoint"] == "local"
+    assert "<path>" in plan["plan"]["arguments"] and not any(a.startswith("/") for a in plan["plan"]["arguments"])
+    (inventory,) = deployments["inventory"]
+    assert (inventory["state"], inventory["pid"], inventory["backend"]) == ("ready", proc.pid, "llama.cpp")
+    assert deployments["slots"] == [{"instance": inventory["id"], "total": 2, "busy": 0, "free": 2}]
+    caps = {c["id"]: c["status"] for c in ok(env.api.get("/werk/v1/capabilities"))}
+    assert caps["runtime.placement"] == "supported"
 
 
 def test_probe_failure_keeps_state_unavailable(

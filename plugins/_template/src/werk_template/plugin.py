@@ -45,8 +45,3 @@ def werk_chat_limits(adapter: EchoAdapter, model: str | None) -> ChatLimits:
 @hookimpl
 def werk_chat_completion(adapter: EchoAdapter, request: JsonObject) -> InferenceResponse:
     return adapter.complete(request)
-
-
-@hookimpl
-def werk_list_models(adapter: EchoAdapter) -> list[JsonObject]:
-    return [{"id": adapter.manifest.name, "object": "model", "owned_by": "werk"}]

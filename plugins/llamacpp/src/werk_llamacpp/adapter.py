@@ -49,6 +49,8 @@ from werk_host.protocol import (
     CapabilityStatus,
     ChatLimits,
     ChatRequest,
+    DeploymentPlan,
+    EndpointKind,
     MessagesInput,
     WorkerObservation,
 )
@@ -69,6 +71,7 @@ MAX_HEADER_BYTES = 16 << 20
 CHUNK = 1 << 20
 _CTX_FLAGS = ("-c", "--ctx-size")
 _MEDIA_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
+_SECRET_FLAGS = ("--api-key", "--api-key-file", "--ssl-key-file", "--hf-token", "-hft")
 OUTPUT_CEILING_PARAMS = ("max_output_tokens", "max_completion_tokens", "max_new_tokens")
 
 STATE_CAPABILITIES = (
@@ -538,6 +541,33 @@ class LlamaCppAdapter:
         if raw is None or not raw.isdigit() or n < 1 or int(raw) == 0:
             return None
         return int(raw) // n
+
+    def plan(self) -> DeploymentPlan | None:
+        """The running child's resolved placement, from its actual argv (``None`` when none runs).
+        Filesystem paths and the values of secret-bearing flags become placeholders."""
+        proc = self.current()
+        if proc is None:
+            return None
+        argv = proc.argv[1:]
+        shown: list[str] = []
+        for i, arg in enumerate(argv):
+            if i > 0 and argv[i - 1] in _SECRET_FLAGS:
+                shown.append("<redacted>")
+            elif os.path.isabs(arg) or os.sep in arg and os.path.exists(arg):
+                shown.append("<path>")
+            else:
+                shown.append(arg)
+        threads = last_flag_value(argv, ("-t", "--threads"))
+        layers = last_flag_value(argv, ("-ngl", "--gpu-layers", "--n-gpu-layers"))
+        offloaded = int(layers) if layers is not None and layers.lstrip("-").isdigit() else 0
+        return DeploymentPlan(
+            endpoint=EndpointKind.LOCAL,
+            arguments=shown,
+            threads=int(threads) if threads is not None and threads.isdigit() else None,
+            parallel_slots=proc.effective_parallel() if proc.effective_parallel() > 0 else None,
+            context_per_slot=self.context_per_slot(proc),
+            device="cpu" if offloaded == 0 else f"gpu ({offloaded} layers offloaded)",
+        )
 
     def chat_limits(self, model: str | None) -> ChatLimits:
         proc = self.current()

@@ -25,7 +25,14 @@ from werk_host.backend import (
 from werk_host.backends.relay import forward
 from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.protocol import CapabilityId, ChatLimits, ChatRequest, ReasoningProfile, WorkerObservation
+from werk_host.protocol import (
+    CapabilityId,
+    ChatLimits,
+    ChatRequest,
+    DeploymentPlan,
+    ReasoningProfile,
+    WorkerObservation,
+)
 from werk_host.service.reasoning import unsupported_profile
 
 from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, LlamaCppAdapter, accepts, create_adapter
@@ -124,10 +131,10 @@ def werk_text_completion(adapter: LlamaCppAdapter, request: JsonObject) -> Infer
 
 
 @hookimpl
-def werk_list_models(adapter: LlamaCppAdapter) -> list[JsonObject]:
-    return [{"id": adapter.manifest.name, "object": "model", "owned_by": "werk", "created": 0}]
+def werk_workers(adapter: LlamaCppAdapter) -> list[WorkerObservation]:
+    return adapter.workers()
 
 
 @hookimpl
-def werk_workers(adapter: LlamaCppAdapter) -> list[WorkerObservation]:
-    return adapter.workers()
+def werk_deployment_plan(adapter: LlamaCppAdapter) -> DeploymentPlan | None:
+    return adapter.plan()

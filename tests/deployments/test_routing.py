@@ -1,0 +1,301 @@
+"""Deployments over the in-memory reference backend: routing, control selection, lifecycle,
+failure isolation and the memory guard (the same rules run over real llama-server children in
+plugins/llamacpp/tests/test_llamacpp_deployments.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import falcon.testing
+import pytest
+
+from werk_host.backend import AdapterFactory
+from werk_host.cli import main
+from werk_host.config import HostConfig
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.models import ModelFile, ModelManifest, ModelRegistry
+from werk_host.plugins import PluginHost
+from werk_host.server import Host, build_host
+from werk_host.testing.hosts import running
+from werk_host.testing.reference import BACKEND_ID, MemoryAdapter, MemoryBackendPlugin
+
+KEY = "sk-werk-routing-test-0042"
+
+PROFILE = """
+[[instance]]
+id = "a1"
+model = "alpha"
+preload = true
+default = true
+
+[[instance]]
+id = "a2"
+model = "alpha"
+
+[[instance]]
+id = "b"
+model = "beta"
+keep_alive = "0"
+
+[[instance]]
+id = "bad"
+model = "broken"
+
+[alias.pair]
+replicas = ["a1", "a2"]
+"""
+
+
+class CountingPlugin(MemoryBackendPlugin):
+    """The reference backend, counting adapter creations; the model ``broken`` fails to start."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[str] = []
+        self._lock = threading.Lock()
+
+    def create(self, config: HostConfig, model: ModelManifest | None) -> MemoryAdapter:
+        assert model is not None
+        time.sleep(0.05)  # a start takes a while: concurrent first requests overlap it
+        if model.name == "broken":
+            raise WerkError(ErrorCode.UNAVAILABLE, "native loader said: /srv/secret/broken.bin is corrupt")
+        with self._lock:
+            self.created.append(model.name)
+        return super().create(config, model)
+
+
+def register(home: Path, name: str) -> None:
+    weights = home.parent / f"{name}.bin"
+    weights.write_bytes(f"weights of {name}".encode())
+    ModelRegistry(home).add(ModelManifest.from_paths(name, [weights], backend=BACKEND_ID))
+
+
+def build(tmp_path: Path, profile_text: str = PROFILE) -> tuple[Host, CountingPlugin]:
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("alpha", "beta", "broken"):
+        register(home, name)
+    profile = tmp_path / "deployments.toml"
+    profile.write_text(profile_text)
+    plugin = CountingPlugin()
+    plugins = PluginHost()
+    plugins.register(plugin, "testbackend")
+    host = build_host(HostConfig(home=home, api_keys=(KEY,), profile=profile), plugins=plugins)
+    return host, plugin
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[Host, CountingPlugin, falcon.testing.TestClient]]:
+    host, plugin = build(tmp_path)
+    try:
+        yield host, plugin, falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
+    finally:
+        host.close()
+
+
+def chat(client: falcon.testing.TestClient, model: str | None) -> falcon.testing.Result:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "one two"}], "max_tokens": 2}
+    if model is not None:
+        body["model"] = model
+    return client.simulate_post("/v1/chat/completions", json=body)
+
+
+def served_by(result: falcon.testing.Result) -> str:
+    return str(result.headers["x-werk-deployment"])
+
+
+def test_only_preloaded_instances_start_with_the_server(env: Any) -> None:
+    host, plugin, client = env
+    assert plugin.created == ["alpha"]
+    states = {i["id"]: i["state"] for i in client.simulate_get("/werk/v1/deployments").json["data"]["inventory"]}
+    assert states == {"a1": "ready", "a2": "cold", "b": "cold", "bad": "cold"}
+
+
+def test_routing_by_id_model_and_alias(env: Any) -> None:
+    _, _, client = env
+    assert served_by(chat(client, "a2")) == "a2"
+    assert served_by(chat(client, "beta")) == "b"
+    assert served_by(chat(client, None)) == "a1"
+    assert {served_by(chat(client, "pair")) for _ in range(4)} == {"a1", "a2"}
+    assert {served_by(chat(client, "alpha")) for _ in range(4)} == {"a1", "a2"}  # a model served twice
+    missing = chat(client, "gamma")
+    assert missing.status_code == 404 and missing.json["error"]["code"] == "model_not_found"
+    listed = {m["id"] for m in client.simulate_get("/v1/models").json["data"]}
+    assert listed == {"a1", "a2", "b", "bad", "pair"}
+
+
+def test_an_alias_prefers_the_replica_with_fewer_requests_in_flight(env: Any) -> None:
+    host, _, client = env
+    deployments = host.runtime.deployments
+    a1 = deployments.instances["a1"]
+    a1.enter()  # one request in flight on a1
+    try:
+        assert {served_by(chat(client, "pair")) for _ in range(3)} == {"a2"}
+    finally:
+        a1.leave()
+
+
+def test_control_header_selection(env: Any) -> None:
+    _, _, client = env
+    info = client.simulate_get("/werk/v1/chat/limits", headers={"X-Werk-Deployment": "b"})
+    assert info.status_code == 200 and info.json["data"]["model"] == "beta"
+    alias = client.simulate_get("/werk/v1/info", headers={"X-Werk-Deployment": "pair"})
+    assert alias.status_code == 400 and alias.json["error"]["code"] == "invalid_request"
+    unknown = client.simulate_get("/werk/v1/info", headers={"X-Werk-Deployment": "zzz"})
+    assert unknown.status_code == 404 and unknown.json["error"]["code"] == "not_found"
+    body = {"model_id": "beta", "input": {"type": "text", "text": "x y"}, "allow_experimental": True}
+    prefill = client.simulate_post("/werk/v1/prefill", json=body, headers={"X-Werk-Deployment": "b"})
+    assert prefill.status_code == 200
+    handoff = prefill.json["data"]["handoff"]
+    other = client.simulate_post(
+        "/werk/v1/decode", json={"handoff": handoff, "allow_experimental": True}, headers={"X-Werk-Deployment": "a1"}
+    )
+    assert other.status_code == 410  # a handoff is bound to the instance that issued it
+
+
+def test_a_cold_instance_reports_cold_evidence_and_starts_on_use(env: Any) -> None:
+    _, plugin, client = env
+    caps = client.simulate_get("/werk/v1/capabilities", headers={"X-Werk-Deployment": "a2"}).json["data"]
+    residency = next(c for c in caps if c["id"] == "runtime.model_residency")
+    assert residency["status"] == "unavailable" and "cold" in residency["detail"]
+    limits = client.simulate_get("/werk/v1/chat/limits", headers={"X-Werk-Deployment": "a2"}).json["data"]
+    assert limits["context_tokens"] is None  # discovery never starts a cold instance
+    assert plugin.created == ["alpha"]
+    counted = client.simulate_post(
+        "/werk/v1/chat/count_tokens",
+        json={"messages": [{"role": "user", "content": "a b c"}]},
+        headers={"X-Werk-Deployment": "a2"},
+    )
+    assert counted.status_code == 200 and plugin.created == ["alpha", "alpha"]  # using it started it
+
+
+def test_sixteen_concurrent_first_requests_start_an_instance_once(env: Any) -> None:
+    host, plugin, _ = env
+    with running(host) as url:
+        from werk_host.testing.api import Api
+
+        api = Api(url, KEY)
+        results: list[int] = []
+
+        def first() -> None:
+            body = {"model": "a2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            results.append(api.post("/v1/chat/completions", body)[0])
+
+        threads = [threading.Thread(target=first) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert results == [200] * 16
+    assert plugin.created.count("alpha") == 2  # a1 at start, a2 exactly once
+
+
+def test_keep_alive_zero_stops_after_each_request_and_restarts_on_use(env: Any) -> None:
+    host, plugin, client = env
+    assert chat(client, "b").status_code == 200
+    b = host.runtime.deployments.instances["b"]
+    assert b.view().state == "cold"
+    assert plugin.adapters[-1].closed  # its adapter was closed
+    assert chat(client, "b").status_code == 200 and plugin.created.count("beta") == 2
+
+
+def test_a_failed_start_stays_on_its_instance_and_is_redacted(env: Any) -> None:
+    host, _, client = env
+    failed = chat(client, "bad")
+    assert failed.status_code == 503
+    message = failed.json["error"]["message"]
+    assert "bad" in message and "/srv" not in message and "corrupt" not in message
+    inventory = {i["id"]: i for i in client.simulate_get("/werk/v1/deployments").json["data"]["inventory"]}
+    assert inventory["bad"]["state"] == "failed" and "/srv" not in inventory["bad"]["error"]
+    assert chat(client, "a1").status_code == 200  # the others are untouched
+    again = chat(client, "bad")  # within the retry window: answered from the recorded reason
+    assert again.status_code == 503 and again.json["error"]["message"] == message
+
+
+def test_a_model_larger_than_available_memory_is_refused_before_it_starts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    huge = tmp_path / "huge.bin"
+    with open(huge, "wb") as handle:
+        handle.truncate(1 << 42)  # a sparse 4 TiB file: its size is what the guard reads
+    manifest = ModelManifest("huge", (ModelFile(str(huge), 1 << 42, "0" * 64),), BACKEND_ID, {})
+    ModelRegistry(home).add(manifest)
+    plugin = CountingPlugin()
+    plugins = PluginHost()
+    plugins.register(plugin, "testbackend")
+    host = build_host(HostConfig(home=home, api_keys=(KEY,), models=("huge",)), plugins=plugins)
+    try:
+        client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
+        answer = chat(client, "huge")
+        assert answer.status_code == 429 and answer.json["error"]["code"] == "resource_exhausted"
+        assert "host memory" in answer.json["error"]["message"]
+        inventory = client.simulate_get("/werk/v1/deployments").json["data"]["inventory"]
+        assert inventory[0]["state"] == "failed" and "MiB" in inventory[0]["error"]
+        assert plugin.created == []
+    finally:
+        host.close()
+
+
+def test_repeated_models_are_one_instance_each(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("alpha", "beta"):
+        register(home, name)
+    plugins = PluginHost()
+    plugins.register(CountingPlugin(), "testbackend")
+    host = build_host(HostConfig(home=home, api_keys=(KEY,), models=("alpha", "beta")), plugins=plugins)
+    try:
+        client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
+        inventory = client.simulate_get("/werk/v1/deployments").json["data"]["inventory"]
+        assert [(i["id"], i["default"], i["state"]) for i in inventory] == [
+            ("alpha", True, "ready"),
+            ("beta", False, "ready"),
+        ]
+    finally:
+        host.close()
+
+
+def test_a_profile_naming_no_installed_backend_fails_at_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    register(home, "alpha")
+    profile = tmp_path / "p.toml"
+    profile.write_text('[[instance]]\nid = "x"\nmodel = "alpha"\nbackend = "vllm"\n')
+    assert main(["serve", "--home", str(home), "--profile", str(profile), "--port", "0"]) == 2
+
+
+def test_werk_serve_refuses_an_invalid_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "p.toml"
+    profile.write_text('[[instance]]\nid = "x"\nmodel = "nope"\n')
+    assert main(["serve", "--home", str(tmp_path / "home"), "--profile", str(profile), "--port", "0"]) == 2
+    error = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["error"]
+    assert error["code"] == "invalid_profile" and "p.toml:3: instance[0].model" in error["message"] and "nope" in error["message"]
+
+
+def test_werk_deployments_prints_the_inventory(env: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    host, _, _ = env
+    with running(host) as url:
+        monkeypatch.setenv("WERK_API_KEY", KEY)
+        assert main(["deployments", "--server", url]) == 0
+        table = capsys.readouterr().out.splitlines()
+        assert main(["deployments", "--server", url, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+    assert table[0].split() == ["ID", "BACKEND", "MODEL", "STATE", "PID", "IN-FLIGHT", "SLOTS", "KEEP-ALIVE", "ALIASES"]
+    rows = {line.split()[0]: line.split() for line in table[1:] if line and not line.startswith("bad:")}
+    assert rows["a1*"][1:4] == [BACKEND_ID, "alpha", "ready"] and rows["a1*"][-1] == "pair"
+    assert rows["b"][3] == "cold" and rows["b"][7] == "0s"
+    assert [i["id"] for i in doc["inventory"]] == ["a1", "a2", "b", "bad"]
+
+
+def test_factory_for_an_unknown_backend_is_not_chosen() -> None:
+    factories = [AdapterFactory("other", "other", lambda m: True, lambda c, m: MemoryAdapter("x"))]
+    from werk_host.deployments.registry import choose_factory
+
+    manifest = ModelManifest("alpha", (), BACKEND_ID, {})
+    assert choose_factory(factories, manifest, None) is None
+    assert choose_factory(factories, ModelManifest("alpha", (), None, {}), None) is factories[0]

@@ -1,0 +1,266 @@
+"""One deployment instance: a concrete adapter for one model, started lazily, stopped when idle.
+
+Lifecycle (docs/deployments.md, "Lifecycle"): ``cold`` (no adapter) → ``starting`` (the
+factory is creating it; concurrent first requests wait for this one start) → ``ready`` →
+``stopping`` → ``cold`` again after ``keep_alive`` idle time. A start that raises leaves the
+instance ``failed`` with a public, redacted reason; requests within :data:`RETRY_AFTER_S` get
+that reason as a retryable 503 at once, later ones try again. One instance's failure never
+touches another's.
+
+Before a local start the model's file size is compared with the host's available memory: a
+model that cannot fit is refused (``resource_exhausted``) instead of letting the kernel's OOM
+killer choose a victim.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psutil  # type: ignore[import-untyped]
+
+from werk_host.backend import Adapter, AdapterFactory
+from werk_host.config import HostConfig
+from werk_host.deployments.profile import InstanceSpec
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.models import ModelManifest
+from werk_host.protocol.deployments import InstanceStateName
+
+log = logging.getLogger(__name__)
+
+#: How long a failed start is answered from its recorded reason before the next try.
+RETRY_AFTER_S = 5.0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """A consistent snapshot of an instance for inventory, metrics and routing decisions."""
+
+    id: str
+    backend: str
+    model: str
+    state: InstanceStateName
+    in_flight: int
+    started_unix_ms: int | None
+    last_used_unix_ms: int | None
+    error: str | None
+
+
+def available_host_memory() -> int:
+    """Bytes the host can give a new process now (``MemAvailable``)."""
+    return int(psutil.virtual_memory().available)
+
+
+class Instance:
+    """A deployment instance (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        manifest: ModelManifest,
+        factory: AdapterFactory,
+        config: HostConfig,
+        *,
+        memory_available: Callable[[], int] = available_host_memory,
+    ) -> None:
+        self.spec = spec
+        self.manifest = manifest
+        self.factory = factory
+        self.config = config
+        self._memory_available = memory_available
+        self._cond = threading.Condition()
+        self._state = InstanceStateName.COLD
+        self._adapter: Adapter | None = None
+        self._error: str | None = None
+        self._error_code = ErrorCode.UNAVAILABLE
+        self._failed_at = 0.0
+        self._in_flight = 0
+        self._started_ms: int | None = None
+        self._last_used_ms: int | None = None
+        self._last_used_mono = time.monotonic()
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def backend(self) -> str:
+        return self.factory.backend
+
+    def view(self) -> InstanceView:
+        with self._cond:
+            return InstanceView(
+                self.id,
+                self.backend,
+                self.manifest.name,
+                self._state,
+                self._in_flight,
+                self._started_ms,
+                self._last_used_ms,
+                self._error,
+            )
+
+    def peek(self) -> Adapter | None:
+        """The adapter when the instance is ready; ``None`` otherwise. Never starts anything."""
+        with self._cond:
+            return self._adapter if self._state is InstanceStateName.READY else None
+
+    def down(self) -> bool:
+        """Whether routing should skip this instance now (a recent failed start)."""
+        with self._cond:
+            return self._state is InstanceStateName.FAILED and time.monotonic() - self._failed_at < RETRY_AFTER_S
+
+    # -- start ---------------------------------------------------------------------------
+    def use(self) -> Adapter:
+        """The ready adapter, starting the instance first when it is cold (once, however many
+        requests arrive together). Raises the recorded failure (503, retryable) while a failed
+        start is recent."""
+        with self._cond:
+            while True:
+                if self._state is InstanceStateName.READY and self._adapter is not None:
+                    self._touch_locked()
+                    return self._adapter
+                if self._state in (InstanceStateName.STARTING, InstanceStateName.STOPPING):
+                    self._cond.wait()
+                    continue
+                if self._state is InstanceStateName.FAILED and time.monotonic() - self._failed_at < RETRY_AFTER_S:
+                    raise self._failure_locked()
+                self._state = InstanceStateName.STARTING
+                break
+        adapter: Adapter | None = None
+        try:
+            self._check_memory()
+            adapter = self.factory.create(self.config, self.manifest)
+        except BaseException as err:
+            self._start_failed(err)
+            raise self._failure(err) from err
+        with self._cond:
+            self._adapter = adapter
+            self._state = InstanceStateName.READY
+            self._error = None
+            self._started_ms = _now_ms()
+            self._touch_locked()
+            self._cond.notify_all()
+        log.info("instance %s ready (%s, model %s)", self.id, self.backend, self.manifest.name)
+        return adapter
+
+    def _check_memory(self) -> None:
+        need = sum(f.bytes for f in self.manifest.files)
+        have = self._memory_available()
+        if need > have:
+            raise WerkError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"instance {self.id}: model {self.manifest.name} has {need >> 20} MiB of weights but only "
+                f"{have >> 20} MiB of host memory are available; it was not started",
+            )
+
+    def _start_failed(self, err: BaseException) -> None:
+        log.error("instance %s failed to start: %s", self.id, err, exc_info=not isinstance(err, WerkError))
+        with self._cond:
+            self._state = InstanceStateName.FAILED
+            self._failed_at = time.monotonic()
+            self._error = self._public_reason(err)
+            exhausted = isinstance(err, WerkError) and err.code is ErrorCode.RESOURCE_EXHAUSTED
+            self._error_code = ErrorCode.RESOURCE_EXHAUSTED if exhausted else ErrorCode.UNAVAILABLE
+            self._cond.notify_all()
+
+    def _public_reason(self, err: BaseException) -> str:
+        if isinstance(err, WerkError) and err.code is ErrorCode.RESOURCE_EXHAUSTED:
+            return err.message  # the host's own text: sizes, no paths
+        return f"the {self.backend} backend failed to start instance {self.id}; the server log has the details"
+
+    def _failure(self, err: BaseException) -> WerkError:
+        with self._cond:
+            return self._failure_locked()
+
+    def _failure_locked(self) -> WerkError:
+        """The recorded failure: ``unavailable``, or ``resource_exhausted`` when the memory guard
+        refused the start; retryable either way."""
+        return WerkError(self._error_code, self._error or f"instance {self.id} is unavailable", retryable=True)
+
+    # -- use accounting ------------------------------------------------------------------
+    def _touch_locked(self) -> None:
+        self._last_used_ms = _now_ms()
+        self._last_used_mono = time.monotonic()
+
+    @contextmanager
+    def serving(self) -> Iterator[Adapter]:
+        """Use the instance for one request: starts it when cold, counts the request in flight."""
+        adapter = self.use()
+        self.enter()
+        try:
+            yield adapter
+        finally:
+            self.leave()
+
+    def enter(self) -> None:
+        with self._cond:
+            self._in_flight += 1
+            self._touch_locked()
+
+    def leave(self) -> None:
+        with self._cond:
+            self._in_flight = max(self._in_flight - 1, 0)
+            self._touch_locked()
+            idle_now = self._in_flight == 0 and self.spec.keep_alive_s == 0
+        if idle_now:
+            self.stop("keep_alive 0")
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    # -- stop ----------------------------------------------------------------------------
+    def idle_for(self) -> float | None:
+        """Seconds since the last request while ready and idle, else ``None``."""
+        with self._cond:
+            if self._state is not InstanceStateName.READY or self._in_flight:
+                return None
+            return time.monotonic() - self._last_used_mono
+
+    def stop_if_idle(self) -> bool:
+        """Stop the instance when it has been idle longer than its ``keep_alive``."""
+        keep = self.spec.keep_alive_s
+        idle = self.idle_for()
+        if keep is None or idle is None or idle < keep:
+            return False
+        return self.stop(f"idle for {idle:.0f} s (keep_alive {keep:g} s)")
+
+    def stop(self, why: str) -> bool:
+        """Close the adapter (its processes stop) and go cold; ``False`` when it was not ready
+        or requests are in flight."""
+        with self._cond:
+            if self._state is not InstanceStateName.READY or self._in_flight:
+                return False
+            adapter, self._adapter = self._adapter, None
+            self._state = InstanceStateName.STOPPING
+        try:
+            if adapter is not None:
+                adapter.close()
+        except Exception:
+            log.warning("instance %s did not close cleanly", self.id, exc_info=True)
+        finally:
+            with self._cond:
+                self._state = InstanceStateName.COLD
+                self._started_ms = None
+                self._cond.notify_all()
+        log.info("instance %s stopped: %s", self.id, why)
+        return True
+
+    def close(self) -> None:
+        """Stop regardless of requests in flight (server shutdown)."""
+        with self._cond:
+            adapter, self._adapter = self._adapter, None
+            self._state = InstanceStateName.COLD
+            self._cond.notify_all()
+        if adapter is not None:
+            adapter.close()

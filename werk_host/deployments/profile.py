@@ -1,0 +1,608 @@
+"""Deployment profiles: the model instances one host serves and the aliases over them.
+
+A profile is TOML (docs/deployments.md, "Profiles"), read from ``werk serve --profile FILE`` or
+``WERK_HOME/deployments.toml``; repeated ``--model NAME`` is shorthand for one instance per model
+(:func:`profile_from_models`). Everything is checked before anything starts, so a profile is
+either wholly valid or refused with a :class:`ProfileError` that names the source, the line (when
+it can be found) and the field at fault::
+
+    deployments.toml:7: instance[1].keep_alive: "30x" is not a duration (use 45s, 30m, 2h, ...)
+
+Instances are numbered from 0 in document order (``instance[0]`` is the first ``[[instance]]``).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import difflib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import NoReturn
+
+from pydantic import JsonValue
+
+from werk_host.models import NAME_RE as MODEL_NAME_RE
+
+#: The profile ``werk serve`` reads from ``WERK_HOME`` when neither --profile nor --model is given.
+PROFILE_FILENAME = "deployments.toml"
+
+#: Instance ids and alias names: 1-64 characters, letters, digits, ``.``, ``_``, ``-``; starting
+#: with a letter or digit.
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ID_MAX_LEN = 64
+
+INSTANCE_KEYS = ("id", "model", "backend", "options", "preload", "keep_alive", "default")
+ALIAS_KEYS = ("replicas",)
+TOP_LEVEL_KEYS = ("instance", "alias")
+
+DURATION_HINT = '(use 45s, 30m, 2h, 1h30m, "0" or "forever")'
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+_DURATION_RE = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m)?(?:{_NUMBER}s)?")
+_ID_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+#: A position in the parsed document: table keys and array indexes from the root.
+_DocPath = tuple[str | int, ...]
+
+
+class ProfileError(ValueError):
+    """A deployment profile that cannot be served. ``str(err)`` is the whole message; ``line``
+    and ``field`` repeat its parts when they are known."""
+
+    def __init__(self, message: str, *, line: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.field = field
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds for a ``keep_alive`` duration; ``None`` means forever.
+
+    Grammar: ``"forever"``; ``"0"``; or one to three ``<number><unit>`` parts with units ``h``,
+    ``m``, ``s`` in that order, each at most once (``45s``, ``30m``, ``2h``, ``1h30m``,
+    ``1h0m30s``, ``90m``). A number is digits with an optional decimal fraction (``1.5h``,
+    ``0.5s``). No signs, spaces, exponents or other units. Raises :class:`ValueError` otherwise.
+    """
+    if text == "forever":
+        return None
+    if text == "0":
+        return 0.0
+    match = _DURATION_RE.fullmatch(text)
+    if match is None or not any(match.groups()):
+        raise ValueError(f"{_quote(text)} is not a duration {DURATION_HINT}")
+    hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if not math.isfinite(total):
+        raise ValueError(f"{_quote(text)} is too long a duration {DURATION_HINT}")
+    return total
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One ``[[instance]]``: a model on a backend, with its options and lifecycle settings.
+
+    ``model`` is a registered model name or a model file path (relative paths in a profile file
+    are made absolute against the file's directory). ``backend`` ``None`` lets the manifest or
+    the installed plugins choose. ``options`` is a read-only copy (nested values are copies, not
+    shared with the caller). ``keep_alive_s`` ``None`` means never stopped for idleness; ``0``
+    means stopped right after each request.
+    """
+
+    id: str
+    model: str
+    backend: str | None = None
+    options: Mapping[str, JsonValue] = field(default_factory=lambda: MappingProxyType({}))
+    preload: bool = False
+    keep_alive_s: float | None = None
+    default: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
+
+
+@dataclass(frozen=True)
+class DeploymentProfile:
+    """The instances (in profile order) and aliases one host serves; ``source`` names where the
+    profile came from (a file path, or ``--model``) for messages."""
+
+    instances: tuple[InstanceSpec, ...]
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = "<profile>"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "instances", tuple(self.instances))
+        object.__setattr__(self, "aliases", MappingProxyType({k: tuple(v) for k, v in self.aliases.items()}))
+
+    def instance(self, id: str) -> InstanceSpec | None:
+        """The instance with this id, or ``None``."""
+        return next((spec for spec in self.instances if spec.id == id), None)
+
+    @property
+    def default_instance(self) -> InstanceSpec:
+        """The instance with ``default = true``, else the first one."""
+        return next((spec for spec in self.instances if spec.default), self.instances[0])
+
+    def ids(self) -> tuple[str, ...]:
+        """Instance ids in profile order."""
+        return tuple(spec.id for spec in self.instances)
+
+
+def load_profile(path: Path, *, known_model: Callable[[str], bool]) -> DeploymentProfile:
+    """Read and validate the profile file at ``path`` (see :func:`parse_profile`). Relative model
+    paths in it are taken relative to the file's directory."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read the profile: {err.strerror or err}") from err
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProfileError(f"{path}: the profile is not UTF-8 text (bad byte at offset {err.start})") from err
+    return parse_profile(text, source=str(path), known_model=known_model, base_dir=path.absolute().parent)
+
+
+def parse_profile(
+    text: str, *, source: str, known_model: Callable[[str], bool], base_dir: Path | None = None
+) -> DeploymentProfile:
+    """Validate profile TOML ``text``; ``source`` names it in messages.
+
+    ``known_model(name)`` says whether a model name is registered; it is asked only about values
+    that are valid model names. A ``model`` that is not registered must be an existing file
+    (relative paths against ``base_dir``, the working directory when ``None``), else the profile
+    is refused as naming an unknown model.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise _syntax_error(source, err) from err
+    return _Checker(text, source, known_model, base_dir).profile(data)
+
+
+def profile_from_models(models: Sequence[str], *, known_model: Callable[[str], bool]) -> DeploymentProfile:
+    """The profile ``--model NAME`` (repeatable) stands for: one instance per model, in order.
+
+    The id is the model name, or for a file path its file stem, made to fit the id pattern
+    (other characters become ``-``, leading non-alphanumerics dropped, at most 64 characters); a
+    clash between two models' ids is settled with ``-2``, ``-3``, ... on the later one. The first
+    model is the default; every instance is preloaded and kept forever. Naming one model twice
+    (the same name, or paths to the same file) is an error.
+    """
+    source = "--model"
+    if not models:
+        raise ProfileError(f"{source}: no model given")
+    specs: list[InstanceSpec] = []
+    seen: dict[str, str] = {}
+    taken: set[str] = set()
+    for index, name in enumerate(models):
+        field_name = f"{source}[{index}]"
+        if not name:
+            raise ProfileError(f"{field_name}: the model name is empty", field=field_name)
+        if MODEL_NAME_RE.fullmatch(name) and known_model(name):
+            identity, stem = f"name:{name}", name
+        else:
+            path = Path(name).expanduser()
+            if not _is_file(path):
+                raise ProfileError(f"{field_name}: {_unknown_model(name)}", field=field_name)
+            identity, stem = f"file:{path.resolve()}", path.stem
+        if identity in seen:
+            raise ProfileError(
+                f"{field_name}: {_quote(name)} is given more than once (also {seen[identity]})", field=field_name
+            )
+        seen[identity] = field_name
+        instance_id = _unique_id(_sanitise_id(stem), taken)
+        taken.add(instance_id)
+        specs.append(InstanceSpec(id=instance_id, model=name, preload=True, keep_alive_s=None, default=index == 0))
+    return DeploymentProfile(tuple(specs), {}, source)
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+class _Checker:
+    """Turns a parsed profile into a :class:`DeploymentProfile`, or fails on the first fault."""
+
+    def __init__(self, text: str, source: str, known_model: Callable[[str], bool], base_dir: Path | None) -> None:
+        self.text = text
+        self.source = source
+        self.known_model = known_model
+        self.base_dir = base_dir
+        self._lines: dict[_DocPath, int] | None = None
+
+    def fail(self, path: _DocPath, detail: str) -> NoReturn:
+        if self._lines is None:
+            self._lines = _statement_lines(self.text)
+        line = next((self._lines[path[:k]] for k in range(len(path), 0, -1) if path[:k] in self._lines), None)
+        name = _field_name(path) or None
+        where = self.source if line is None else f"{self.source}:{line}"
+        message = f"{where}: {name}: {detail}" if name else f"{where}: {detail}"
+        raise ProfileError(message, line=line, field=name)
+
+    def profile(self, data: dict[str, object]) -> DeploymentProfile:
+        for key in data:
+            if key not in TOP_LEVEL_KEYS:
+                self.fail(
+                    (key,),
+                    _unknown_key(key, TOP_LEVEL_KEYS, "a profile holds only [[instance]] and [alias.NAME] tables"),
+                )
+        raw_instances = data.get("instance")
+        if raw_instances is None:
+            self.fail((), "no [[instance]] table: a profile needs at least one instance")
+        if not isinstance(raw_instances, list):
+            self.fail(("instance",), "must be an array of tables: write each instance as [[instance]]")
+        if not raw_instances:
+            self.fail(("instance",), "is empty: a profile needs at least one instance")
+        specs: list[InstanceSpec] = []
+        ids: dict[str, int] = {}
+        default_at: int | None = None
+        for index, raw in enumerate(raw_instances):
+            spec = self.instance(index, raw)
+            if spec.id in ids:
+                self.fail(
+                    ("instance", index, "id"), f"duplicate id {_quote(spec.id)} (instance[{ids[spec.id]}] has it)"
+                )
+            ids[spec.id] = index
+            if spec.default:
+                if default_at is not None:
+                    self.fail(
+                        ("instance", index, "default"),
+                        f"only one instance may have default = true (instance[{default_at}] has it)",
+                    )
+                default_at = index
+            specs.append(spec)
+        aliases = self.aliases(data.get("alias", {}), ids)
+        return DeploymentProfile(tuple(specs), aliases, self.source)
+
+    def instance(self, index: int, raw: object) -> InstanceSpec:
+        at: _DocPath = ("instance", index)
+        if not isinstance(raw, dict):
+            self.fail(at, f"must be a table, not {_toml_type(raw)}")
+        for key in raw:
+            if key not in INSTANCE_KEYS:
+                self.fail((*at, key), _unknown_key(key, INSTANCE_KEYS, "an instance takes " + ", ".join(INSTANCE_KEYS)))
+        instance_id = self.string(raw, at, "id")
+        if instance_id is None:
+            self.fail(at, 'missing required key "id"')
+        if not ID_RE.fullmatch(instance_id):
+            self.fail((*at, "id"), f"{_quote(instance_id)} is not a valid instance id ({_ID_RULE})")
+        model = self.string(raw, at, "model")
+        if model is None:
+            self.fail(at, 'missing required key "model"')
+        return InstanceSpec(
+            id=instance_id,
+            model=self.model((*at, "model"), model),
+            backend=self.string(raw, at, "backend"),
+            options=self.options((*at, "options"), raw.get("options", {})),
+            preload=self.boolean(raw, at, "preload"),
+            keep_alive_s=self.keep_alive((*at, "keep_alive"), raw.get("keep_alive", "forever")),
+            default=self.boolean(raw, at, "default"),
+        )
+
+    def string(self, raw: dict[str, object], at: _DocPath, key: str) -> str | None:
+        value = raw.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.fail((*at, key), f"must be a string, not {_toml_type(value)}")
+        if not value.strip():
+            self.fail((*at, key), "must not be empty")
+        return value
+
+    def boolean(self, raw: dict[str, object], at: _DocPath, key: str) -> bool:
+        value = raw.get(key, False)
+        if not isinstance(value, bool):
+            self.fail((*at, key), f"must be true or false, not {_toml_type(value)}")
+        return value
+
+    def model(self, at: _DocPath, name: str) -> str:
+        if MODEL_NAME_RE.fullmatch(name) and self.known_model(name):
+            return name
+        path = Path(name).expanduser()
+        if not path.is_absolute() and self.base_dir is not None:
+            path = self.base_dir / path
+        if not _is_file(path):
+            self.fail(at, _unknown_model(name))
+        return str(path)
+
+    def options(self, at: _DocPath, value: object) -> dict[str, JsonValue]:
+        if not isinstance(value, dict):
+            self.fail(at, f"must be a table such as {{ parallel = 2 }}, not {_toml_type(value)}")
+        return {key: self.json_value((*at, key), item) for key, item in value.items()}
+
+    def json_value(self, at: _DocPath, value: object) -> JsonValue:
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(at, "nan and inf cannot be backend options")
+        if isinstance(value, str | bool | int | float):
+            return value
+        if isinstance(value, list):
+            return [self.json_value((*at, index), item) for index, item in enumerate(value)]
+        if isinstance(value, dict):
+            return {key: self.json_value((*at, key), item) for key, item in value.items()}
+        self.fail(at, f"{_toml_type(value)} cannot be a backend option; quote it as a string")
+
+    def keep_alive(self, at: _DocPath, value: object) -> float | None:
+        if isinstance(value, str):
+            try:
+                return parse_duration(value)
+            except ValueError as err:
+                self.fail(at, str(err))
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                self.fail(at, f"{value} is negative: a keep_alive in seconds must be 0 or more")
+            try:
+                return float(value)
+            except OverflowError:
+                self.fail(at, f"{value} seconds is too long {DURATION_HINT}")
+        self.fail(at, f"must be a duration string {DURATION_HINT} or whole seconds, not {_toml_type(value)}")
+
+    def aliases(self, value: object, ids: Mapping[str, int]) -> dict[str, tuple[str, ...]]:
+        if not isinstance(value, dict):
+            self.fail(("alias",), f"must be a table of aliases ([alias.NAME] tables), not {_toml_type(value)}")
+        aliases: dict[str, tuple[str, ...]] = {}
+        for name, body in value.items():
+            at: _DocPath = ("alias", name)
+            if not ID_RE.fullmatch(name):
+                self.fail(at, f"{_quote(name)} is not a valid alias name ({_ID_RULE})")
+            if name in ids:
+                self.fail(at, f"alias {name} has the same name as instance[{ids[name]}]; an alias needs its own name")
+            if not isinstance(body, dict):
+                self.fail(at, f"must be a table with replicas = [...], not {_toml_type(body)}")
+            for key in body:
+                if key not in ALIAS_KEYS:
+                    self.fail((*at, key), _unknown_key(key, ALIAS_KEYS, "an alias takes only replicas"))
+            replicas = body.get("replicas")
+            if replicas is None:
+                self.fail(at, 'missing required key "replicas"')
+            if not isinstance(replicas, list):
+                self.fail((*at, "replicas"), f"must be an array of instance ids, not {_toml_type(replicas)}")
+            if not replicas:
+                self.fail((*at, "replicas"), "is empty: an alias needs at least one replica")
+            seen: set[str] = set()
+            for index, replica in enumerate(replicas):
+                where: _DocPath = (*at, "replicas", index)
+                if not isinstance(replica, str):
+                    self.fail(where, f"must be an instance id, not {_toml_type(replica)}")
+                if replica not in ids:
+                    if replica in value:
+                        self.fail(where, f"{_quote(replica)} is an alias; an alias's replicas must be instance ids")
+                    known = ", ".join(ids)
+                    self.fail(where, f"{_quote(replica)} is not an instance id (instances: {known})")
+                if replica in seen:
+                    self.fail(where, f"{_quote(replica)} is listed more than once")
+                seen.add(replica)
+            aliases[name] = tuple(replicas)
+        return aliases
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _toml_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, dt.date | dt.time):
+        return "a date/time"
+    return type(value).__name__
+
+
+def _field_name(path: _DocPath) -> str:
+    """``("instance", 1, "keep_alive")`` → ``instance[1].keep_alive``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else _quote(part)
+            out += f".{text}" if out else text
+    return out
+
+
+def _unknown_key(key: str, known: Sequence[str], note: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown key{hint} ({note})"
+
+
+def _unknown_model(name: str) -> str:
+    return f"unknown model {_quote(name)}: not a registered model name (werk models list) and not an existing file"
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _sanitise_id(stem: str) -> str:
+    text = re.sub(r"[^A-Za-z0-9._-]", "-", stem)
+    text = re.sub(r"^[^A-Za-z0-9]+", "", text)[:ID_MAX_LEN]
+    return text or "model"
+
+
+def _unique_id(base: str, taken: set[str]) -> str:
+    candidate, n = base, 1
+    while candidate in taken:
+        n += 1
+        suffix = f"-{n}"
+        candidate = base[: ID_MAX_LEN - len(suffix)] + suffix
+    return candidate
+
+
+def _syntax_error(source: str, err: tomllib.TOMLDecodeError) -> ProfileError:
+    message = str(err)
+    match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    if match is None:
+        return ProfileError(f"{source}: invalid TOML: {message}")
+    line = int(match.group(1))
+    return ProfileError(f"{source}:{line}:{match.group(2)}: invalid TOML: {message[: match.start()]}", line=line)
+
+
+# -- where things are in the text ------------------------------------------------------------------
+
+
+def _statement_lines(text: str) -> dict[_DocPath, int]:
+    """The first line of each table header and ``key =`` statement of valid TOML ``text``, by
+    document path (``("instance", 1, "keep_alive")``); each prefix of a path maps to the first
+    line that mentions it. Multi-line strings and arrays are skipped, so text inside them never
+    counts as a statement."""
+    lines: dict[_DocPath, int] = {}
+    array_tables: dict[_DocPath, int] = {}
+    table: _DocPath = ()
+    i, n, line = 0, len(text), 1
+
+    def record(path: _DocPath, at: int) -> None:
+        for k in range(1, len(path) + 1):
+            lines.setdefault(path[:k], at)
+
+    while i < n:
+        char = text[i]
+        if char in " \t\r":
+            i += 1
+        elif char == "\n":
+            line += 1
+            i += 1
+        elif char == "#":
+            i = _line_end(text, i)
+        elif char == "[":
+            end = _line_end(text, i)
+            header = text[i:end]
+            keys = _key_parts(header)
+            if keys is not None:
+                table = _table_path(keys, header.startswith("[["), array_tables)
+                record(table, line)
+            i = end
+        else:
+            equals = _key_end(text, i)
+            if equals is None:  # not valid TOML; nothing more to find
+                break
+            keys = _key_parts(text[i:equals] + "= 0")
+            if keys is not None:
+                record((*table, *keys), line)
+            i, line = _skip_value(text, equals + 1, line)
+    return lines
+
+
+def _table_path(keys: list[str], array: bool, array_tables: dict[_DocPath, int]) -> _DocPath:
+    """The document path of a ``[a.b]`` / ``[[a.b]]`` header, with the current index of each
+    array of tables it passes through."""
+    path: list[str | int] = []
+    for position, key in enumerate(keys):
+        path.append(key)
+        so_far = tuple(path)
+        if array and position == len(keys) - 1:
+            array_tables[so_far] = array_tables.get(so_far, -1) + 1
+            path.append(array_tables[so_far])
+        elif so_far in array_tables:
+            path.append(array_tables[so_far])
+    return tuple(path)
+
+
+def _key_parts(snippet: str) -> list[str] | None:
+    """The dotted key of a header or ``key = 0`` snippet, as TOML reads it."""
+    try:
+        node: object = tomllib.loads(snippet)
+    except tomllib.TOMLDecodeError:
+        return None
+    keys: list[str] = []
+    while True:
+        if isinstance(node, dict) and len(node) == 1:
+            key, node = next(iter(node.items()))
+            keys.append(key)
+        elif isinstance(node, list) and len(node) == 1:
+            node = node[0]
+        else:
+            return keys or None
+
+
+def _line_end(text: str, i: int) -> int:
+    end = text.find("\n", i)
+    return len(text) if end < 0 else end
+
+
+def _key_end(text: str, i: int) -> int | None:
+    """The index of the ``=`` ending the key that starts at ``i``."""
+    n = len(text)
+    while i < n:
+        char = text[i]
+        if char in "\"'":
+            i = _string_end(text, i)
+        elif char == "=":
+            return i
+        elif char == "\n":
+            return None
+        else:
+            i += 1
+    return None
+
+
+def _string_end(text: str, i: int) -> int:
+    """The index just past the string literal that starts at ``i``."""
+    quote = text[i]
+    n = len(text)
+    if text.startswith(quote * 3, i):
+        j = i + 3
+        while j < n:
+            if quote == '"' and text[j] == "\\":
+                j += 2
+            elif text.startswith(quote * 3, j):
+                j += 3
+                extra = 0
+                while j < n and text[j] == quote and extra < 2:  # up to two quotes end the content
+                    j += 1
+                    extra += 1
+                return j
+            else:
+                j += 1
+        return n
+    j = i + 1
+    while j < n and text[j] != quote and text[j] != "\n":
+        j += 2 if quote == '"' and text[j] == "\\" else 1
+    return j + 1
+
+
+def _skip_value(text: str, i: int, line: int) -> tuple[int, int]:
+    """Past the value starting at ``i``: to the newline that ends its statement. Returns that
+    index and the line number there."""
+    depth = 0
+    n = len(text)
+    while i < n:
+        char = text[i]
+        if char == "\n":
+            if depth <= 0:
+                return i, line
+            line += 1
+            i += 1
+        elif char == "#":
+            i = _line_end(text, i)
+        elif char in "\"'":
+            end = _string_end(text, i)
+            line += text.count("\n", i, end)
+            i = end
+        else:
+            if char in "[{":
+                depth += 1
+            elif char in "]}":
+                depth -= 1
+            i += 1
+    return i, line

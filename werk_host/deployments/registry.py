@@ -1,0 +1,208 @@
+"""The instances and aliases one host serves, and how a request finds its instance.
+
+Selection rules (docs/deployments.md, "Routing"):
+
+* Control routes (``/werk/v1``) select with ``X-Werk-Deployment: <instance-id>``: an alias there
+  is ``invalid_request`` (aliases are not control targets), an unknown id ``not_found``; without
+  the header, the profile's default instance.
+* ``/v1`` and the chat-planning routes select by ``model``: an instance id, a model name served
+  by instances, or an alias. An alias (or a model served by several instances) picks a ready
+  replica with the fewest requests in flight, ties broken round-robin, skipping replicas whose
+  start failed recently; when all are down the answer is a retryable 503. Planning requests
+  (``advance=False``) look without moving the round-robin.
+
+Every instance's backend is resolved when the set is built, so a profile that names a model no
+installed plugin serves fails ``werk serve`` at start, before anything runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import replace
+
+from pydantic import JsonValue
+
+from werk_host.backend import AdapterFactory
+from werk_host.config import HostConfig
+from werk_host.deployments.instances import Instance
+from werk_host.deployments.profile import (
+    PROFILE_FILENAME,
+    DeploymentProfile,
+    InstanceSpec,
+    ProfileError,
+    load_profile,
+    profile_from_models,
+)
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.models import ModelManifest, ModelRegistry
+from werk_host.plugins import PluginHost
+from werk_host.protocol.deployments import InstanceStateName
+
+log = logging.getLogger(__name__)
+
+#: The request header selecting a control target, echoed on ``/v1`` answers with the instance
+#: that served them.
+DEPLOYMENT_HEADER = "X-Werk-Deployment"
+
+#: How often the keep-alive sweeper looks for idle instances.
+SWEEP_INTERVAL_S = 0.5
+
+
+def profile_for(config: HostConfig) -> DeploymentProfile | None:
+    """The profile ``werk serve`` runs: ``--profile``, else the ``--model`` shorthand, else
+    ``WERK_HOME/deployments.toml`` when present, else none (a host with no backend)."""
+    registry = ModelRegistry(config.home)
+
+    def known(name: str) -> bool:
+        return registry.get(name) is not None
+
+    if config.profile is not None:
+        return load_profile(config.profile, known_model=known)
+    if config.served_models():
+        return profile_from_models(config.served_models(), known_model=known)
+    home_profile = config.home / PROFILE_FILENAME
+    if home_profile.is_file():
+        return load_profile(home_profile, known_model=known)
+    return None
+
+
+def choose_factory(
+    factories: Iterable[AdapterFactory], manifest: ModelManifest, backend: str | None
+) -> AdapterFactory | None:
+    """The factory serving ``manifest``: the named backend (or the manifest's), else the first
+    installed one that accepts the model."""
+    wanted = backend or manifest.backend
+    for factory in factories:
+        if wanted is not None:
+            if wanted in (factory.backend, factory.plugin_name):
+                return factory
+        elif factory.accepts(manifest):
+            return factory
+    return None
+
+
+def instance_config(config: HostConfig, factory: AdapterFactory, options: dict[str, JsonValue]) -> HostConfig:
+    """``config`` with the instance's backend options laid over the server-wide ones."""
+    if not options:
+        return config
+    merged = dict(config.backend_options)
+    merged[factory.plugin_name] = {**merged.get(factory.plugin_name, {}), **options}
+    return replace(config, backend_options=merged)
+
+
+class DeploymentSet:
+    """Instances by id, aliases, the default instance and the keep-alive sweeper."""
+
+    def __init__(self, profile: DeploymentProfile, plugins: PluginHost, config: HostConfig) -> None:
+        self.profile = profile
+        registry = ModelRegistry(config.home)
+        factories = plugins.adapter_factories(config)
+        self.instances: dict[str, Instance] = {}
+        for spec in profile.instances:
+            self.instances[spec.id] = self._instance(spec, registry, factories, config)
+        self.aliases: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in profile.aliases.items()}
+        self.default_id = profile.default_instance.id
+        self._turns: dict[str, itertools.count[int]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    def _instance(
+        self, spec: InstanceSpec, registry: ModelRegistry, factories: list[AdapterFactory], config: HostConfig
+    ) -> Instance:
+        try:
+            manifest = registry.resolve(spec.model)
+        except WerkError as err:
+            raise ProfileError(f"{self.profile.source}: instance {spec.id}: {err.message}") from err
+        factory = choose_factory(factories, manifest, spec.backend)
+        if factory is None:
+            wanted = spec.backend or manifest.backend or "any installed backend"
+            raise ProfileError(
+                f"{self.profile.source}: instance {spec.id}: no installed backend plugin serves "
+                f"model {manifest.name} ({wanted})"
+            )
+        return Instance(spec, manifest, factory, instance_config(config, factory, dict(spec.options)))
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Preload the ``preload`` instances (a failure stays on that instance) and start the
+        keep-alive sweeper when any instance can go idle."""
+        for instance in self.instances.values():
+            if instance.spec.preload:
+                try:
+                    instance.use()
+                except WerkError as err:
+                    log.error("preloading instance %s failed: %s", instance.id, err.message)
+        if any(i.spec.keep_alive_s is not None for i in self.instances.values()):
+            self._sweeper = threading.Thread(target=self._sweep, name="werk-keep-alive", daemon=True)
+            self._sweeper.start()
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(SWEEP_INTERVAL_S):
+            for instance in self.instances.values():
+                try:
+                    instance.stop_if_idle()
+                except Exception:
+                    log.warning("keep-alive stop of instance %s failed", instance.id, exc_info=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=5)
+        for instance in self.instances.values():
+            try:
+                instance.close()
+            except Exception:
+                log.warning("closing instance %s failed", instance.id, exc_info=True)
+
+    # -- selection -----------------------------------------------------------------------
+    @property
+    def default(self) -> Instance:
+        return self.instances[self.default_id]
+
+    def control(self, header: str | None) -> Instance:
+        """The instance an ``X-Werk-Deployment`` header selects (the default without one)."""
+        if header is None:
+            return self.default
+        if header in self.aliases:
+            raise WerkError(
+                ErrorCode.INVALID_REQUEST,
+                f"{header} is an alias; control requests select one instance id with X-Werk-Deployment",
+            )
+        instance = self.instances.get(header)
+        if instance is None:
+            raise WerkError(ErrorCode.NOT_FOUND, "no deployment instance has that id")
+        return instance
+
+    def replicas(self, name: str) -> tuple[Instance, ...]:
+        """The instances a ``model`` value names: an instance id, an alias, or a model name."""
+        if name in self.instances:
+            return (self.instances[name],)
+        if name in self.aliases:
+            return tuple(self.instances[i] for i in self.aliases[name])
+        return tuple(i for i in self.instances.values() if i.manifest.name == name)
+
+    def route(self, name: str | None, *, advance: bool = True) -> Instance:
+        """The instance serving a request for ``name`` (the default instance for ``None``)."""
+        if name is None:
+            return self.default
+        replicas = self.replicas(name)
+        if not replicas:
+            raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
+        if len(replicas) == 1:
+            return replicas[0]
+        up = [r for r in replicas if not r.down()]
+        if not up:
+            raise WerkError(ErrorCode.UNAVAILABLE, f"every replica of {name} is unavailable", retryable=True)
+        fewest = min(r.in_flight for r in up)
+        tied = [r for r in up if r.in_flight == fewest]
+        with self._lock:
+            turn = self._turns.setdefault(name, itertools.count())
+            index = next(turn) if advance else 0
+        return tied[index % len(tied)]
+
+    def states(self) -> dict[str, InstanceStateName]:
+        return {i.id: i.view().state for i in self.instances.values()}

@@ -1,0 +1,231 @@
+"""Operators' metrics: ``GET /metrics`` in the Prometheus text format.
+
+Everything is built with ``prometheus_client`` on a per-app :class:`CollectorRegistry` (never
+the process-global one), so several hosts in one process keep separate counts:
+
+* :class:`MetricsMiddleware` counts every request and times it, labelled by the Falcon URI
+  template of its route (never the raw path, which may carry state ids) or ``unmatched``.
+  Latency ends when the response headers are ready: for a streamed ``/v1`` response that is
+  the time to the first byte, not to the end of the stream.
+* :class:`HostCollector` reads, at scrape time, the chat counters per instance from
+  :class:`~werk_host.service.counters.ChatStats` (their one source) and a
+  :class:`MetricsSnapshot` (handoffs, stored states, instance states, memory).
+
+The metric names and labels are documented in ``docs/operations.md`` ("Metrics").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import falcon
+from falcon.routing import CompiledRouter
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from werk_host.protocol import ChatCounters, MemoryCounters, MemoryReport, Pressure, Tier
+from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
+
+log = logging.getLogger(__name__)
+
+METRICS_PATH: Final = "/metrics"
+#: ``instance`` label of a request that selected no instance.
+NO_INSTANCE: Final = DEFAULT_INSTANCE
+#: ``route`` label of a request no route matched.
+UNMATCHED: Final = "unmatched"
+#: ``method`` label of a method outside :data:`_METHODS` (keeps the label set bounded).
+OTHER_METHOD: Final = "other"
+INSTANCE_STATES: Final = ("cold", "starting", "ready", "stopping", "failed")
+#: Request latency buckets (seconds): up to the five minutes a long generation may take.
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: ChatCounters fields exported as gauges; every other field is a monotonic counter.
+_CHAT_GAUGES: Final = frozenset({"requests_active"})
+#: MemoryCounters fields that only grow (counters); the others go up and down (gauges).
+_MEMORY_TOTALS: Final = frozenset(
+    {"completed_demotions", "completed_evictions", "failed_releases", "telemetry_errors", "backend_cleanup_failures"}
+)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What the host reports at scrape time (``LocalControlService.metrics_snapshot``).
+
+    ``states`` and ``state_bytes`` map a tier to the named (live, committed) states held
+    there and their payload bytes; ``instances`` maps an instance id to its state (one of
+    :data:`INSTANCE_STATES`)."""
+
+    handoffs_live: int
+    memory: MemoryReport
+    states: Mapping[str, int] = field(default_factory=dict)
+    state_bytes: Mapping[str, int] = field(default_factory=dict)
+    instances: Mapping[str, str] = field(default_factory=dict)
+
+
+def _chat_families(chat: ChatStats) -> list[Metric]:
+    per_instance = chat.per_instance()
+    families: list[Metric] = []
+    for name in ChatCounters.model_fields:
+        family: CounterMetricFamily | GaugeMetricFamily
+        if name in _CHAT_GAUGES:
+            family = GaugeMetricFamily(f"werk_chat_{name}", f"Chat {name.replace('_', ' ')}", labels=["instance"])
+        else:
+            family = CounterMetricFamily(f"werk_chat_{name}", f"Chat {name.replace('_', ' ')}", labels=["instance"])
+        for instance, counters in sorted(per_instance.items()):
+            family.add_metric([instance], getattr(counters, name))
+        families.append(family)
+    return families
+
+
+def _snapshot_families(snap: MetricsSnapshot) -> list[Metric]:
+    handoffs = GaugeMetricFamily("werk_handoffs_live", "Live prefill-to-decode handoffs", value=snap.handoffs_live)
+    states = GaugeMetricFamily("werk_states", "Named stored states per tier", labels=["tier"])
+    state_bytes = GaugeMetricFamily("werk_state_bytes", "Payload bytes of the named states per tier", labels=["tier"])
+    for tier in sorted({t.value for t in Tier} | set(snap.states) | set(snap.state_bytes)):
+        states.add_metric([tier], snap.states.get(tier, 0))
+        state_bytes.add_metric([tier], snap.state_bytes.get(tier, 0))
+    instances = GaugeMetricFamily(
+        "werk_instance_state", "1 for the current state of each instance, 0 otherwise", labels=["instance", "state"]
+    )
+    for instance, current in sorted(snap.instances.items()):
+        for state in (*INSTANCE_STATES, *(() if current in INSTANCE_STATES else (current,))):
+            instances.add_metric([instance, state], 1 if state == current else 0)
+    memory = snap.memory
+    pressure = GaugeMetricFamily(
+        "werk_memory_pressure",
+        "1 for the current memory pressure of each tier, 0 otherwise",
+        labels=["tier", "pressure"],
+    )
+    for tier, current in (
+        ("host", memory.host.pressure),
+        ("accelerator", memory.accelerator.pressure),
+        ("overall", memory.overall_pressure),
+    ):
+        for level in Pressure:
+            pressure.add_metric([tier, level.value], 1 if level == current else 0)
+    families: list[Metric] = [handoffs, states, state_bytes, instances, pressure]
+    for name in MemoryCounters.model_fields:
+        value = getattr(memory.counters, name)
+        help_text = f"Memory manager: {name.replace('_', ' ')}"
+        if name in _MEMORY_TOTALS:
+            families.append(CounterMetricFamily(f"werk_memory_{name}", help_text, value=value))
+        else:
+            families.append(GaugeMetricFamily(f"werk_memory_{name}", help_text, value=value))
+    return families
+
+
+class HostCollector:
+    """Exports the chat counters and a :class:`MetricsSnapshot`, both read at scrape time.
+
+    A failing snapshot is logged and its metrics left out of that scrape; the request
+    metrics and chat counters are still exported."""
+
+    def __init__(self, chat: ChatStats | None, snapshot: Callable[[], MetricsSnapshot] | None) -> None:
+        self.chat = chat
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        if self.chat is not None:
+            yield from _chat_families(self.chat)
+        if self.snapshot is not None:
+            try:
+                snap = self.snapshot()
+            except Exception:
+                log.warning("metrics snapshot failed; its metrics are left out of this scrape", exc_info=True)
+                return
+            yield from _snapshot_families(snap)
+
+
+class MetricsMiddleware:
+    """Counts and times every request; register it first so that it sees every response.
+
+    A request rejected before routing (401, 406, 413) is labelled with the template its path
+    would have matched, looked up in ``router``."""
+
+    def __init__(self, requests: Counter, duration: Histogram, router: CompiledRouter) -> None:
+        self.requests = requests
+        self.duration = duration
+        self.router = router
+
+    def _route(self, req: falcon.Request) -> str:
+        template = req.uri_template
+        if template is None:
+            found = self.router.find(req.path)
+            template = found[3] if found is not None else None
+        return template or UNMATCHED
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.metrics_started = time.perf_counter()
+
+    def process_response(self, req: falcon.Request, resp: falcon.Response, resource: Any, req_succeeded: bool) -> None:
+        started = getattr(req.context, "metrics_started", None)
+        if started is None:
+            return
+        elapsed = time.perf_counter() - started
+        instance = str(getattr(req.context, "instance_id", None) or NO_INSTANCE)
+        route = self._route(req)
+        method = req.method if req.method in _METHODS else OTHER_METHOD
+        self.requests.labels(instance, route, method, str(resp.status_code)).inc()
+        self.duration.labels(instance, route).observe(elapsed)
+
+
+class MetricsResource:
+    """``GET /metrics``: the registry in the Prometheus text format."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.data = generate_latest(self.registry)
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.set_header("Cache-Control", "no-store")
+
+
+class HostMetrics:
+    """One app's metrics: its registry, the request middleware, the resource and the router
+    the app must route with (``falcon.App(router=metrics.router)``)."""
+
+    def __init__(self, chat: ChatStats | None, snapshot: Callable[[], MetricsSnapshot] | None) -> None:
+        self.registry = CollectorRegistry()
+        self.router = CompiledRouter()
+        self.requests = Counter(
+            "werk_http_requests",
+            "HTTP requests by instance, route template, method and status",
+            ["instance", "route", "method", "status"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "werk_http_request_duration_seconds",
+            "HTTP request latency to the response headers (first byte of a stream), by instance and route template",
+            ["instance", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(HostCollector(chat, snapshot))
+        self.middleware = MetricsMiddleware(self.requests, self.duration, self.router)
+        self.resource = MetricsResource(self.registry)
+
+    @classmethod
+    def for_control(cls, control: object) -> HostMetrics:
+        """Metrics over ``control``'s ``chat_stats`` and ``metrics_snapshot`` (each when it has one)."""
+        chat = getattr(control, "chat_stats", None)
+        snapshot = getattr(control, "metrics_snapshot", None)
+        return cls(chat if isinstance(chat, ChatStats) else None, snapshot if callable(snapshot) else None)
+
+
+__all__ = [
+    "INSTANCE_STATES",
+    "METRICS_PATH",
+    "NO_INSTANCE",
+    "UNMATCHED",
+    "HostCollector",
+    "HostMetrics",
+    "MetricsMiddleware",
+    "MetricsResource",
+    "MetricsSnapshot",
+]

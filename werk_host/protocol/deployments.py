@@ -1,0 +1,72 @@
+"""``GET /werk/v1/deployments``: the instances a host serves, their resolved plans and slots
+(docs/deployments.md, "Inventory")."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from werk_host.protocol.base import DataModel
+
+
+class InstanceStateName(StrEnum):
+    COLD = "cold"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class EndpointKind(StrEnum):
+    LOCAL = "local"
+    REMOTE = "remote"
+
+
+class InstanceInventory(DataModel):
+    id: str
+    backend: str
+    model: str
+    aliases: list[str]
+    default: bool
+    state: InstanceStateName
+    #: the backend's main process while it runs locally (null when cold, remote or unknown)
+    pid: int | None
+    endpoint: EndpointKind
+    started_unix_ms: int | None
+    last_used_unix_ms: int | None
+    in_flight: int
+    keep_alive_seconds: float | None
+    #: why the last start failed (redacted; null unless ``state`` is ``failed``)
+    error: str | None
+
+
+class DeploymentPlan(DataModel):
+    """A backend's resolved placement (``werk_deployment_plan``): what it actually runs with."""
+
+    endpoint: EndpointKind
+    #: effective launch arguments; secrets and filesystem paths replaced by placeholders
+    arguments: list[str]
+    threads: int | None
+    parallel_slots: int | None
+    context_per_slot: int | None
+    #: where the weights run, e.g. ``cpu`` or ``gpu (33 layers offloaded)``
+    device: str | None
+
+
+class InstancePlan(DataModel):
+    instance: str
+    #: null while the instance is not ready or its backend reports no plan
+    plan: DeploymentPlan | None
+
+
+class InstanceSlots(DataModel):
+    instance: str
+    total: int | None
+    #: requests Werk has in flight on the instance
+    busy: int
+    free: int | None
+
+
+class Deployments(DataModel):
+    inventory: list[InstanceInventory]
+    plans: list[InstancePlan]
+    slots: list[InstanceSlots]

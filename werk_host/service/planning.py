@@ -1,0 +1,193 @@
+"""Chat planning: token counts, admission, limits and reasoning profiles, per model or alias.
+
+``model`` on a planning request names an instance id, a model name served by instances, or an
+alias (docs/deployments.md, "Routing"); without it the selected instance answers (the
+``X-Werk-Deployment`` header's, else the default). Planning never advances an alias's
+round-robin. For an alias (docs/protocol.md, "Chat planning"):
+
+* limits are the minimum across replicas, and one replica with an unknown value makes that
+  value unknown;
+* reasoning profiles must agree across replicas, otherwise the alias reports none (select an
+  instance id instead);
+* token counting and admission use one replica.
+
+Limits and reasoning are discovery: they never start a cold instance, which reports unknown
+limits and no reasoning profile. Counting and admission use the instance, starting it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from werk_host.backend import Adapter
+from werk_host.deployments.instances import Instance
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.hooks import BackendHooks, needed
+from werk_host.protocol import (
+    Admission,
+    CapabilityId,
+    CapabilityStatus,
+    ChatLimits,
+    ChatRequest,
+    ReasoningProfile,
+    TokenCount,
+)
+from werk_host.service.admission import estimate_input_tokens
+from werk_host.service.capabilities import CapabilityResolver
+from werk_host.service.policy import gate
+from werk_host.service.reasoning import apply_reasoning_tier, unsupported_profile
+from werk_host.service.runtime import BackendRuntime
+
+
+def _minimum(values: Sequence[int | None]) -> int | None:
+    return None if any(v is None for v in values) else min(v for v in values if v is not None)
+
+
+class ChatPlanning:
+    """The four ``/werk/v1/chat/*`` operations over the deployment set."""
+
+    def __init__(self, runtime: BackendRuntime, hooks: BackendHooks, resolver: CapabilityResolver) -> None:
+        self.runtime = runtime
+        self.hooks = hooks
+        self.resolver = resolver
+
+    # -- which instances a request names ----------------------------------------------------
+    def _replicas(self, model: str | None) -> tuple[Instance | None, ...]:
+        deployments = self.runtime.deployments
+        if model is None or deployments is None:
+            if model is not None and model not in self.runtime.model_ids():
+                raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
+            return (self.runtime.instance,)
+        replicas = deployments.replicas(model)
+        if not replicas:
+            raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
+        return replicas
+
+    def _one(self, model: str | None) -> Instance | None:
+        deployments = self.runtime.deployments
+        if model is None or deployments is None:
+            return self._replicas(model)[0]
+        return deployments.route(model, advance=False)
+
+    @contextmanager
+    def _on(self, instance: Instance | None) -> Iterator[None]:
+        if instance is None:
+            yield
+            return
+        with self.runtime.selecting(instance):
+            yield
+
+    def _name(self, model: str | None) -> str:
+        if model is not None:
+            return model
+        if self.runtime.model is None:
+            raise WerkError(ErrorCode.NOT_FOUND, "no model is selected on this server")
+        return self.runtime.model.name
+
+    def _using(self, cap_id: CapabilityId, what: str) -> Adapter:
+        """The selected instance's adapter for an operation (started), gated on ``cap_id``."""
+        adapter = self.runtime.started()
+        report = self.resolver.one(adapter, cap_id, self.runtime.instance)
+        gate(cap_id, report.status, report.detail, False, probe_on_use=report.probe_on_use)
+        if adapter is None:
+            raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported: no backend adapter is active")
+        return adapter
+
+    def _discovering(self, cap_id: CapabilityId) -> Adapter | None:
+        """The selected instance's adapter for discovery (never started), gated on ``cap_id``
+        when it is ready; ``None`` when the instance is cold."""
+        adapter = self.runtime.adapter
+        instance = self.runtime.instance
+        if adapter is None and instance is not None:
+            return None  # cold: unknown limits, no profile
+        report = self.resolver.one(adapter, cap_id, instance)
+        gate(cap_id, report.status, report.detail, False, probe_on_use=report.probe_on_use)
+        if adapter is None:
+            raise WerkError(ErrorCode.UNSUPPORTED, f"{cap_id.value} is not supported: no backend adapter is active")
+        return adapter
+
+    def _check_reasoning_tier(self, adapter: Adapter, model: str, request: ChatRequest) -> None:
+        """``werk.reasoning.tier`` on a planning request fails exactly as it would on chat."""
+        if request.werk is not None and request.werk.reasoning is not None:
+            limits = self.hooks.chat_limits(adapter, model)
+            apply_reasoning_tier(self.hooks, adapter, {}, request, limits)
+
+    # -- operations ----------------------------------------------------------------------
+    def count_tokens(self, request: ChatRequest) -> TokenCount:
+        with self._on(self._one(request.model)):
+            adapter = self._using(CapabilityId.TOKEN_COUNT, "token counting")
+            model = self._served_name()
+            self._check_reasoning_tier(adapter, model, request)
+            count = needed(self.hooks.count_tokens(adapter, request), "token counting", adapter)
+        return TokenCount(model=request.model or model, input_tokens=count)
+
+    def admission(self, request: ChatRequest) -> Admission:
+        limits = self.chat_limits(request.model)
+        with self._on(self._one(request.model)):
+            adapter = self._using(CapabilityId.ADMISSION, "admission")
+            model = self._served_name()
+            self._check_reasoning_tier(adapter, model, request)
+            method = "native"
+            count: int | None = None
+            token_count = self.resolver.one(adapter, CapabilityId.TOKEN_COUNT, self.runtime.instance)
+            if token_count.status is CapabilityStatus.SUPPORTED:
+                try:
+                    count = self.hooks.count_tokens(adapter, request)
+                except WerkError as err:
+                    if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
+                        raise
+        if count is None:
+            method, count = "estimate", estimate_input_tokens(request)
+        return Admission(
+            model=request.model or model,
+            input_tokens=count,
+            max_output_tokens=min(request.requested_output_tokens(), limits.max_output_tokens or 1 << 31),
+            context_tokens=limits.context_tokens,
+            token_count_method=method,
+        )
+
+    def _served_name(self) -> str:
+        return self._name(None)
+
+    def chat_limits(self, model: str | None) -> ChatLimits:
+        found: list[ChatLimits] = []
+        for replica in self._replicas(model):
+            with self._on(replica):
+                adapter = self._discovering(CapabilityId.CHAT_LIMITS)
+                name = self._served_name()
+                if adapter is None:
+                    found.append(
+                        ChatLimits(
+                            model=name, context_tokens=None, max_output_tokens=None, max_concurrent_requests=None
+                        )
+                    )
+                else:
+                    found.append(needed(self.hooks.chat_limits(adapter, name), "chat limits", adapter))
+        if len(found) == 1:
+            return found[0] if model is None else found[0].model_copy(update={"model": model})
+        return ChatLimits(
+            model=self._name(model),
+            context_tokens=_minimum([f.context_tokens for f in found]),
+            max_output_tokens=_minimum([f.max_output_tokens for f in found]),
+            max_concurrent_requests=_minimum([f.max_concurrent_requests for f in found]),
+        )
+
+    def reasoning(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:
+        found: list[ReasoningProfile] = []
+        for replica in self._replicas(model):
+            with self._on(replica):
+                adapter = self._discovering(CapabilityId.REASONING)
+                name = self._served_name()
+                backend = replica.backend if replica is not None else None
+                if adapter is None:
+                    found.append(unsupported_profile(name, backend))
+                else:
+                    profile = self.hooks.reasoning_profile(adapter, name, max_output_tokens)
+                    found.append(needed(profile, "reasoning profiles", adapter))
+        if len(found) == 1:
+            return found[0] if model is None else found[0].model_copy(update={"model": model})
+        first = found[0].model_copy(update={"model": model})
+        if all(f.model_copy(update={"model": model}) == first for f in found):
+            return first
+        return unsupported_profile(model, first.backend)
