@@ -274,7 +274,11 @@ def test_werk_serve_refuses_an_invalid_profile(tmp_path: Path, capsys: pytest.Ca
     profile.write_text('[[instance]]\nid = "x"\nmodel = "nope"\n')
     assert main(["serve", "--home", str(tmp_path / "home"), "--profile", str(profile), "--port", "0"]) == 2
     error = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["error"]
-    assert error["code"] == "invalid_profile" and "p.toml:3: instance[0].model" in error["message"] and "nope" in error["message"]
+    assert (
+        error["code"] == "invalid_profile"
+        and "p.toml:3: instance[0].model" in error["message"]
+        and "nope" in error["message"]
+    )
 
 
 def test_werk_deployments_prints_the_inventory(env: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
@@ -299,3 +303,42 @@ def test_factory_for_an_unknown_backend_is_not_chosen() -> None:
     manifest = ModelManifest("alpha", (), BACKEND_ID, {})
     assert choose_factory(factories, manifest, None) is None
     assert choose_factory(factories, ModelManifest("alpha", (), None, {}), None) is factories[0]
+
+
+def test_werk_runtime_selects_an_instance_with_deployment(
+    env: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    host, _, _ = env
+    with running(host) as url:
+        monkeypatch.setenv("WERK_API_KEY", KEY)
+        assert main(["runtime", "limits", "--server", url, "--deployment", "b"]) == 0
+        assert json.loads(capsys.readouterr().out)["model"] == "beta"
+        assert main(["runtime", "info", "--server", url, "--deployment", "pair"]) != 0
+        assert json.loads(capsys.readouterr().err)["error"]["code"] == "invalid_request"
+        assert main(["runtime", "info", "--server", url, "--deployment", "nope"]) != 0
+        assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+
+
+def test_metrics_label_requests_with_their_instance(env: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, _, client = env
+    assert served_by(chat(client, "pair")) in ("a1", "a2")
+    assert chat(client, "b").status_code == 200
+    client.simulate_get("/werk/v1/info", headers={"X-Werk-Deployment": "a2"})
+    text = client.simulate_get("/metrics").text
+    seen = {
+        (s.labels["instance"], s.labels["route"])
+        for family in text_string_to_metric_families(text)
+        if family.name == "werk_http_requests"
+        for s in family.samples
+        if s.name == "werk_http_requests_total"
+    }
+    assert ("b", "/v1/chat/completions") in seen and ("a2", "/werk/v1/info") in seen
+    states = {
+        (s.labels["instance"], s.labels["state"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "werk_instance_state"
+        for s in family.samples
+    }
+    assert states[("a1", "ready")] == 1 and states[("bad", "cold")] == 1 and states[("bad", "failed")] == 0

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import falcon
 
 from werk_host.backend import InferenceResponse, JsonObject, client_disconnected
+from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import json_body, principal
 from werk_host.service.principals import Principal
@@ -79,6 +80,9 @@ def _relay(req: falcon.Request, resp: falcon.Response, call: Call) -> None:
     resp.status = response.status
     for name, value in response.headers.items():
         resp.set_header(name, value)
+    served_by = response.headers.get(DEPLOYMENT_HEADER)
+    if served_by is not None:
+        req.context.instance_id = served_by  # the metrics label of this request
     resp.stream = _stream(response)
 
 
