@@ -23,7 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pluggy import HookCaller
-from stevedore import NamedExtensionManager
+from stevedore import ExtensionManager, NamedExtensionManager
 
 from werk_host import __version__, hookspecs
 from werk_host.backend import Adapter, AdapterFactory
@@ -145,6 +145,9 @@ class PluginHost:
         def on_failure(_mgr: object, entry_point: EntryPoint, err: BaseException) -> None:
             failures[entry_point.name] = err
 
+        # stevedore remembers a namespace's entry points per process; drop that memory so this
+        # load sees exactly what importlib.metadata found above (plugins installed meanwhile).
+        ExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)
         manager: NamedExtensionManager[object] = NamedExtensionManager(
             namespace=ENTRY_POINT_GROUP,
             names=enabled,

@@ -5,6 +5,7 @@ plugins/llamacpp/tests/test_llamacpp_deployments.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -96,6 +97,16 @@ def env(tmp_path: Path) -> Iterator[tuple[Host, CountingPlugin, falcon.testing.T
         yield host, plugin, falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
     finally:
         host.close()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """``werk serve`` configures the root logger for its process; put the test run's back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def chat(client: falcon.testing.TestClient, model: str | None) -> falcon.testing.Result:
@@ -260,7 +271,7 @@ def test_repeated_models_are_one_instance_each(tmp_path: Path) -> None:
         host.close()
 
 
-def test_a_profile_naming_no_installed_backend_fails_at_start(tmp_path: Path) -> None:
+def test_a_profile_naming_no_installed_backend_fails_at_start(tmp_path: Path, restore_logging: None) -> None:
     home = tmp_path / "home"
     home.mkdir()
     register(home, "alpha")
@@ -269,7 +280,9 @@ def test_a_profile_naming_no_installed_backend_fails_at_start(tmp_path: Path) ->
     assert main(["serve", "--home", str(home), "--profile", str(profile), "--port", "0"]) == 2
 
 
-def test_werk_serve_refuses_an_invalid_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_werk_serve_refuses_an_invalid_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], restore_logging: None
+) -> None:
     profile = tmp_path / "p.toml"
     profile.write_text('[[instance]]\nid = "x"\nmodel = "nope"\n')
     assert main(["serve", "--home", str(tmp_path / "home"), "--profile", str(profile), "--port", "0"]) == 2
