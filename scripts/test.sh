@@ -14,8 +14,8 @@ for init in plugins/*/src/*/__init__.py; do
   plugin_sources+=("$(dirname "$init")")
 done
 echo "[test] ruff check, ruff format --check, mypy --strict werk_host ${plugin_sources[*]}" >&2
-.venv/bin/ruff check werk_host plugins tests bench
-.venv/bin/ruff format --check werk_host plugins tests bench
+.venv/bin/ruff check --no-cache werk_host plugins tests bench
+.venv/bin/ruff format --check --no-cache werk_host plugins tests bench
 .venv/bin/mypy --strict werk_host "${plugin_sources[@]}"
 status=0
 echo "[test] host: pytest tests" >&2

@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 
-from werk_host.deployments.profile import DeploymentProfile
-
 from werk_host.backend import Adapter
 from werk_host.config import HostConfig
 from werk_host.deployments.instances import Instance
+from werk_host.deployments.profile import DeploymentProfile
 from werk_host.deployments.registry import DeploymentSet
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
