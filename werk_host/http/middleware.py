@@ -183,10 +183,15 @@ class DeploymentMiddleware:
         instance = deployments.control(header)
         req.context.instance_id = instance.id
         req.context.selection = self._runtime.select(instance)
+        req.context.in_use = self._runtime.using()
 
     def process_response(
         self, req: falcon.Request, resp: falcon.Response, resource: object, req_succeeded: bool
     ) -> None:
+        in_use = getattr(req.context, "in_use", None)
+        if in_use is not None:
+            self._runtime.done(in_use)
+            req.context.in_use = None
         token = getattr(req.context, "selection", None)
         if token is not None:
             self._runtime.unselect(token)

@@ -161,14 +161,19 @@ class InferenceService:
 
     def _call(self, chat: bool, what: str, body: JsonObject) -> InferenceResponse:
         instance = self._route(body)
-        with self.runtime.selecting(instance):
-            adapter = self.runtime.require_adapter(what)
-            if chat:
-                body = self.admit_chat(adapter, body)
+        if instance is not None:
+            instance.enter()  # in flight from routing on: keep-alive cannot stop it under this request
+        try:
+            with self.runtime.selecting(instance):
+                adapter = self.runtime.require_adapter(what)
+                if chat:
+                    body = self.admit_chat(adapter, body)
+        except BaseException:
+            if instance is not None:
+                instance.leave()
+            raise
         label = instance.id if instance is not None else DEFAULT_INSTANCE
         self.stats.add(instance=label, requests_total=1, requests_active=1)
-        if instance is not None:
-            instance.enter()
         hooks = self.runtime.hooks
         try:
             response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)

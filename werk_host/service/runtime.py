@@ -28,6 +28,8 @@ from werk_host.plugins import PluginHost
 log = logging.getLogger(__name__)
 
 _selected: ContextVar[Instance | None] = ContextVar("werk_selected_instance", default=None)
+#: The instances the current request uses, held in flight until it ends (see :meth:`BackendRuntime.using`).
+_in_use: ContextVar[list[Instance] | None] = ContextVar("werk_instances_in_use", default=None)
 
 
 def _no_backend(what: str) -> WerkError:
@@ -89,9 +91,26 @@ class BackendRuntime:
 
     def started(self) -> Adapter | None:
         """The selected instance's adapter, starting the instance when it is cold (an operation
-        is about to use it); ``None`` when nothing is deployed."""
+        is about to use it); ``None`` when nothing is deployed. Inside :meth:`using`, the instance
+        counts as in flight until the request ends, so keep-alive cannot stop it mid-request."""
         instance = self.instance
-        return instance.use() if instance is not None else None
+        if instance is None:
+            return None
+        held = _in_use.get()
+        if held is not None and instance not in held:
+            instance.enter()
+            held.append(instance)
+        return instance.use()
+
+    def using(self) -> Token[list[Instance] | None]:
+        """Start a request's scope: instances it uses stay in flight until :meth:`done`."""
+        return _in_use.set([])
+
+    def done(self, token: Token[list[Instance] | None]) -> None:
+        held = _in_use.get() or []
+        _in_use.reset(token)
+        for instance in held:
+            instance.leave()
 
     def require_adapter(self, what: str) -> Adapter:
         adapter = self.started()
