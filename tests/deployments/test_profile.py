@@ -218,7 +218,7 @@ CASES: list[tuple[str, str, int | None, str]] = [
         "instance[1].keepalive",
         9,
         "unknown key; did you mean keep_alive? (an instance takes id, model, backend, options, preload, "
-        "keep_alive, default)",
+        "keep_alive, default, endpoint, api_key_env)",
     ),
     ('[[instance]]\nmodel = "tiny"\n', "instance[0]", 1, 'missing required key "id"'),
     ('[[instance]]\nid = "a"\n\n[[instance]]\nid = "b"\n', "instance[0]", 1, 'missing required key "model"'),
@@ -581,3 +581,29 @@ def test_model_shorthand_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         profile_from_models([""], known_model=known_model)
     with pytest.raises(ProfileError, match=r"^--model: no model given$"):
         profile_from_models([], known_model=known_model)
+
+
+def test_a_remote_instance_names_its_endpoint_and_key_variable(tmp_path: Path) -> None:
+    text = (
+        '[[instance]]\nid = "far"\nmodel = "served-elsewhere"\nbackend = "vllm"\n'
+        'endpoint = "http://10.0.0.5:8000"\napi_key_env = "FAR_KEY"\n'
+    )
+    profile = parse_profile(text, source="p.toml", known_model=lambda name: False)
+    (spec,) = profile.instances
+    assert (spec.model, spec.endpoint, spec.api_key_env) == ("served-elsewhere", "http://10.0.0.5:8000", "FAR_KEY")
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "detail"),
+    [
+        ('backend = "vllm"\nendpoint = "ftp://x"\n', "instance[0].endpoint", "is not an http:// or https:// URL"),
+        ('endpoint = "http://x:1"\n', "instance[0]", 'a remote instance (with endpoint) needs "backend"'),
+        ('backend = "vllm"\napi_key_env = "K"\n', "instance[0].api_key_env", "only a remote instance"),
+        ('backend = "vllm"\nendpoint = "http://x:1"\napi_key_env = "1bad"\n', "instance[0].api_key_env", "not an"),
+    ],
+)
+def test_remote_instance_errors(extra: str, field: str, detail: str) -> None:
+    text = '[[instance]]\nid = "far"\nmodel = "tiny"\n' + extra
+    with pytest.raises(ProfileError) as err:
+        parse_profile(text, source="p.toml", known_model=lambda name: True)
+    assert f"{field}: " in str(err.value) and detail in str(err.value)

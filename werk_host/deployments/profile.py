@@ -38,7 +38,9 @@ PROFILE_FILENAME = "deployments.toml"
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ID_MAX_LEN = 64
 
-INSTANCE_KEYS = ("id", "model", "backend", "options", "preload", "keep_alive", "default")
+INSTANCE_KEYS = ("id", "model", "backend", "options", "preload", "keep_alive", "default", "endpoint", "api_key_env")
+_ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIAS_KEYS = ("replicas",)
 TOP_LEVEL_KEYS = ("instance", "alias")
 
@@ -102,6 +104,11 @@ class InstanceSpec:
     preload: bool = False
     keep_alive_s: float | None = None
     default: bool = False
+    #: a remote backend's base URL (``model`` is then the name it serves, not a local file)
+    endpoint: str | None = None
+    #: the environment variable holding the remote endpoint's API key (the key itself never
+    #: appears in a profile, a log or a response)
+    api_key_env: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
@@ -274,9 +281,21 @@ class _Checker:
         model = self.string(raw, at, "model")
         if model is None:
             self.fail(at, 'missing required key "model"')
+        endpoint = self.string(raw, at, "endpoint")
+        if endpoint is not None and not _ENDPOINT_RE.fullmatch(endpoint):
+            self.fail((*at, "endpoint"), f"{_quote(endpoint)} is not an http:// or https:// URL")
+        api_key_env = self.string(raw, at, "api_key_env")
+        if api_key_env is not None and endpoint is None:
+            self.fail((*at, "api_key_env"), "only a remote instance (with endpoint) takes an API key variable")
+        if api_key_env is not None and not _ENV_NAME_RE.fullmatch(api_key_env):
+            self.fail((*at, "api_key_env"), f"{_quote(api_key_env)} is not an environment variable name")
+        if endpoint is not None and self.string(raw, at, "backend") is None:
+            self.fail(at, 'a remote instance (with endpoint) needs "backend"')
         return InstanceSpec(
             id=instance_id,
-            model=self.model((*at, "model"), model),
+            model=model if endpoint is not None else self.model((*at, "model"), model),
+            endpoint=endpoint,
+            api_key_env=api_key_env,
             backend=self.string(raw, at, "backend"),
             options=self.options((*at, "options"), raw.get("options", {})),
             preload=self.boolean(raw, at, "preload"),

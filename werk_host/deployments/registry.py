@@ -113,10 +113,13 @@ class DeploymentSet:
     def _instance(
         self, spec: InstanceSpec, registry: ModelRegistry, factories: list[AdapterFactory], config: HostConfig
     ) -> Instance:
-        try:
-            manifest = registry.resolve(spec.model)
-        except WerkError as err:
-            raise ProfileError(f"{self.profile.source}: instance {spec.id}: {err.message}") from err
+        if spec.endpoint is not None:  # remote: the model is whatever the endpoint serves under that name
+            manifest = ModelManifest(spec.model, (), spec.backend, {})
+        else:
+            try:
+                manifest = registry.resolve(spec.model)
+            except WerkError as err:
+                raise ProfileError(f"{self.profile.source}: instance {spec.id}: {err.message}") from err
         factory = choose_factory(factories, manifest, spec.backend)
         if factory is None:
             wanted = spec.backend or manifest.backend or "any installed backend"
@@ -124,7 +127,12 @@ class DeploymentSet:
                 f"{self.profile.source}: instance {spec.id}: no installed backend plugin serves "
                 f"model {manifest.name} ({wanted})"
             )
-        return Instance(spec, manifest, factory, instance_config(config, factory, dict(spec.options)))
+        options = dict(spec.options)
+        if spec.endpoint is not None:
+            options["endpoint"] = spec.endpoint
+            if spec.api_key_env is not None:
+                options["api_key_env"] = spec.api_key_env
+        return Instance(spec, manifest, factory, instance_config(config, factory, options))
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:

@@ -55,6 +55,12 @@ class WorkerObservation(DataModel):
     slots: int | None
     context_per_request_tokens: int | None
     context_capacity_tokens: int | None
+    #: from the backend's own metrics where it exports them (null when unknown)
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    kv_cache_usage: float | None = None
+    #: prefix-cache hits / queries since the worker started (null before any query)
+    prefix_cache_hit_rate: float | None = None
 
 
 class Observability(DataModel):
