@@ -9,6 +9,10 @@ if [ -z "${WERK_LLAMA_SERVER:-}" ] && [ -f scripts/build-llama-server.sh ]; then
   WERK_LLAMA_SERVER=$(bash scripts/build-llama-server.sh | tail -n 1)
   export WERK_LLAMA_SERVER
 fi
+if [ -z "${WERK_VLLM:-}" ] && [ -f scripts/setup-vllm.sh ]; then
+  WERK_VLLM=$(bash scripts/setup-vllm.sh | tail -n 1)
+fi
+if [ -n "${WERK_VLLM:-}" ]; then export WERK_VLLM; fi
 plugin_sources=()
 for init in plugins/*/src/*/__init__.py; do
   plugin_sources+=("$(dirname "$init")")

@@ -1,0 +1,587 @@
+"""The vLLM adapter: a thin, truthful host over a Werk-started local server or a remote endpoint.
+
+Two kinds of target sit behind one adapter class:
+
+* **local** (:class:`LocalTarget`): a registered Hugging Face model directory served by a
+  Werk-started ``vllm serve`` (:mod:`werk_vllm.server`), shared by every adapter with the same
+  launch key, restarted as a new generation after it died, stopped with the last adapter.
+* **remote** (:class:`RemoteTarget`): an ``endpoint`` some other machine runs. Nothing is
+  launched; health is ``GET /health`` (else ``GET /v1/models``); the API key comes from the
+  environment variable ``api_key_env`` names, read once when the adapter is created.
+
+Everything reported is read from evidence at the time: a live process and its effective argv,
+an endpoint that answers, vLLM's ``/v1/models`` and ``/metrics``. vLLM exposes no named state,
+snapshot, restore, tier or expert control, so none of those capabilities is reported (the host
+answers them ``unsupported``) and none of their hooks is implemented.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import JsonValue
+
+from werk_host.backend import CapabilityReport, InferenceResponse, JsonObject
+from werk_host.backends.relay import forward, post_json
+from werk_host.config import HostConfig
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.models import ModelManifest
+from werk_host.paths import PrivateDirError
+from werk_host.protocol import (
+    CapabilityId,
+    CapabilityStatus,
+    ChatLimits,
+    ChatRequest,
+    DeploymentPlan,
+    EndpointKind,
+    WorkerObservation,
+)
+
+from . import server as servers
+from .apc import injected_flag, prefix_cache_report
+from .client import Endpoint, VllmPool, get, get_json
+from .executable import InspectionError, VllmNotFound, find_vllm, flag_name, inspect_vllm
+from .launch import (
+    LaunchSettings,
+    RemoteSettings,
+    display_args,
+    env_args,
+    generated_args,
+    int_flag,
+    parse_options,
+)
+from .metrics import VllmMetrics, parse_metrics
+from .server import LaunchSpec, SharedServer, VllmStartupError
+
+log = logging.getLogger(__name__)
+
+BACKEND_ID = "vllm"
+PLUGIN_NAME = "vllm"
+OUTPUT_CEILING_PARAMS = ("max_output_tokens", "max_completion_tokens", "max_new_tokens")
+#: Chat-request members that change the prompt vLLM renders, passed to ``/tokenize`` as they are.
+TOKENIZE_PASSED = (
+    "tools",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
+)
+CHAT_CAPABILITIES = (
+    (CapabilityId.TOKEN_COUNT, "exact count from vLLM's /tokenize with the served chat template"),
+    (CapabilityId.ADMISSION, "exact count from vLLM's /tokenize against its max_model_len"),
+    (CapabilityId.CHAT_LIMITS, "max_model_len from vLLM's /v1/models, concurrency from --max-num-seqs"),
+)
+#: Every id :meth:`VllmAdapter.capabilities` reports on (declared on the adapter factory).
+REPORTED_CAPABILITIES = (
+    CapabilityId.MODEL_RESIDENCY,
+    CapabilityId.PREFIX_CACHE,
+    *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
+    CapabilityId.REASONING,
+)
+REACHABLE_TTL_S = 2.0
+REACHABLE_TIMEOUT_S = 2.0
+REMOTE_MODELS_TTL_S = 30.0
+COUNT_CACHE = 256
+
+
+def _unavailable(message: str, *, retryable: bool = True) -> WerkError:
+    return WerkError(ErrorCode.UNAVAILABLE, message, retryable=retryable)
+
+
+def output_ceiling(params: dict[str, Any]) -> int | None:
+    """The smallest explicit output ceiling among manifest params (scalar or ``{"max": N}``)."""
+    found: list[int] = []
+    for name in OUTPUT_CEILING_PARAMS:
+        value = params.get(name)
+        if isinstance(value, dict):
+            value = value.get("max")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            found.append(value)
+    return min(found) if found else None
+
+
+def served_max_model_len(models: dict[str, Any] | None, served_name: str) -> int | None:
+    """``max_model_len`` of ``served_name`` in a ``/v1/models`` answer (vLLM's own field)."""
+    if models is None or not isinstance(models.get("data"), list):
+        return None
+    for entry in models["data"]:
+        if isinstance(entry, dict) and entry.get("id") == served_name:
+            value = entry.get("max_model_len")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def served_names(models: dict[str, Any] | None) -> list[str]:
+    if models is None or not isinstance(models.get("data"), list):
+        return []
+    return [str(e["id"]) for e in models["data"] if isinstance(e, dict) and "id" in e]
+
+
+@dataclass(frozen=True)
+class Live:
+    """A server answering now: how to reach it and what Werk knows of it."""
+
+    pool: VllmPool
+    #: the effective argv of a Werk-started process; ``None`` for a remote endpoint
+    argv: tuple[str, ...] | None
+    pid: int | None
+    generation: str
+
+
+class LocalTarget:
+    """A Werk-started ``vllm serve`` for a local model directory (shared; see the module docstring)."""
+
+    kind = EndpointKind.LOCAL
+
+    def __init__(self, server: SharedServer, model_dir: Path) -> None:
+        self.server = server
+        self.model_dir = model_dir
+        self._closed = False
+
+    @property
+    def spec(self) -> LaunchSpec:
+        return self.server.spec
+
+    def live(self) -> Live | None:
+        proc = self.server.current()
+        if proc is None:
+            return None
+        return Live(proc.pool, tuple(proc.argv), proc.pid, proc.generation)
+
+    def connect(self) -> Live:
+        """The running server, starting one (a new generation) when none runs."""
+        if self._closed:
+            raise _unavailable("the vLLM adapter is shut down", retryable=False)
+        try:
+            proc = self.server.ensure()
+        except VllmStartupError as err:
+            log.error("vllm serve failed to start: %s\n--- vllm log (tail) ---\n%s", err.reason, err.log_tail)
+            if err.returncode is not None:
+                why = f"exited with status {err.returncode} during startup"
+            elif "did not" in err.reason:
+                why = f"did not become healthy within {self.spec.startup_timeout:g}s"
+            else:
+                why = "could not be executed"
+            raise _unavailable(f"vLLM {why}; the server log has its log tail", retryable=False) from err
+        except (OSError, PrivateDirError, RuntimeError) as err:
+            log.error("vllm serve could not be started: %s", err)
+            raise _unavailable("vLLM could not be started; the server log has the details", retryable=False) from err
+        return Live(proc.pool, tuple(proc.argv), proc.pid, proc.generation)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            servers.release(self.server)
+
+
+class RemoteTarget:
+    """A vLLM endpoint running elsewhere (nothing is launched)."""
+
+    kind = EndpointKind.REMOTE
+
+    def __init__(self, settings: RemoteSettings, api_key: str | None) -> None:
+        self.endpoint = Endpoint.parse(settings.endpoint)
+        self.pool = VllmPool(self.endpoint, api_key=api_key, timeout=settings.request_timeout)
+        self.generation = "remote-" + secrets.token_hex(8)
+        self._checked_at = -1e9
+        self._reachable = False
+        self._probe_lock = threading.Lock()
+
+    def probe(self) -> bool:
+        """``GET /health`` answers 200; where the endpoint does not expose it (404, 405: e.g. a
+        proxy passing only ``/v1``), ``GET /v1/models`` answers 200 (uncached)."""
+        health = get(self.pool, "/health", timeout=REACHABLE_TIMEOUT_S)
+        if health is None or health[0] not in (404, 405):
+            return health is not None and health[0] == 200
+        models = get(self.pool, "/v1/models", timeout=REACHABLE_TIMEOUT_S)
+        return models is not None and models[0] == 200
+
+    def reachable(self) -> bool:
+        """:meth:`probe`, cached for :data:`REACHABLE_TTL_S` (discovery asks on every request)."""
+        with self._probe_lock:
+            if time.monotonic() - self._checked_at >= REACHABLE_TTL_S:
+                self._reachable = self.probe()
+                self._checked_at = time.monotonic()
+            return self._reachable
+
+    def live(self) -> Live | None:
+        return Live(self.pool, None, None, self.generation) if self.reachable() else None
+
+    def connect(self) -> Live:
+        # A request to an endpoint that stopped answering fails in the relay (unavailable).
+        return Live(self.pool, None, None, self.generation)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+Target = LocalTarget | RemoteTarget
+
+
+class VllmAdapter:
+    """Adapter for one model served by vLLM (see the module docstring)."""
+
+    backend = BACKEND_ID
+    plugin_name = PLUGIN_NAME
+
+    def __init__(self, config: HostConfig, manifest: ModelManifest, target: Target) -> None:
+        self.config = config
+        self.manifest = manifest
+        self.target = target
+        self.served_name = manifest.name
+        remote = isinstance(target, RemoteTarget)
+        self.instance_id = f"vllm:{'remote:' if remote else ''}{manifest.name}"
+        self._lock = threading.Lock()
+        self._max_len: int | None = None
+        self._max_len_at = -1e9
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self.closed = False
+
+    @property
+    def remote(self) -> bool:
+        return isinstance(self.target, RemoteTarget)
+
+    # -- identity and lifecycle ------------------------------------------------------------
+    def identity(self) -> str:
+        """Changes whenever the local process is replaced; stable per adapter for a remote endpoint."""
+        target = self.target
+        if isinstance(target, RemoteTarget):
+            return f"{self.instance_id}#{target.generation}"
+        proc = target.server.current()
+        return f"{self.instance_id}#{proc.generation if proc is not None else 'none'}"
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self.target.close()
+
+    def live(self) -> Live | None:
+        return None if self.closed else self.target.live()
+
+    def connect(self) -> Live:
+        if self.closed:
+            raise _unavailable("the vLLM adapter is shut down", retryable=False)
+        return self.target.connect()
+
+    def effective_argv(self) -> tuple[str, ...] | None:
+        """The effective argv of the running Werk-started process (``None`` remote or stopped)."""
+        live = self.live()
+        return live.argv if live is not None else None
+
+    # -- evidence --------------------------------------------------------------------------
+    def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
+        live = self.live()
+        remote = self.remote
+        reports: dict[CapabilityId, CapabilityReport] = {}
+        if live is None:
+            why = "the remote vLLM endpoint is not answering" if remote else "no vLLM process is running"
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(CapabilityStatus.UNAVAILABLE, why)
+        elif remote:
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
+                CapabilityStatus.EXTERNALLY_MANAGED, "the remote vLLM endpoint holds the model; Werk does not manage it"
+            )
+        else:
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
+                CapabilityStatus.SUPPORTED, "the weights stay loaded in the Werk-started vLLM process"
+            )
+        argv: tuple[str, ...] | None = None
+        if live is not None:
+            argv = live.argv if live.argv is not None else ()
+        reports[CapabilityId.PREFIX_CACHE] = prefix_cache_report(argv, remote=remote)
+        for cap_id, detail in CHAT_CAPABILITIES:
+            if live is not None:
+                reports[cap_id] = CapabilityReport(CapabilityStatus.SUPPORTED, detail)
+            else:
+                why = "the remote vLLM endpoint is not answering" if remote else "no vLLM process is running"
+                reports[cap_id] = CapabilityReport(CapabilityStatus.UNAVAILABLE, why)
+        reports[CapabilityId.REASONING] = CapabilityReport(
+            CapabilityStatus.SUPPORTED, "answers truthfully: no reasoning budget control is verified for vLLM"
+        )
+        return reports
+
+    def max_model_len(self, live: Live | None) -> int | None:
+        """The served context: vLLM's ``/v1/models`` ``max_model_len`` (cached: per launch key
+        locally, for a short while remotely), else ``--max-model-len`` of the launch."""
+        now = time.monotonic()
+        with self._lock:
+            known, at = self._max_len, self._max_len_at
+        if known is not None and (not self.remote or now - at < REMOTE_MODELS_TTL_S):
+            return known
+        found = served_max_model_len(get_json(live.pool, "/v1/models"), self.served_name) if live else None
+        if found is not None:
+            with self._lock:
+                self._max_len, self._max_len_at = found, now
+            return found
+        if self.remote:
+            return known if live is not None else None
+        target = self.target
+        assert isinstance(target, LocalTarget)
+        return int_flag(target.spec.planned[1:], "--max-model-len")
+
+    def max_num_seqs(self) -> int | None:
+        target = self.target
+        if isinstance(target, RemoteTarget):
+            return None
+        return int_flag(target.spec.planned[1:], "--max-num-seqs")
+
+    # -- chat planning ---------------------------------------------------------------------
+    def chat_limits(self, model: str | None) -> ChatLimits:
+        context = self.max_model_len(self.live())
+        ceilings = [c for c in (output_ceiling(self.manifest.params), context - 1 if context else None) if c]
+        return ChatLimits(
+            model=model or self.served_name,
+            context_tokens=context,
+            max_output_tokens=min(ceilings) if ceilings else None,
+            max_concurrent_requests=self.max_num_seqs(),
+        )
+
+    def tokenize_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The ``POST /tokenize`` body that renders ``request`` exactly as chat completions would."""
+        body = request.model_dump(mode="json", exclude_none=True, exclude={"werk", "stream", "model"})
+        payload: dict[str, Any] = {
+            "model": self.served_name,
+            "messages": body["messages"],
+            "add_generation_prompt": True,
+        }
+        for key in TOKENIZE_PASSED:
+            if key in body:
+                payload[key] = body[key]
+        # vLLM's chat endpoint lays these over the caller's chat_template_kwargs (merge_kwargs).
+        user = body.get("chat_template_kwargs")
+        kwargs: dict[str, Any] = dict(user) if isinstance(user, dict) else {}
+        extra: dict[str, Any] = {}
+        if body.get("documents") is not None:
+            extra["documents"] = body["documents"]
+        effort = body.get("reasoning_effort")
+        if effort is not None and effort != "auto":
+            extra["reasoning_effort"] = effort
+        if effort is not None and "enable_thinking" not in kwargs:
+            extra["enable_thinking"] = effort != "none"
+        kwargs.update(extra)
+        if kwargs:
+            payload["chat_template_kwargs"] = kwargs
+        return payload
+
+    def count_tokens(self, request: ChatRequest) -> int:
+        payload = self.tokenize_body(request)
+        live = self.connect()
+        key = hashlib.sha256(
+            json.dumps([self.identity(), payload], sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+        with self._lock:
+            if key in self._counts:
+                self._counts.move_to_end(key)
+                return self._counts[key]
+        try:
+            answer = post_json(live.pool, live.pool.path("/tokenize"), payload)
+        except WerkError as err:
+            if err.code is ErrorCode.INVALID_REQUEST:
+                raise
+            raise _unavailable("vLLM could not count this request") from err
+        count = answer.get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            tokens = answer.get("tokens")
+            if not isinstance(tokens, list):
+                raise _unavailable("vLLM answered /tokenize without a token count")
+            count = len(tokens)
+        with self._lock:
+            self._counts[key] = count
+            while len(self._counts) > COUNT_CACHE:
+                self._counts.popitem(last=False)
+        return count
+
+    # -- inference ---------------------------------------------------------------------------
+    def relay(self, path: str, request: JsonObject) -> InferenceResponse:
+        live = self.connect()
+        body: dict[str, JsonValue] = {k: v for k, v in request.items() if k != "werk"}
+        body["model"] = self.served_name
+        return forward(live.pool, live.pool.path(path), body)
+
+    # -- observation -------------------------------------------------------------------------
+    def metrics(self, live: Live) -> VllmMetrics:
+        answer = get(live.pool, "/metrics")
+        if answer is None or answer[0] != 200:
+            return VllmMetrics()
+        try:
+            return parse_metrics(answer[1].decode("utf-8", errors="replace"))
+        except ValueError:
+            log.warning("vLLM /metrics is not Prometheus text")
+            return VllmMetrics()
+
+    def workers(self) -> list[WorkerObservation]:
+        live = self.live()
+        if live is None:
+            return []
+        sample = self.metrics(live)
+        return [
+            WorkerObservation(
+                model=self.served_name,
+                backend=BACKEND_ID,
+                pid=live.pid,
+                state="running",
+                slots=self.max_num_seqs(),
+                context_per_request_tokens=self.max_model_len(live),
+                context_capacity_tokens=sample.kv_capacity_tokens,
+                requests_running=sample.requests_running,
+                requests_waiting=sample.requests_waiting,
+                kv_cache_usage=sample.kv_cache_usage,
+                prefix_cache_hit_rate=sample.prefix_cache_hit_rate,
+            )
+        ]
+
+    def plan(self) -> DeploymentPlan | None:
+        """The running server's placement (``None`` when nothing answers): its effective launch
+        arguments (paths ``<path>``, secrets ``<redacted>``; none known for a remote endpoint),
+        ``--max-num-seqs`` as slots, ``max_model_len`` as context per slot, and ``cpu`` as the
+        device when the installed vLLM is a ``+cpu`` build."""
+        live = self.live()
+        if live is None:
+            return None
+        target = self.target
+        if isinstance(target, RemoteTarget):
+            return DeploymentPlan(
+                endpoint=EndpointKind.REMOTE,
+                arguments=[],
+                threads=None,
+                parallel_slots=None,
+                context_per_slot=self.max_model_len(live),
+                device=None,
+            )
+        argv = live.argv or ()
+        paths = (str(target.model_dir), str(target.spec.executable.path), argv[0] if argv else "")
+        return DeploymentPlan(
+            endpoint=EndpointKind.LOCAL,
+            arguments=display_args(argv[1:], paths),
+            threads=None,
+            parallel_slots=self.max_num_seqs(),
+            context_per_slot=self.max_model_len(live),
+            device="cpu" if target.spec.version.endswith("+cpu") else None,
+        )
+
+
+# -- creation ------------------------------------------------------------------------------------
+
+
+def accepts(manifest: ModelManifest | None) -> bool:
+    """A manifest pinned to vLLM, or an unpinned Hugging Face directory (``config.json`` and
+    ``*.safetensors`` side by side)."""
+    if manifest is None:
+        return False
+    if manifest.backend is not None:
+        return manifest.backend in (BACKEND_ID, PLUGIN_NAME)
+    names = {Path(f.path).name for f in manifest.files}
+    parents = {Path(f.path).parent for f in manifest.files}
+    return len(parents) == 1 and "config.json" in names and any(n.endswith(".safetensors") for n in names)
+
+
+def _remote_key(settings: RemoteSettings) -> str | None:
+    if settings.api_key_env is None:
+        return None
+    key = os.environ.get(settings.api_key_env)
+    if not key:
+        raise _unavailable(
+            f"the environment variable {settings.api_key_env} named by api_key_env is not set", retryable=False
+        )
+    return key
+
+
+def _create_remote(config: HostConfig, manifest: ModelManifest, settings: RemoteSettings) -> VllmAdapter:
+    try:
+        target = RemoteTarget(settings, _remote_key(settings))
+    except ValueError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, "backend option vllm.endpoint is not a usable URL") from err
+    adapter = VllmAdapter(config, manifest, target)
+    try:
+        if not target.reachable():
+            raise _unavailable(f"the remote vLLM endpoint for model {manifest.name} is not answering")
+        answer = get(target.pool, "/v1/models")
+        if answer is not None and answer[0] in (401, 403):
+            raise _unavailable(
+                f"the remote vLLM endpoint for model {manifest.name} refused Werk's API key (see api_key_env)",
+                retryable=False,
+            )
+        names = served_names(get_json(target.pool, "/v1/models"))
+        if names and manifest.name not in names:
+            raise _unavailable(
+                f"the remote vLLM endpoint does not serve a model named {manifest.name}", retryable=False
+            )
+    except BaseException:
+        adapter.close()
+        raise
+    return adapter
+
+
+def _create_local(config: HostConfig, manifest: ModelManifest, settings: LaunchSettings) -> VllmAdapter:
+    if not manifest.files:
+        raise WerkError(ErrorCode.INVALID_REQUEST, "a local vLLM model is a registered Hugging Face model directory")
+    model_dir = manifest.primary_path.parent
+    if not model_dir.is_dir():
+        raise WerkError(ErrorCode.NOT_FOUND, f"the model directory of {manifest.name} is gone")
+    try:
+        executable = find_vllm(settings.executable)
+    except VllmNotFound as err:
+        log.error("%s", err)
+        raise _unavailable(
+            "vLLM is not installed here: set WERK_VLLM, put vllm on PATH or pass --backend-option vllm.executable=PATH",
+            retryable=False,
+        ) from err
+    work_dir = config.home / "backends" / "vllm"
+    try:
+        served = inspect_vllm(executable, work_dir / "flags")
+    except InspectionError as err:
+        log.error("vllm could not be inspected: %s", err)
+        raise _unavailable(
+            "the vLLM executable could not be inspected (vllm serve --help=all failed)", retryable=False
+        ) from err
+    trailing = env_args()
+    if any(flag_name(a) == "--api-key" for a in trailing):
+        raise WerkError(ErrorCode.INVALID_REQUEST, "WERK_VLLM_ARGS must not set --api-key: Werk gives vLLM its own key")
+    generated = generated_args(str(model_dir), manifest.name, settings, injected_flag(config.persistence, trailing))
+    missing = served.missing(generated)
+    if missing:
+        version = served.version or "of unknown version"
+        raise _unavailable(
+            f"the installed vLLM {version} has no {', '.join(missing)} option: it is incompatible with this "
+            "plugin (install a vLLM that has it, or drop the option that needs it)",
+            retryable=False,
+        )
+    spec = LaunchSpec(
+        manifest_identity=manifest.identity,
+        executable=served.identity,
+        planned=(str(executable), *generated, *trailing),
+        version=served.version,
+        work_dir=work_dir,
+        startup_timeout=settings.startup_timeout,
+    )
+    target = LocalTarget(servers.acquire(spec), model_dir)
+    adapter = VllmAdapter(config, manifest, target)
+    try:
+        adapter.connect()  # residency: the server starts with the instance
+    except BaseException:
+        adapter.close()
+        raise
+    return adapter
+
+
+def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> VllmAdapter:
+    if manifest is None:
+        raise WerkError(ErrorCode.INVALID_REQUEST, "the vLLM backend needs a model")
+    settings = parse_options(dict(config.backend_options.get(PLUGIN_NAME, {})))
+    if isinstance(settings, RemoteSettings):
+        return _create_remote(config, manifest, settings)
+    return _create_local(config, manifest, settings)

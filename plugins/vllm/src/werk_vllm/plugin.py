@@ -1,0 +1,79 @@
+"""werk-vllm's hook implementations: the vLLM backend for Werk host.
+
+The host dispatches operation hooks only to the plugin that owns the adapter
+(docs/plugin-hooks.md, "Dispatch rules"), so every ``adapter`` here is a :class:`VllmAdapter`
+this plugin created. vLLM offers no named state, snapshot, restore, tier or expert control:
+those hooks are deliberately not implemented (the host answers them ``unsupported``).
+"""
+
+from __future__ import annotations
+
+from werk_host import hookimpl
+from werk_host.backend import AdapterFactory, CapabilityReport, InferenceResponse, JsonObject
+from werk_host.config import HostConfig
+from werk_host.protocol import (
+    CapabilityId,
+    ChatLimits,
+    ChatRequest,
+    DeploymentPlan,
+    ReasoningProfile,
+    WorkerObservation,
+)
+from werk_host.service.reasoning import unsupported_profile
+
+from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, VllmAdapter, accepts, create_adapter
+
+
+@hookimpl
+def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
+    return [
+        AdapterFactory(
+            BACKEND_ID,
+            PLUGIN_NAME,
+            accepts,
+            create_adapter,
+            "vLLM: a Werk-started vllm serve (Hugging Face model directory) or a remote endpoint",
+            capabilities=REPORTED_CAPABILITIES,
+        )
+    ]
+
+
+@hookimpl
+def werk_capabilities(adapter: VllmAdapter) -> dict[CapabilityId, CapabilityReport]:
+    return adapter.capabilities()
+
+
+@hookimpl
+def werk_count_tokens(adapter: VllmAdapter, request: ChatRequest) -> int:
+    return adapter.count_tokens(request)
+
+
+@hookimpl
+def werk_chat_limits(adapter: VllmAdapter, model: str | None) -> ChatLimits:
+    return adapter.chat_limits(model)
+
+
+@hookimpl
+def werk_reasoning_profile(adapter: VllmAdapter, model: str | None, max_output_tokens: int) -> ReasoningProfile:
+    # No reasoning budget control has been verified for vLLM: report that truthfully.
+    return unsupported_profile(model or adapter.served_name, BACKEND_ID)
+
+
+@hookimpl
+def werk_chat_completion(adapter: VllmAdapter, request: JsonObject) -> InferenceResponse:
+    return adapter.relay("/v1/chat/completions", request)
+
+
+@hookimpl
+def werk_text_completion(adapter: VllmAdapter, request: JsonObject) -> InferenceResponse:
+    return adapter.relay("/v1/completions", request)
+
+
+@hookimpl
+def werk_workers(adapter: VllmAdapter) -> list[WorkerObservation]:
+    return adapter.workers()
+
+
+@hookimpl
+def werk_deployment_plan(adapter: VllmAdapter) -> DeploymentPlan | None:
+    return adapter.plan()
