@@ -70,6 +70,15 @@ def test_models_add_list_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["models", "rm", "demo", "--home", str(home)]) == 0
     assert main(["models", "rm", "demo", "--home", str(home)]) == 1
     assert (home / "models").stat().st_mode & 0o777 == 0o700
+    model_dir = tmp_path / "hf-model"
+    model_dir.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (model_dir / name).write_text(name)
+    (model_dir / ".cache").mkdir()
+    capsys.readouterr()
+    assert main(["models", "add", "hf", str(model_dir), "--backend", "vllm", "--home", str(home)]) == 0
+    files = [Path(f["path"]).name for f in json.loads(capsys.readouterr().out)["files"]]
+    assert files == ["config.json", "model.safetensors", "tokenizer.json"]  # every file of the directory
 
 
 def test_werk_serve_process_answers_and_stops_on_sigterm(tmp_path: Path) -> None:

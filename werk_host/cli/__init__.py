@@ -157,7 +157,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 # -- models ------------------------------------------------------------------------------
 def cmd_models_add(args: argparse.Namespace) -> int:
     params = dict(parse_param(p) for p in args.param or [])
-    manifest = ModelManifest.from_paths(args.name, [Path(args.path)], backend=args.backend, params=params)
+    paths = [Path(p) for p in args.path]
+    if len(paths) == 1 and paths[0].is_dir():  # a Hugging Face model directory: all of its files
+        paths = sorted(p for p in paths[0].iterdir() if p.is_file() and not p.name.startswith("."))
+    manifest = ModelManifest.from_paths(args.name, paths, backend=args.backend, params=params)
     ModelRegistry(werk_home(args.home)).add(manifest)
     print_json({**manifest.as_dict(), "identity": manifest.identity})
     return 0
@@ -177,9 +180,9 @@ def cmd_models_rm(args: argparse.Namespace) -> int:
 def add_models(sub: Any) -> None:
     p = sub.add_parser("models", help="manage model manifests")
     msub = p.add_subparsers(dest="models_command", required=True)
-    add = msub.add_parser("add", help="register a model file under NAME")
+    add = msub.add_parser("add", help="register a model file (or a model directory's files) under NAME")
     add.add_argument("name")
-    add.add_argument("path")
+    add.add_argument("path", nargs="+", help="a GGUF file, the files of a model, or one model directory")
     add.add_argument("--backend")
     add.add_argument("--param", action="append", metavar="KEY=VALUE")
     add.set_defaults(handler=cmd_models_add)
