@@ -39,6 +39,10 @@ class ModelFile:
     sha256: str
 
 
+#: Manifest params that cap a request's output tokens (docs/protocol.md, "Chat planning").
+OUTPUT_CEILING_PARAMS = ("max_output_tokens", "max_completion_tokens", "max_new_tokens")
+
+
 @dataclass(frozen=True)
 class ModelManifest:
     name: str
@@ -83,6 +87,19 @@ class ModelManifest:
                 raise WerkError(ErrorCode.NOT_FOUND, f"model file not found: {path.name}")
             files.append(ModelFile(str(resolved), resolved.stat().st_size, sha256_file(resolved)))
         return cls(name, tuple(files), backend, dict(params or {}))
+
+    def output_ceiling(self) -> int | None:
+        """The smallest explicit output ceiling among the manifest's params
+        (:data:`OUTPUT_CEILING_PARAMS`, each a positive integer or ``{"max": N}``); ``None``
+        when there is none. Generation defaults are not ceilings."""
+        found: list[int] = []
+        for name in OUTPUT_CEILING_PARAMS:
+            value = self.params.get(name)
+            if isinstance(value, dict):
+                value = value.get("max")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.append(value)
+        return min(found) if found else None
 
     def verify_files(self) -> bool:
         """Whether every file still has its recorded size (cheap check; hashes are not recomputed)."""

@@ -276,7 +276,7 @@ def test_a_profile_naming_no_installed_backend_fails_at_start(tmp_path: Path, re
     home.mkdir()
     register(home, "alpha")
     profile = tmp_path / "p.toml"
-    profile.write_text('[[instance]]\nid = "x"\nmodel = "alpha"\nbackend = "vllm"\n')
+    profile.write_text('[[instance]]\nid = "x"\nmodel = "alpha"\nbackend = "no-such-backend"\n')
     assert main(["serve", "--home", str(home), "--profile", str(profile), "--port", "0"]) == 2
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werk_vllm.adapter import VllmAdapter, accepts, output_ceiling, served_max_model_len
+from werk_vllm.adapter import VllmAdapter, accepts, served_max_model_len
 from werk_vllm.apc import APC_OFF, APC_ON, PrefixCaching, injected_flag, prefix_cache_report, prefix_caching
 from werk_vllm.client import Endpoint
 from werk_vllm.executable import ExecutableIdentity, ServeHelp, flag_name, parse_serve_help
@@ -304,8 +304,8 @@ def test_accepts() -> None:
 
 
 def test_limits_inputs() -> None:
-    assert output_ceiling({"max_output_tokens": 64, "max_new_tokens": {"max": 32}}) == 32
-    assert output_ceiling({}) is None
+    capped = ModelManifest("m", (), "vllm", {"max_output_tokens": 64, "max_new_tokens": {"max": 32}})
+    assert capped.output_ceiling() == 32 and ModelManifest("m", (), "vllm", {}).output_ceiling() is None
     models = {"data": [{"id": "other", "max_model_len": 9}, {"id": "tiny", "max_model_len": 512}]}
     assert served_max_model_len(models, "tiny") == 512
     assert served_max_model_len(models, "nope") is None

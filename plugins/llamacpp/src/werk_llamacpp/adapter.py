@@ -72,7 +72,6 @@ CHUNK = 1 << 20
 _CTX_FLAGS = ("-c", "--ctx-size")
 _MEDIA_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 _SECRET_FLAGS = ("--api-key", "--api-key-file", "--ssl-key-file", "--hf-token", "-hft")
-OUTPUT_CEILING_PARAMS = ("max_output_tokens", "max_completion_tokens", "max_new_tokens")
 
 STATE_CAPABILITIES = (
     CapabilityId.PREFIX_CACHE,
@@ -137,18 +136,6 @@ def snapshot_head(handle: LlamaHandle) -> bytes:
 
 def _unavailable(message: str) -> WerkError:
     return WerkError(ErrorCode.UNAVAILABLE, message, retryable=True)
-
-
-def output_ceiling(params: dict[str, Any]) -> int | None:
-    """The minimum explicit output ceiling among manifest params (scalar or ``{"max": N}``)."""
-    found: list[int] = []
-    for name in OUTPUT_CEILING_PARAMS:
-        value = params.get(name)
-        if isinstance(value, dict):
-            value = value.get("max")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            found.append(value)
-    return min(found) if found else None
 
 
 class LlamaCppAdapter:
@@ -572,7 +559,7 @@ class LlamaCppAdapter:
     def chat_limits(self, model: str | None) -> ChatLimits:
         proc = self.current()
         context = self.context_per_slot(proc)
-        ceilings = [c for c in (output_ceiling(self.manifest.params), context - 1 if context else None) if c]
+        ceilings = [c for c in (self.manifest.output_ceiling(), context - 1 if context else None) if c]
         return ChatLimits(
             model=model or self.manifest.name,
             context_tokens=context,

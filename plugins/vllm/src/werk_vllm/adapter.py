@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 
 BACKEND_ID = "vllm"
 PLUGIN_NAME = "vllm"
-OUTPUT_CEILING_PARAMS = ("max_output_tokens", "max_completion_tokens", "max_new_tokens")
 #: Chat-request members that change the prompt vLLM renders, passed to ``/tokenize`` as they are.
 TOKENIZE_PASSED = (
     "tools",
@@ -98,18 +97,6 @@ COUNT_CACHE = 256
 
 def _unavailable(message: str, *, retryable: bool = True) -> WerkError:
     return WerkError(ErrorCode.UNAVAILABLE, message, retryable=retryable)
-
-
-def output_ceiling(params: dict[str, Any]) -> int | None:
-    """The smallest explicit output ceiling among manifest params (scalar or ``{"max": N}``)."""
-    found: list[int] = []
-    for name in OUTPUT_CEILING_PARAMS:
-        value = params.get(name)
-        if isinstance(value, dict):
-            value = value.get("max")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            found.append(value)
-    return min(found) if found else None
 
 
 def served_max_model_len(models: dict[str, Any] | None, served_name: str) -> int | None:
@@ -342,7 +329,7 @@ class VllmAdapter:
     # -- chat planning ---------------------------------------------------------------------
     def chat_limits(self, model: str | None) -> ChatLimits:
         context = self.max_model_len(self.live())
-        ceilings = [c for c in (output_ceiling(self.manifest.params), context - 1 if context else None) if c]
+        ceilings = [c for c in (self.manifest.output_ceiling(), context - 1 if context else None) if c]
         return ChatLimits(
             model=model or self.served_name,
             context_tokens=context,
