@@ -357,3 +357,24 @@ def test_children_are_stopped_at_exit(tmp_path: Path) -> None:
     owner, child, marker = run_owner(tmp_path, "exit")
     assert owner.wait(timeout=30) == 0
     assert gone(child) and marker.read_text() == "term\n"
+
+
+def test_find_executable_order_and_errors(tmp_path: Path) -> None:
+    from werk_host.backends.managed import find_executable
+
+    def tool(name: str) -> Path:
+        path = tmp_path / name
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+        return path
+
+    option, from_env, on_path = tool("opt"), tool("env"), tool("thing")
+    env = {"THING": str(from_env), "PATH": str(tmp_path)}
+    kw = {"env_var": "THING", "error": FileNotFoundError}
+    assert find_executable("thing", explicit=str(option), env=env, **kw) == option
+    assert find_executable("thing", explicit=None, env=env, **kw) == from_env
+    assert find_executable("thing", explicit=None, env={"PATH": str(tmp_path)}, **kw) == on_path
+    assert find_executable("thing", explicit=None, env={"PATH": str(tmp_path)}, use_path=False, **kw) is None
+    (tmp_path / "plain").write_text("data")
+    with pytest.raises(FileNotFoundError, match="THING"):
+        find_executable("thing", explicit=None, env={"THING": str(tmp_path / "plain")}, **kw)

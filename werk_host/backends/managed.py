@@ -42,6 +42,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -60,14 +61,51 @@ __all__ = [
     "BackendProcessError",
     "BackendStartupError",
     "ManagedProcess",
+    "find_executable",
     "free_port",
     "http_ready",
+    "is_executable_file",
     "install_signal_cleanup",
     "live_children",
     "read_log_tail",
     "redact",
     "stop_all",
 ]
+
+
+def is_executable_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file this process may execute."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK)
+
+
+def find_executable(
+    name: str,
+    *,
+    explicit: str | os.PathLike[str] | None,
+    env_var: str,
+    error: Callable[[str], FileNotFoundError],
+    env: Mapping[str, str] | None = None,
+    use_path: bool = True,
+) -> Path | None:
+    """A backend's executable as an absolute path: ``explicit`` (a backend option), else
+    ``$env_var``, else ``name`` on ``PATH``; ``None`` when none is configured or found there.
+    A configured value that is not an executable file raises ``error(message)``, naming where
+    it came from (the message may name paths: log it, never answer it)."""
+    e = os.environ if env is None else env
+    for value, source in ((explicit, "given by a backend option"), (e.get(env_var), f"{env_var}")):
+        if value is None or str(value) == "":
+            continue
+        path = Path(value).expanduser()
+        if not is_executable_file(path):
+            raise error(f"{name} {source} is not an executable file: {path}")
+        return path.absolute()
+    found = shutil.which(name, path=e.get("PATH")) if use_path else None
+    return Path(found).absolute() if found else None
+
 
 LOG_TAIL_LINES = 40
 LOG_TAIL_MAX_BYTES = 256 * 1024

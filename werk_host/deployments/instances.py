@@ -141,7 +141,8 @@ class Instance:
             adapter = self.factory.create(self.config, self.manifest)
         except BaseException as err:
             self._start_failed(err)
-            raise self._failure(err) from err
+            with self._cond:
+                raise self._failure_locked() from err
         with self._cond:
             self._adapter = adapter
             self._state = InstanceStateName.READY
@@ -176,10 +177,6 @@ class Instance:
         if isinstance(err, WerkError) and err.code is ErrorCode.RESOURCE_EXHAUSTED:
             return err.message  # the host's own text: sizes, no paths
         return f"the {self.backend} backend failed to start instance {self.id}; the server log has the details"
-
-    def _failure(self, err: BaseException) -> WerkError:
-        with self._cond:
-            return self._failure_locked()
 
     def _failure_locked(self) -> WerkError:
         """The recorded failure: ``unavailable``, or ``resource_exhausted`` when the memory guard

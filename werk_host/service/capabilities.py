@@ -20,17 +20,19 @@ class CapabilityResolver:
         self._host_evidence = host_evidence
 
     def reports(
-        self, adapter: Adapter | None, instance: Instance | None = None
+        self, adapter: Adapter | None, instance: Instance | None = None, *, placement: bool = True
     ) -> dict[CapabilityId, CapabilityReport]:
         """Every capability id's report for ``adapter`` (the selected instance's, when ready).
 
+        ``runtime.placement`` asks the backend for its plan, which may cost a request to it; with
+        ``placement=False`` (a gate on another id) that one report is left as not implemented.
         A deployed instance that is not ready (cold, starting, failed) reports the ids its
         backend declares as ``unavailable`` (residency included) with the reason, and the rest
         ``unsupported``; operations start it first, so only discovery sees these."""
         backend: dict[CapabilityId, CapabilityReport] = {}
         if adapter is not None:
             backend = self._hooks.capabilities(adapter) or {}
-            if CapabilityId.PLACEMENT not in backend:
+            if placement and CapabilityId.PLACEMENT not in backend:
                 backend[CapabilityId.PLACEMENT] = self._placement(adapter)
         elif instance is not None:
             backend = self._not_ready(instance)
@@ -71,7 +73,7 @@ class CapabilityResolver:
         return {cap_id: CapabilityReport(CapabilityStatus.UNAVAILABLE, why) for cap_id in declared}
 
     def one(self, adapter: Adapter | None, cap_id: CapabilityId, instance: Instance | None = None) -> CapabilityReport:
-        return self.reports(adapter, instance)[cap_id]
+        return self.reports(adapter, instance, placement=cap_id is CapabilityId.PLACEMENT)[cap_id]
 
     def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> list[Capability]:
         return [

@@ -164,9 +164,7 @@ class LocalControlService:
 
     def _adapter_with_identity(self, identity: str) -> Adapter | None:
         """The ready adapter a handoff was issued by, whichever instance holds it."""
-        deployments = self.runtime.deployments
-        candidates = [i.peek() for i in deployments.instances.values()] if deployments else [self.runtime.adapter]
-        return next((a for a in candidates if a is not None and a.identity() == identity), None)
+        return next((a for a in self._ready_adapters() if a.identity() == identity), None)
 
     def _require_model(self, model_id: str) -> None:
         if model_id not in self.runtime.model_ids():

@@ -117,7 +117,7 @@ class ChatPlanning:
     def count_tokens(self, request: ChatRequest) -> TokenCount:
         with self._on(self._one(request.model)):
             adapter = self._using(CapabilityId.TOKEN_COUNT, "token counting")
-            model = self._served_name()
+            model = self._name(None)
             self._check_reasoning_tier(adapter, model, request)
             count = needed(self.hooks.count_tokens(adapter, request), "token counting", adapter)
         return TokenCount(model=request.model or model, input_tokens=count)
@@ -126,7 +126,7 @@ class ChatPlanning:
         limits = self.chat_limits(request.model)
         with self._on(self._one(request.model)):
             adapter = self._using(CapabilityId.ADMISSION, "admission")
-            model = self._served_name()
+            model = self._name(None)
             self._check_reasoning_tier(adapter, model, request)
             method = "native"
             count: int | None = None
@@ -147,15 +147,12 @@ class ChatPlanning:
             token_count_method=method,
         )
 
-    def _served_name(self) -> str:
-        return self._name(None)
-
     def chat_limits(self, model: str | None) -> ChatLimits:
         found: list[ChatLimits] = []
         for replica in self._replicas(model):
             with self._on(replica):
                 adapter = self._discovering(CapabilityId.CHAT_LIMITS)
-                name = self._served_name()
+                name = self._name(None)
                 if adapter is None:
                     found.append(
                         ChatLimits(
@@ -178,7 +175,7 @@ class ChatPlanning:
         for replica in self._replicas(model):
             with self._on(replica):
                 adapter = self._discovering(CapabilityId.REASONING)
-                name = self._served_name()
+                name = self._name(None)
                 backend = replica.backend if replica is not None else None
                 if adapter is None:
                     found.append(unsupported_profile(name, backend))

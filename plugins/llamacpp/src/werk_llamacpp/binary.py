@@ -25,14 +25,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
-import stat
 import subprocess
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from werk_host.backends.managed import find_executable, is_executable_file
 from werk_host.models import sha256_file
 
 __all__ = [
@@ -83,14 +82,6 @@ def build_cache_root(env: Mapping[str, str] | None = None) -> Path:
     return base / "werk" / "llama-server"
 
 
-def _is_executable_file(path: Path) -> bool:
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK)
-
-
 def _cached_candidates(env: Mapping[str, str] | None) -> list[Path]:
     root = build_cache_root(env)
     out = [root / BUILD_CACHE_VERSION / EXECUTABLE_NAME]
@@ -117,25 +108,14 @@ def find_llama_server(
     use_build_cache: bool = True,
 ) -> Path:
     """Locate llama-server (see module docstring for the order); return an absolute path."""
-    e = os.environ if env is None else env
-    if explicit is not None and str(explicit) != "":
-        p = Path(explicit).expanduser()
-        if not _is_executable_file(p):
-            raise LlamaServerNotFound(f"llama-server given explicitly is not an executable file: {p}")
-        return p.absolute()
-    from_env = e.get(ENV_VAR)
-    if from_env:
-        p = Path(from_env).expanduser()
-        if not _is_executable_file(p):
-            raise LlamaServerNotFound(f"{ENV_VAR}={from_env!r} is not an executable file")
-        return p.absolute()
-    if use_path:
-        found = shutil.which(EXECUTABLE_NAME, path=e.get("PATH"))
-        if found:
-            return Path(found).absolute()
+    found = find_executable(
+        EXECUTABLE_NAME, explicit=explicit, env_var=ENV_VAR, error=LlamaServerNotFound, env=env, use_path=use_path
+    )
+    if found is not None:
+        return found
     if use_build_cache:
         for cand in _cached_candidates(env):
-            if _is_executable_file(cand):
+            if is_executable_file(cand):
                 return cand.absolute()
     raise LlamaServerNotFound(
         f"llama-server not found: pass a path, set {ENV_VAR}, put it on PATH, "

@@ -17,14 +17,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import stat
 import subprocess
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from werk_host.backends.managed import find_executable
 from werk_host.paths import PrivateDirError, ensure_private_dir
 
 __all__ = [
@@ -54,32 +53,12 @@ class InspectionError(RuntimeError):
     """``vllm serve --help=all`` could not be run or parsed (the message may name paths)."""
 
 
-def _is_executable_file(path: Path) -> bool:
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK)
-
-
 def find_vllm(explicit: str | None = None, *, env: Mapping[str, str] | None = None) -> Path:
     """The vllm executable (see the module docstring) as an absolute path."""
-    e = os.environ if env is None else env
-    if explicit:
-        p = Path(explicit).expanduser()
-        if not _is_executable_file(p):
-            raise VllmNotFound(f"the vllm executable given by the executable option is not an executable file: {p}")
-        return p.absolute()
-    from_env = e.get(ENV_VAR)
-    if from_env:
-        p = Path(from_env).expanduser()
-        if not _is_executable_file(p):
-            raise VllmNotFound(f"{ENV_VAR}={from_env!r} is not an executable file")
-        return p.absolute()
-    found = shutil.which(EXECUTABLE_NAME, path=e.get("PATH"))
-    if found:
-        return Path(found).absolute()
-    raise VllmNotFound(f"no vllm executable: set the executable option or {ENV_VAR}, or put vllm on PATH")
+    found = find_executable(EXECUTABLE_NAME, explicit=explicit, env_var=ENV_VAR, error=VllmNotFound, env=env)
+    if found is None:
+        raise VllmNotFound(f"no vllm executable: set the executable option or {ENV_VAR}, or put vllm on PATH")
+    return found
 
 
 @dataclass(frozen=True)
