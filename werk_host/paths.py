@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -37,3 +38,12 @@ def ensure_private_dir(path: str | os.PathLike[str]) -> Path:
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(p, 0o700)
     return p
+
+
+def user_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``${XDG_CACHE_HOME:-$HOME/.cache}/werk``: where built runtimes and downloaded models are
+    cached by version (never inside ``WERK_HOME``, which holds user data)."""
+    e = os.environ if env is None else env
+    xdg = e.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path(e.get("HOME") or Path.home()) / ".cache"
+    return base / "werk"

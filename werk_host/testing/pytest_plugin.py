@@ -9,6 +9,10 @@ Fixtures any plugin's suite can use:
   real host around ``plugin`` on an ephemeral port, keyed with ``werk_api_key``, and returns a
   :class:`~werk_host.testing.hosts.LiveHost` (``url``, ``host``, ``api``); every host it
   started is stopped when the test ends.
+* ``smollm2_gguf``: the path of the real SmolLM2-135M-Instruct GGUF (session-scoped; fetched and
+  hash-checked once into the user cache by :mod:`werk_host.realmodel`). A test that needs a real
+  model's behaviour (chat template, exact counts, coherent text) uses it; fast tests keep a
+  generated model.
 
 Markers registered (unless the project already does): ``llamaserver``, ``slow``.
 """
@@ -109,4 +113,12 @@ def werk_server(werk_home: Path, werk_api_key: str) -> Iterator[WerkServerFactor
         factory.close()
 
 
-__all__ = ["MARKERS", "WerkServerFactory", "werk_api_key", "werk_home", "werk_server"]
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The verified SmolLM2-135M-Instruct GGUF (see :mod:`werk_host.realmodel`)."""
+    from werk_host.realmodel import smollm2_gguf as fetch
+
+    return fetch()
+
+
+__all__ = ["MARKERS", "WerkServerFactory", "smollm2_gguf", "werk_api_key", "werk_home", "werk_server"]

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from werk_host.backends.managed import find_executable, is_executable_file
 from werk_host.models import sha256_file
+from werk_host.paths import user_cache_dir
 
 __all__ = [
     "BUILD_CACHE_VERSION",
@@ -76,10 +77,7 @@ class UnadvertisedFlagError(ValueError):
 
 def build_cache_root(env: Mapping[str, str] | None = None) -> Path:
     """``${XDG_CACHE_HOME:-$HOME/.cache}/werk/llama-server`` (the build script's cache)."""
-    e = os.environ if env is None else env
-    xdg = e.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path(e.get("HOME") or Path.home()) / ".cache"
-    return base / "werk" / "llama-server"
+    return user_cache_dir(env) / "llama-server"
 
 
 def _cached_candidates(env: Mapping[str, str] | None) -> list[Path]:
