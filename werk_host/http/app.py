@@ -10,7 +10,7 @@ import falcon
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http import openai
+from werk_host.http import anthropic, ollama, openai
 from werk_host.http.errors import error_body, from_falcon, status_for
 from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
@@ -20,6 +20,8 @@ from werk_host.http.middleware import (
     DeploymentMiddleware,
     NegotiationMiddleware,
     RequestIdMiddleware,
+    is_anthropic_path,
+    is_ollama_path,
     is_openai_path,
     protocol_headers,
 )
@@ -36,6 +38,12 @@ log = logging.getLogger("werk_host.http")
 def _render_error(req: falcon.Request, resp: falcon.Response, error: WerkError) -> None:
     request_id = getattr(req.context, "request_id", None) or "req_unknown"
     status = status_for(error, body_limit=isinstance(error, BodyTooLarge))
+    if is_anthropic_path(req.path):  # before /v1: these routes live under it
+        anthropic.render_error(req, resp, status, error)
+        return
+    if is_ollama_path(req.path):
+        ollama.render_error(resp, status, error)
+        return
     if is_openai_path(req.path):
         openai.render_error(resp, status, error)
         return
@@ -114,6 +122,9 @@ def create_app(
     app.add_route("/openapi.json", RawOpenApiResource(document))
     if inference is not None:
         openai.add_routes(app, inference)
+        anthropic.add_routes(app, control, inference)  # docs/compat.md
+        if runtime is not None:
+            ollama.add_routes(app, control, inference, runtime)
     app.add_route(METRICS_PATH, metrics.resource)
     # Registration order matters: Falcon picks the most specific handler class.
     app.add_error_handler(Exception, _UnexpectedErrors())

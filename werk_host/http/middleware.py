@@ -21,6 +21,8 @@ from werk_host.service.runtime import BackendRuntime
 
 PROTOCOL_PREFIX = "/werk/v1"
 OPENAI_PREFIX = "/v1"
+ANTHROPIC_PREFIX = "/v1/messages"
+OLLAMA_PREFIX = "/api"
 
 
 def is_protocol_path(path: str) -> bool:
@@ -29,6 +31,16 @@ def is_protocol_path(path: str) -> bool:
 
 def is_openai_path(path: str) -> bool:
     return path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/")
+
+
+def is_anthropic_path(path: str) -> bool:
+    """The Anthropic Messages routes under ``/v1`` (docs/compat.md): Anthropic's error shape."""
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def is_ollama_path(path: str) -> bool:
+    """The Ollama routes (docs/compat.md): Ollama's error shape, keys as on ``/v1``."""
+    return path == OLLAMA_PREFIX or path.startswith(OLLAMA_PREFIX + "/")
 
 
 class BodyTooLarge(WerkError):
@@ -71,7 +83,9 @@ class AuthMiddleware:
         self._auth = auth
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not (is_protocol_path(req.path) or is_openai_path(req.path) or req.path == "/metrics"):
+        if not (
+            is_protocol_path(req.path) or is_openai_path(req.path) or is_ollama_path(req.path) or req.path == "/metrics"
+        ):
             return
         principal = self._auth.authenticate(presented_key(req))
         if principal is None:

@@ -1,0 +1,16 @@
+"""Client-compatibility layers: the Anthropic Messages API and the Ollama API over ``/v1``.
+
+Every route here is a translation (docs/compat.md): a request in the client's shape is
+validated by a pydantic model and turned into the OpenAI chat (or completions) body that
+:class:`werk_host.service.inference.InferenceService` admits, routes, counts and relays for
+``/v1``; the OpenAI answer it returns (JSON or server-sent events) is turned back into the
+client's shape. Admission, limits, deployment routing, disconnect cancellation and the chat
+counters therefore act on all three protocols the same way.
+
+* :mod:`werk_host.compat.upstream` reads the OpenAI answer (JSON documents, SSE events).
+* :mod:`werk_host.compat.anthropic` and :mod:`werk_host.compat.ollama` hold the request
+  models and both directions of each translation; they know nothing of HTTP.
+* :mod:`werk_host.compat.ollama_models` describes served models for ``/api/tags``,
+  ``/api/ps`` and ``/api/show``.
+* :mod:`werk_host.compat.relay` is the one piece of HTTP glue both route families share.
+"""

@@ -1,0 +1,102 @@
+"""What ``/api/tags``, ``/api/ps`` and ``/api/show`` say about served models (docs/compat.md).
+
+Names are what routing accepts: every instance id and every alias, the list ``/v1/models``
+gives. Facts come from the model manifests: ``size`` is the bytes of the model's files and
+``digest`` the manifest identity (a SHA-256); when an alias's replicas differ in a fact it is
+null. What Werk does not know (family, parameter size, quantization, the VRAM share, the
+modification time) is null, never guessed. Nothing here starts an instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from pydantic import JsonValue
+
+from werk_host.backend import JsonObject
+from werk_host.deployments.instances import Instance
+from werk_host.deployments.registry import DeploymentSet
+
+#: The per-request context of a served name (``None`` when unknown, e.g. a cold instance).
+ContextOf = Callable[[str], int | None]
+
+T = TypeVar("T")
+
+
+def _same(values: Sequence[T | None]) -> T | None:
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+#: Ollama's model ``details``: none of them is known to Werk.
+_DETAILS = ("parent_model", "format", "family", "families", "parameter_size", "quantization_level")
+
+
+def _facts(replicas: Sequence[Instance]) -> JsonObject:
+    sizes = [sum(f.bytes for f in r.manifest.files) if r.manifest.files else None for r in replicas]
+    return {
+        "size": _same(sizes),
+        "digest": _same([r.manifest.identity for r in replicas]),
+        "details": dict.fromkeys(_DETAILS),
+    }
+
+
+def names(deployments: DeploymentSet | None) -> list[str]:
+    """Every name a request may use: instance ids, then aliases."""
+    if deployments is None:
+        return []
+    return [*deployments.instances, *deployments.aliases]
+
+
+def tags(deployments: DeploymentSet | None) -> JsonObject:
+    """``GET /api/tags``: every served name."""
+    if deployments is None:
+        return {"models": []}
+    models: list[JsonValue] = [
+        {"name": name, "model": name, "modified_at": None, **_facts(deployments.replicas(name))}
+        for name in names(deployments)
+    ]
+    return {"models": models}
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def running(deployments: DeploymentSet | None, context_of: ContextOf) -> JsonObject:
+    """``GET /api/ps``: the instances that are ready now. ``expires_at`` is when the profile's
+    keep-alive stops an idle instance (null: kept forever)."""
+    models: list[JsonValue] = []
+    for instance in deployments.instances.values() if deployments is not None else ():
+        if instance.peek() is None:
+            continue
+        view = instance.view()
+        keep = instance.spec.keep_alive_s
+        expires = None
+        if keep is not None and view.last_used_unix_ms is not None:
+            expires = _iso(view.last_used_unix_ms / 1000 + keep)
+        models.append(
+            {
+                "name": instance.id,
+                "model": instance.id,
+                **_facts((instance,)),
+                "expires_at": expires,
+                "size_vram": None,
+                "context_length": context_of(instance.id),
+            }
+        )
+    return {"models": models}
+
+
+def show(replicas: Sequence[Instance], context_tokens: int | None) -> JsonObject:
+    """``POST /api/show`` for a name served by ``replicas``: the known facts, and the served
+    per-request context as the ``num_ctx`` parameter when it is known."""
+    facts = _facts(replicas)
+    return {
+        "modified_at": None,
+        "details": facts["details"],
+        "model_info": {},
+        "parameters": f"num_ctx {context_tokens}" if context_tokens is not None else "",
+        "capabilities": ["completion"],
+    }

@@ -1,0 +1,86 @@
+"""The HTTP glue the Anthropic and Ollama resources share: calling the ``/v1`` inference service
+with a translated body, and handing its answer back for translation.
+
+The call is made exactly as ``/v1`` makes it (werk_host/http/openai.py): the hook can poll
+waitress's ``client_disconnected`` check while it waits for the backend, the serving instance
+is named in ``X-Werk-Deployment`` and labels the request's metrics. A translated stream closes
+the inference response when it ends or when the server closes it because the client went away,
+which closes the upstream request and stops the generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import falcon
+
+from werk_host.backend import InferenceResponse, JsonObject, client_disconnected
+from werk_host.compat.upstream import error_message, read_document
+from werk_host.deployments.registry import DEPLOYMENT_HEADER
+from werk_host.http.io import principal
+from werk_host.service.principals import Principal
+
+Call = Callable[[Principal, JsonObject], InferenceResponse]
+
+#: The most of an error answer read back (the host's own OpenAI error bodies are small).
+MAX_ERROR_BYTES: Final = 64 * 1024
+FAILED: Final = "the backend failed to process the request"
+
+
+def invoke(req: falcon.Request, resp: falcon.Response, call: Call, body: JsonObject) -> InferenceResponse:
+    """``call(principal, body)`` with the client's disconnect check bound; names the serving
+    instance on ``resp`` and in ``req.context.instance_id``."""
+    check = req.env.get("waitress.client_disconnected")
+    token = client_disconnected.set(check if callable(check) else None)
+    try:
+        response = call(principal(req), body)
+    finally:
+        client_disconnected.reset(token)
+    served_by = response.headers.get(DEPLOYMENT_HEADER)
+    if served_by is not None:
+        resp.set_header(DEPLOYMENT_HEADER, served_by)
+        req.context.instance_id = served_by
+    return response
+
+
+def failure(response: InferenceResponse) -> tuple[int, str]:
+    """``(status, public message)`` of an error answer, which is read (bounded) and closed.
+    The message is the host's sanitized one (werk_host/service/inference.py)."""
+    raw = b""
+    try:
+        for chunk in response.body:
+            raw += chunk[: MAX_ERROR_BYTES - len(raw)]
+            if len(raw) >= MAX_ERROR_BYTES:
+                break
+    finally:
+        response.close()
+    return response.status, error_message(raw) or FAILED
+
+
+def document(response: InferenceResponse) -> JsonObject:
+    """The whole JSON answer; the response is closed."""
+    try:
+        return read_document(response.body)
+    finally:
+        response.close()
+
+
+def streamed(
+    response: InferenceResponse, translated: Iterator[bytes], then: Callable[[], None] | None = None
+) -> Iterator[bytes]:
+    """``translated`` (a translation of ``response.body``) as the client's stream: ``response``
+    is closed when it ends or is closed early, then ``then`` runs. The body iterator is closed
+    first, so that the host's accounting of it sees what was read even when the translation
+    stopped early."""
+    try:
+        yield from translated
+    finally:
+        try:
+            close_body = getattr(response.body, "close", None)
+            if callable(close_body):
+                close_body()
+            response.close()
+        finally:
+            if then is not None:
+                then()

@@ -1,0 +1,96 @@
+"""Anthropic Messages routes: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+Thin resources over :mod:`werk_host.compat.anthropic` (docs/compat.md): a request is validated
+and translated, served by the same inference service as ``/v1/chat/completions`` (admission,
+routing, counters, disconnect cancellation), and its answer translated back. Every error on
+these paths, from validation to a backend failure, is Anthropic's error shape
+(:func:`render_error`, chosen by path in werk_host/http/app.py). The key may come as
+``x-api-key`` (what Anthropic's SDKs send) or a bearer token; the ``anthropic-version`` and
+``anthropic-beta`` headers are accepted whatever their value.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import falcon
+
+from werk_host.backend import InferenceResponse, JsonObject
+from werk_host.compat import relay
+from werk_host.compat.anthropic import (
+    CountTokensRequest,
+    MessagesRequest,
+    chat_body,
+    count_request,
+    error_document,
+    message,
+    message_stream,
+)
+from werk_host.compat.upstream import sse_events
+from werk_host.control import WerkControl
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.http.io import parse_body, principal
+from werk_host.http.middleware import ANTHROPIC_PREFIX
+from werk_host.service.principals import Principal
+
+#: The response header Anthropic's SDKs read the request id from.
+REQUEST_ID_HEADER = "request-id"
+
+
+class ChatInference(Protocol):
+    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+
+
+def _request_id(req: falcon.Request) -> str:
+    found: str = getattr(req.context, "request_id", None) or "req_unknown"
+    return found
+
+
+def _json(req: falcon.Request, resp: falcon.Response, status: int, doc: JsonObject) -> None:
+    resp.status = status
+    resp.content_type = "application/json"
+    resp.set_header(REQUEST_ID_HEADER, _request_id(req))
+    resp.text = json.dumps(doc)
+
+
+def render_error(req: falcon.Request, resp: falcon.Response, status: int, error: WerkError) -> None:
+    """A typed error in Anthropic's shape (the app's error mapper calls this for these paths)."""
+    if error.code is ErrorCode.UNAUTHORIZED:
+        resp.set_header("WWW-Authenticate", "Bearer")
+    _json(req, resp, status, error_document(status, error.public_message(), _request_id(req)))
+
+
+class Messages:
+    def __init__(self, inference: ChatInference) -> None:
+        self.inference = inference
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, MessagesRequest)
+        response = relay.invoke(req, resp, self.inference.chat_completion, chat_body(request))
+        if response.status >= 400:
+            status, text = relay.failure(response)
+            _json(req, resp, status, error_document(status, text, _request_id(req)))
+            return
+        if request.stream:
+            resp.content_type = "text/event-stream"
+            resp.set_header("Cache-Control", "no-cache")
+            resp.set_header(REQUEST_ID_HEADER, _request_id(req))
+            resp.stream = relay.streamed(response, message_stream(sse_events(response.body), request))
+            return
+        _json(req, resp, 200, message(relay.document(response), request))
+
+
+class CountTokens:
+    def __init__(self, control: WerkControl) -> None:
+        self.control = control
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, CountTokensRequest)
+        count = self.control.count_tokens(principal(req), count_request(request))
+        _json(req, resp, 200, {"input_tokens": count.input_tokens})
+
+
+def add_routes(app: falcon.App[Any, Any], control: WerkControl, inference: ChatInference) -> None:
+    app.add_route(ANTHROPIC_PREFIX, Messages(inference))
+    app.add_route(ANTHROPIC_PREFIX + "/count_tokens", CountTokens(control))

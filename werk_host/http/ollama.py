@@ -1,0 +1,238 @@
+"""Ollama routes under ``/api``: tags, ps, version, show, chat and generate.
+
+Thin resources over :mod:`werk_host.compat.ollama` and :mod:`werk_host.compat.ollama_models`
+(docs/compat.md). Generation is served by the same inference service as ``/v1`` (admission,
+routing, counters, disconnect cancellation). Every error on these paths is Ollama's
+``{"error": message}`` (:func:`render_error`, chosen by path in werk_host/http/app.py). The
+host's key rule holds: a keyed server wants ``Authorization: Bearer`` (the ollama clients send
+it from ``OLLAMA_API_KEY`` or their ``headers``).
+
+``keep_alive`` acts on deployment residency (docs/deployments.md, "Lifecycle"): ``0`` stops the
+serving instance once the request is done and no other request uses it; a request without
+messages or prompt loads the instance(s) its model names, or with ``keep_alive: 0`` stops them.
+Other values are validated; the profile's ``keep_alive`` keeps deciding when an idle instance
+stops.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import falcon
+
+from werk_host import __version__
+from werk_host.backend import InferenceResponse, JsonObject
+from werk_host.compat import ollama_models, relay
+from werk_host.compat.ollama import (
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaOptions,
+    OllamaShowRequest,
+    Shape,
+    answer,
+    answer_stream,
+    chat_body,
+    check_num_ctx,
+    error_document,
+    generate_body,
+    residency_answer,
+    served_name,
+)
+from werk_host.compat.upstream import sse_events
+from werk_host.control import WerkControl
+from werk_host.deployments.instances import Instance
+from werk_host.deployments.registry import DEPLOYMENT_HEADER
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.http.io import parse_body, principal
+from werk_host.http.middleware import OLLAMA_PREFIX
+from werk_host.service.principals import Principal
+from werk_host.service.runtime import BackendRuntime
+
+
+class Inference(Protocol):
+    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+    def text_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+
+
+def _json(resp: falcon.Response, status: int, doc: JsonObject) -> None:
+    resp.status = status
+    resp.content_type = "application/json; charset=utf-8"
+    resp.text = json.dumps(doc)
+
+
+def render_error(resp: falcon.Response, status: int, error: WerkError) -> None:
+    """A typed error in Ollama's shape (the app's error mapper calls this for these paths)."""
+    if error.code is ErrorCode.UNAUTHORIZED:
+        resp.set_header("WWW-Authenticate", "Bearer")
+    _json(resp, status, error_document(error.public_message()))
+
+
+def _not_served() -> WerkError:
+    return WerkError(ErrorCode.NOT_FOUND, "model is not served here")
+
+
+class _Resource:
+    def __init__(self, control: WerkControl, inference: Inference, runtime: BackendRuntime) -> None:
+        self.control = control
+        self.inference = inference
+        self.runtime = runtime
+
+    def replicas(self, model: str) -> tuple[Instance, ...]:
+        deployments = self.runtime.deployments
+        found = deployments.replicas(served_name(model)) if deployments is not None else ()
+        if not found:
+            raise _not_served()
+        return found
+
+    def context_of(self, req: falcon.Request, name: str) -> int | None:
+        """The served per-request context of ``name``; ``None`` when it is not known now."""
+        try:
+            return self.control.chat_limits(principal(req), name).context_tokens
+        except WerkError as err:
+            if err.code is ErrorCode.NOT_FOUND:
+                raise
+            return None
+
+
+class Tags(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _json(resp, 200, ollama_models.tags(self.runtime.deployments))
+
+
+class Ps(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        doc = ollama_models.running(self.runtime.deployments, lambda name: self.context_of(req, name))
+        _json(resp, 200, doc)
+
+
+class Version(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        _json(resp, 200, {"version": __version__})
+
+
+class Show(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, OllamaShowRequest)
+        replicas = self.replicas(request.requested)
+        _json(resp, 200, ollama_models.show(replicas, self.context_of(req, served_name(request.requested))))
+
+
+class _Generation(_Resource):
+    def _check_options(self, req: falcon.Request, model: str, options: OllamaOptions | None) -> None:
+        if options is not None and options.num_ctx is not None:
+            check_num_ctx(options, self.context_of(req, served_name(model)))
+
+    def _residency(self, resp: falcon.Response, shape: Shape, model: str, unload: bool) -> None:
+        """Ollama's load/unload idiom: start (or stop) every instance ``model`` names."""
+        replicas = self.replicas(model)
+        for instance in replicas:
+            if unload:
+                instance.stop("unloaded by an Ollama client (keep_alive 0)")
+            else:
+                instance.use()
+        _json(resp, 200, residency_answer(shape, model, "unload" if unload else "load"))
+
+    def _unloader(self, served_by: str | None) -> Callable[[], None] | None:
+        deployments = self.runtime.deployments
+        instance = deployments.instances.get(served_by) if deployments is not None and served_by else None
+        if instance is None:
+            return None
+
+        def unload() -> None:
+            instance.stop("unloaded by an Ollama client (keep_alive 0)")
+
+        return unload
+
+    def _serve(
+        self,
+        req: falcon.Request,
+        resp: falcon.Response,
+        call: relay.Call,
+        body: JsonObject,
+        *,
+        shape: Shape,
+        model: str,
+        stream: bool,
+        unload: bool,
+        started_ns: int,
+    ) -> None:
+        response = relay.invoke(req, resp, call, body)
+        if response.status >= 400:
+            status, text = relay.failure(response)
+            _json(resp, status, error_document(text))
+            return
+        after = self._unloader(response.headers.get(DEPLOYMENT_HEADER)) if unload else None
+        if stream:
+            resp.content_type = "application/x-ndjson"
+            translated = answer_stream(sse_events(response.body), shape, model, started_ns)
+            resp.stream = relay.streamed(response, translated, after)
+            return
+        try:
+            doc = relay.document(response)
+        finally:
+            if after is not None:
+                after()
+        _json(resp, 200, answer(doc, shape, model, started_ns))
+
+
+class Chat(_Generation):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        started = time.monotonic_ns()
+        request = parse_body(req, OllamaChatRequest)
+        if not request.messages:
+            self._residency(resp, Shape.CHAT, request.model, request.unloads)
+            return
+        self._check_options(req, request.model, request.options)
+        body = chat_body(request)
+        self._serve(
+            req,
+            resp,
+            self.inference.chat_completion,
+            body,
+            shape=Shape.CHAT,
+            model=request.model,
+            stream=request.streamed,
+            unload=request.unloads,
+            started_ns=started,
+        )
+
+
+class Generate(_Generation):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        started = time.monotonic_ns()
+        request = parse_body(req, OllamaGenerateRequest)
+        if not request.prompt:
+            self._residency(resp, Shape.GENERATE, request.model, request.unloads)
+            return
+        self._check_options(req, request.model, request.options)
+        chat, body = generate_body(request)
+        self._serve(
+            req,
+            resp,
+            self.inference.chat_completion if chat else self.inference.text_completion,
+            body,
+            shape=Shape.GENERATE,
+            model=request.model,
+            stream=request.streamed,
+            unload=request.unloads,
+            started_ns=started,
+        )
+
+
+#: (path under ``/api``, resource class) of every Ollama route.
+ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
+    ("/tags", Tags),
+    ("/ps", Ps),
+    ("/version", Version),
+    ("/show", Show),
+    ("/chat", Chat),
+    ("/generate", Generate),
+)
+
+
+def add_routes(app: falcon.App[Any, Any], control: WerkControl, inference: Inference, runtime: BackendRuntime) -> None:
+    for path, resource in ROUTES:
+        app.add_route(OLLAMA_PREFIX + path, resource(control, inference, runtime))
