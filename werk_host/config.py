@@ -53,6 +53,9 @@ class HostConfig:
     persistence: PersistenceDefaults | None = None
     #: Backend-specific settings keyed by plugin name (e.g. ``{"llamacpp": {"llama_server": ...}}``).
     backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``--warmup-tokens``: 0 (default) asks native servers to skip their synthetic warmup run;
+    #: a positive value enables it where the runtime offers it (docs/chat.md, "Warmup").
+    warmup_tokens: int = 0
 
     def served_models(self) -> tuple[str, ...]:
         """``model`` then ``models``, without repeats: the ``--model`` shorthand's instances."""

@@ -33,6 +33,7 @@ from werk_host.backend import (
     Snapshot,
     StoredStateRef,
 )
+from werk_host.chat.seam import SessionSnapshots
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.plugins import PluginHost
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
@@ -162,6 +163,13 @@ class BackendHooks:
 
     def text_completion(self, adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
         return self._one(adapter, hookspecs.werk_text_completion, InferenceResponse, request=request)
+
+    def session_snapshots(self, adapter: Adapter, model_id: str) -> SessionSnapshots | None:
+        name = hookspecs.werk_session_snapshots.__name__
+        result = self._plugins.dispatch(name, adapter, model_id=model_id)
+        if result is None or isinstance(result, SessionSnapshots):
+            return result
+        raise _defect(adapter, name, "a SessionSnapshots object")
 
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:

@@ -39,6 +39,7 @@ from werk_host.backend import (
     Snapshot,
     StoredStateRef,
 )
+from werk_host.chat.seam import SessionSnapshots
 from werk_host.config import HostConfig
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
 from werk_host.protocol.deployments import DeploymentPlan
@@ -168,6 +169,16 @@ def werk_chat_completion(adapter: Adapter, request: JsonObject) -> InferenceResp
     """Serve an OpenAI chat-completions request body (streaming when ``request["stream"]``).
     Returns the backend's response streamed, never buffered whole; honour
     :data:`werk_host.backend.client_disconnected` while waiting for the first byte."""
+
+
+@hookspec(firstresult=True)
+def werk_session_snapshots(adapter: Adapter, model_id: str) -> SessionSnapshots | None:
+    """Native session snapshots of ``model_id`` on the adapter's live backend process, for
+    ``werk chat``/``werk run`` with a session (docs/chat.md, "Native snapshots"): an object
+    implementing :class:`~werk_host.chat.seam.SessionSnapshots`. Must be cheap and run no
+    inference (the host asks when a session opens). ``None`` (not implemented) means the backend
+    keeps no native session snapshots; raise ``unsupported`` when this process cannot take them
+    (e.g. its launch arguments disable slot saving) and ``unavailable`` when none runs."""
 
 
 @hookspec(firstresult=True)

@@ -1,4 +1,4 @@
-"""The ``werk`` command: serve, plugins, models, cache and runtime sub-commands."""
+"""The ``werk`` command: serve, run, chat, plugins, models, cache and runtime sub-commands."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from werk_host import __version__
-from werk_host.cli import cache, deployments, runtime
+from werk_host.cli import cache, chat, deployments, run, runtime
 from werk_host.config import HostConfig, PersistenceDefaults, ServerLimits
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
@@ -96,6 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         profile=Path(args.profile) if args.profile else None,
         persistence=persistence_defaults(args),
         backend_options=_backend_options(args),
+        warmup_tokens=args.warmup_tokens,
     )
     return serve(config)
 
@@ -137,6 +138,12 @@ def add_serve(sub: Any) -> None:
         action="append",
         metavar="PLUGIN.KEY=VALUE",
         help="backend setting, e.g. llamacpp.llama_server=/path/to/llama-server",
+    )
+    p.add_argument(
+        "--warmup-tokens",
+        type=run.non_negative,
+        default=0,
+        help="0 (default): native servers skip their synthetic warmup; N > 0 enables it where offered",
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(handler=cmd_serve)
@@ -199,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"werk-host {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub)
+    run.register(sub)
+    chat.register(sub)
     sub.add_parser("plugins", help="list discovered plugins").set_defaults(handler=cmd_plugins)
     add_models(sub)
     cache.register(sub)

@@ -2,7 +2,9 @@
 
 Runtime states live in ``WERK_HOME/runtime-state/v1`` (through :class:`werk_host.store.StateStore`);
 backend-owned caches (e.g. llama.cpp's per-process slot directories) in ``WERK_HOME/backends``
-(:mod:`werk_host.backend_caches`: an entry whose owner still holds its lock is active and kept).
+(:mod:`werk_host.backend_caches`: an entry whose owner still holds its lock is active and kept);
+chat sessions (archive and native snapshot listed apart) in ``WERK_HOME/chat-sessions``
+(:mod:`werk_host.chat.inventory`: ``--all`` keeps archives unless ``--include-chat-sessions``).
 Both
 so a purge takes the same process mutex and ``.lock`` advisory lock as a running server
 and is safe while one runs. ``list`` is strictly read-only. Purge skips pinned states and
@@ -18,6 +20,7 @@ import sys
 from typing import Any, TextIO
 
 from werk_host import backend_caches
+from werk_host.chat import inventory as chat_sessions
 from werk_host.errors import WerkError, invalid, not_found
 from werk_host.paths import werk_home
 from werk_host.store import StateStore, runtime_state_root
@@ -42,10 +45,12 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     entries = _store(args).inventory()
     states = [e for e in entries if e.kind == "state"]
     backends = backend_caches.inventory(werk_home(getattr(args, "home", None)))
+    chats = chat_sessions.inventory(werk_home(getattr(args, "home", None)))
     _emit(
         {
             "runtime_states": [e.to_json() for e in entries],
             "backend_caches": [b.to_json() for b in backends],
+            "chat_sessions": [c.to_json() for c in chats],
             "totals": {
                 "entries": len(entries),
                 "states": len(states),
@@ -54,9 +59,13 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
                 "expired": sum(1 for e in states if e.expired),
                 "invalid": sum(1 for e in states if e.invalid),
                 "quarantined": sum(1 for e in entries if e.kind == "quarantine"),
-                "disk_bytes": sum(e.disk_bytes or 0 for e in entries) + sum(b.bytes for b in backends),
+                "disk_bytes": sum(e.disk_bytes or 0 for e in entries)
+                + sum(b.bytes for b in backends)
+                + sum(c.disk_bytes for c in chats),
                 "backend_caches": len(backends),
                 "backend_caches_active": sum(1 for b in backends if b.active),
+                "chat_sessions": len(chats),
+                "chat_sessions_active": sum(1 for c in chats if c.active),
             },
         },
         out,
@@ -75,6 +84,12 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
             raise invalid("give exactly one of <ID> or --all")
         home = werk_home(getattr(args, "home", None))
         backend_ids = [cache_id] if cache_id is not None else None
+        if cache_id is not None and chat_sessions.owns(cache_id):
+            chats = chat_sessions.purge(home, cache_id=cache_id, dry_run=bool(args.dry_run))
+            if not chats.removed:
+                raise not_found("no inactive chat-session entry with that id")
+            _emit({**chats.to_json(), "dry_run": bool(args.dry_run)}, out)
+            return 0
         if cache_id is not None and cache_id.startswith("backend:"):
             removed = backend_caches.purge(home, ids=backend_ids, dry_run=bool(args.dry_run))
             if not removed:
@@ -89,9 +104,14 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         if cache_id is not None and outcome.matched == 0:
             raise not_found("no runtime-state cache entry with that id")
         removed = backend_caches.purge(home, ids=None, dry_run=bool(args.dry_run)) if purge_all else []
+        chat_part: dict[str, object] = {}
+        if purge_all:  # conversation archives stay unless --include-chat-sessions
+            include = bool(getattr(args, "include_chat_sessions", False))
+            chats = chat_sessions.purge(home, cache_id=None, include_sessions=include, dry_run=bool(args.dry_run))
+            chat_part = chats.to_json()
     except WerkError as exc:
         return _fail(exc, err)
-    _emit({**outcome.to_json(), "backend_caches": [b.to_json() for b in removed]}, out)
+    _emit({**outcome.to_json(), "backend_caches": [b.to_json() for b in removed], **chat_part}, out)
     return 0
 
 
@@ -106,5 +126,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     purge.add_argument("id", nargs="?", metavar="ID", help="state id or quarantine entry from `cache list`")
     purge.add_argument("--all", dest="purge_all", action="store_true", help="everything removable")
     purge.add_argument("--dry-run", action="store_true", help="preview only; changes nothing")
+    purge.add_argument(
+        "--include-chat-sessions",
+        action="store_true",
+        help="with --all: remove inactive chat sessions' conversation archives too (kept otherwise)",
+    )
     purge.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
     purge.set_defaults(handler=cmd_purge)

@@ -9,7 +9,10 @@ the contract. Its "backend" is trivial and deterministic:
 * chat ``usage.prompt_tokens`` equals what ``werk_count_tokens`` says for the same messages
   (words per message + 2), and ``stream: true`` answers OpenAI SSE chunks ending ``[DONE]``;
 * one in-process "worker", eight experts per model (``layer0.expert0`` … ``layer0.expert7``,
-  alternately ``ram`` and ``external``) and an optional RAM state tier.
+  alternately ``ram`` and ``external``) and an optional RAM state tier;
+* one session slot for ``werk_session_snapshots`` (:class:`MemorySessionSnapshots`): the
+  tokens of the last session chat, reused by the next one up to their common prefix, which its
+  usage reports as ``prompt_tokens_details.cached_tokens``.
 
 Its capability report is configurable (``statuses``, keyed by
 :class:`~werk_host.protocol.CapabilityId`), so tests can check that the host's behaviour follows
@@ -140,6 +143,7 @@ class MemoryAdapter:
     closed: bool = False
     memory_requirement: int | None = None
     max_pinned_experts: int | None = None
+    session_slot: list[str] = field(default_factory=list)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -151,10 +155,12 @@ class MemoryAdapter:
         return f"{self.instance_id}#{self.generation}"
 
     def restart(self) -> None:
-        """Simulate a backend process restart: new generation, live handles and RAM tier gone."""
+        """Simulate a backend process restart: new generation, live handles, RAM tier and the
+        session slot gone."""
         self.generation = secrets.token_hex(8)
         self.live.clear()
         self.ram.clear()
+        self.session_slot = []
 
     def envelope(self) -> dict[str, str]:
         return {"backend": BACKEND_ID, "model": self.model_name, "generation": self.generation, "layout": "1"}
@@ -173,7 +179,7 @@ class MemoryAdapter:
         Other switches: ``no-snapshot`` (prefilled states are not snapshot-capable),
         ``huge-text`` (decode answers 1 MiB + 1 of text), ``continue`` (decode returns a next
         state). Operation names: prefill, snapshot, restore, decode, move, list_experts,
-        expert_action, count, chat, completion."""
+        expert_action, count, chat, completion, session_chat, session_restore, session_save."""
         self.calls.append(op)
         if op in self.fail:
             raise WerkError(ErrorCode.INTERNAL, f"injected {op} failure")
@@ -255,6 +261,68 @@ def _sse_response(events: Iterable[JsonObject]) -> InferenceResponse:
 def _include_usage(body: JsonObject) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def session_tokens(request: ChatRequest) -> list[str]:
+    """The reference tokenizer's tokens of a chat request: ``<role>``, the words, ``</>`` per
+    message (as many as :func:`count_chat_tokens` counts)."""
+    return [t for m in request.messages for t in (f"<{m.role}>", *_message_text(m).split(), "</>")]
+
+
+@dataclass
+class MemorySessionSnapshots:
+    """The reference backend's session slot (``adapter.session_slot``), as ``werk chat`` uses it.
+
+    A session chat reuses the slot's tokens up to the common prefix with its prompt (reported as
+    ``prompt_tokens_details.cached_tokens``), then leaves its prompt and answer in the slot. A
+    snapshot is the slot's tokens as JSON. ``fail`` switches: ``session_chat``,
+    ``session_restore``, ``session_save`` (see :meth:`MemoryAdapter.check`)."""
+
+    plugin: MemoryBackendPlugin
+    adapter: MemoryAdapter
+
+    def envelope(self) -> dict[str, str]:
+        return {"backend": BACKEND_ID, "model": self.adapter.model_name, "layout": "session-1"}
+
+    def chat(self, request: JsonObject) -> InferenceResponse:
+        adapter = self.adapter
+        adapter.check("session_chat")
+        chat = _chat_request(request)
+        prompt = session_tokens(chat)
+        slot = adapter.session_slot
+        same = [a == b for a, b in zip(slot, prompt, strict=False)]
+        cached = same.index(False) if False in same else len(same)
+        out, finish = _echo(_message_text(chat.messages[-1]), _output_tokens(request))
+        adapter.session_slot = [*prompt, *out]
+        usage: JsonObject = {**_usage(len(prompt), len(out)), "prompt_tokens_details": {"cached_tokens": cached}}
+        return self.plugin.chat_answer(adapter, request, out, finish, usage)
+
+    def restore(self, stored: StoredStateRef) -> int:
+        adapter = self.adapter
+        try:
+            adapter.check("session_restore")
+            with stored.open_payload() as payload:
+                tokens = json.loads(payload.read())
+            if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                raise WerkError(ErrorCode.CORRUPT_STATE, "not a reference session snapshot")
+        except (WerkError, ValueError) as err:
+            adapter.session_slot = []
+            if isinstance(err, WerkError):
+                raise
+            raise WerkError(ErrorCode.CORRUPT_STATE, "not a reference session snapshot") from err
+        adapter.session_slot = tokens
+        return len(tokens)
+
+    def save(self) -> Snapshot:
+        self.adapter.check("session_save")
+        data = json.dumps(self.adapter.session_slot).encode()
+        return Snapshot(chunks=[data[i : i + 64] for i in range(0, len(data), 64)], size=len(data), close=lambda: None)
+
+    def cached_tokens(self, usage_event: JsonObject) -> int | None:
+        usage = usage_event.get("usage")
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else None
 
 
 class MemoryBackendPlugin:
@@ -483,7 +551,12 @@ class MemoryBackendPlugin:
         adapter.check("chat")
         chat = _chat_request(request)
         out, finish = _echo(_message_text(chat.messages[-1]), _output_tokens(request))
-        usage = _usage(count_chat_tokens(chat), len(out))
+        return self.chat_answer(adapter, request, out, finish, _usage(count_chat_tokens(chat), len(out)))
+
+    def chat_answer(
+        self, adapter: MemoryAdapter, request: JsonObject, out: list[str], finish: str, usage: JsonObject
+    ) -> InferenceResponse:
+        """The chat-completion response (streamed when asked) carrying ``out`` and ``usage``."""
         ident, created = f"chatcmpl-{secrets.token_hex(8)}", int(time.time())
         head: JsonObject = {"id": ident, "created": created, "model": adapter.model_name}
         if request.get("stream") is True:
@@ -491,6 +564,10 @@ class MemoryBackendPlugin:
         message: JsonObject = {"role": "assistant", "content": " ".join(out)}
         choice: JsonObject = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         return _json_response({**head, "object": "chat.completion", "choices": [choice], "usage": usage})
+
+    @hookimpl
+    def werk_session_snapshots(self, adapter: MemoryAdapter, model_id: str) -> MemorySessionSnapshots:
+        return MemorySessionSnapshots(self, adapter)
 
     @staticmethod
     def _chat_chunks(head: JsonObject, out: list[str], finish: str, usage: JsonObject | None) -> Iterator[JsonObject]:
@@ -579,6 +656,8 @@ __all__ = [
     "PLUGIN_NAME",
     "MemoryAdapter",
     "MemoryBackendPlugin",
+    "MemorySessionSnapshots",
     "count_chat_tokens",
     "default_experts",
+    "session_tokens",
 ]
