@@ -1,4 +1,5 @@
-"""Backend-owned cache directories under ``WERK_HOME/backends/<plugin>/<entry>/``.
+"""Backend-owned cache directories under ``WERK_HOME/backends/<plugin>/<entry>/``
+(and ``<plugin>/workers/<entry>/``: one entry per worker).
 
 Convention for plugins: a live owner keeps an exclusive ``flock`` on ``<entry>/owner.lock``
 for as long as the entry is in use (:func:`hold_owner_lock`). ``werk cache`` lists every
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCK_NAME = "owner.lock"
+#: A plugin directory of this name holds one cache entry per worker: ``<plugin>/workers/<id>/``.
+WORKERS_DIR = "workers"
 
 
 def hold_owner_lock(entry: Path) -> int:
@@ -88,9 +91,18 @@ def _entries(home: Path) -> list[tuple[str, Path]]:
             continue
         for name in sorted(os.listdir(plugin_dir)):
             entry = plugin_dir / name
-            if not entry.is_symlink() and entry.is_dir():
+            if entry.is_symlink() or not entry.is_dir():
+                continue
+            if name == WORKERS_DIR:  # one entry per worker (e.g. oMLX's backends/omlx/workers/<id>/)
+                found += [(plugin, w) for w in sorted(entry.iterdir()) if not w.is_symlink() and w.is_dir()]
+            else:
                 found.append((plugin, entry))
     return found
+
+
+def _cache_id(plugin: str, entry: Path) -> str:
+    nested = entry.parent.name == WORKERS_DIR and entry.parent.parent.name == plugin
+    return f"backend:{plugin}/{WORKERS_DIR}/{entry.name}" if nested else f"backend:{plugin}/{entry.name}"
 
 
 def inventory(home: Path) -> list[BackendCacheEntry]:
@@ -100,7 +112,7 @@ def inventory(home: Path) -> list[BackendCacheEntry]:
         fd = try_owner_lock(entry)
         if fd is not None:
             os.close(fd)
-        listed.append(BackendCacheEntry(f"backend:{plugin}/{entry.name}", plugin, _size(entry), fd is None))
+        listed.append(BackendCacheEntry(_cache_id(plugin, entry), plugin, _size(entry), fd is None))
     return listed
 
 
@@ -108,7 +120,7 @@ def purge(home: Path, *, ids: list[str] | None, dry_run: bool) -> list[BackendCa
     """Remove the named (or, with ``ids=None``, all) inactive entries; returns what went."""
     removed = []
     for plugin, entry in _entries(home):
-        cache_id = f"backend:{plugin}/{entry.name}"
+        cache_id = _cache_id(plugin, entry)
         if ids is not None and cache_id not in ids:
             continue
         fd = try_owner_lock(entry)

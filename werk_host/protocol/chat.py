@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictInt, model_validator
 
 from werk_host.protocol.base import (
     DEFAULT_OUTPUT_TOKENS,
@@ -13,6 +13,7 @@ from werk_host.protocol.base import (
     JsonBool,
     PositiveJsonInt,
     StrictModel,
+    integral_number,
     present_schema,
 )
 
@@ -35,8 +36,26 @@ class ReasoningSelection(StrictModel):
     )
 
 
+#: The largest MiB value ``werk.omlx`` accepts for a cache size (1 TiB).
+MAX_OMLX_CACHE_MB = 1024 * 1024
+#: A cache size in MiB, at most :data:`MAX_OMLX_CACHE_MB` (``0``: off, where that is allowed).
+OmlxCacheMiB = Annotated[StrictInt, Field(ge=1, le=MAX_OMLX_CACHE_MB), BeforeValidator(integral_number)]
+OmlxCacheMiBOrOff = Annotated[StrictInt, Field(ge=0, le=MAX_OMLX_CACHE_MB), BeforeValidator(integral_number)]
+
+
+class OmlxChatOptions(StrictModel):
+    """``werk.omlx``: per-request options of the oMLX backend. Accepted only where
+    ``api.chat.omlx_options`` is ``supported`` (``invalid_request`` elsewhere); omitted members
+    inherit the server's settings (docs/omlx.md, "Chat options")."""
+
+    thinking: JsonBool | None = None
+    expert_cache_mb: OmlxCacheMiB | None = None
+    ngram_cache_mb: OmlxCacheMiBOrOff | Literal["auto"] | None = None
+
+
 class WerkChatExtension(StrictModel):
     reasoning: ReasoningSelection | None = None
+    omlx: OmlxChatOptions | None = None
 
 
 class ChatRole(StrEnum):
