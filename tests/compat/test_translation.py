@@ -349,7 +349,7 @@ def test_ollama_requests_it_cannot_honour_are_refused(model: Any, extra: dict[st
 )
 def test_ollama_keep_alive(value: str | float, seconds: float) -> None:
     assert _chat(keep_alive=value).keep_alive == seconds
-    assert _chat(keep_alive=value).unloads is (seconds == 0)
+    assert _chat(keep_alive=value).keep_alive_s == seconds
 
 
 def test_num_ctx_is_checked_against_the_served_context() -> None:

@@ -9,7 +9,8 @@ map as follows: ``num_predict`` → ``max_tokens`` (``-1``/``-2``: no limit is s
 (:func:`check_num_ctx`); launch settings (``num_thread``, ``num_gpu``, ...) belong to the
 deployment and have no effect; any other option is refused. ``format`` becomes
 ``response_format``; ``think`` becomes ``werk.reasoning`` (``true``: the model's default tier,
-a level: that tier; ``false`` asks for nothing). A request without messages (chat) or prompt
+a level: that tier; ``false`` asks for nothing here, and tier ``none`` where the serving runtime
+has a verified reasoning profile, which werk_host/http/ollama.py checks). A request without messages (chat) or prompt
 (generate) is Ollama's load/unload idiom (:func:`residency_answer`).
 
 Answers: NDJSON lines by default, one JSON object with ``stream: false``; the last (or only)
@@ -173,8 +174,10 @@ class _Generation(StrictModel):
         return self.stream is not False
 
     @property
-    def unloads(self) -> bool:
-        return self.keep_alive == 0
+    def keep_alive_s(self) -> float | None:
+        """``keep_alive`` in seconds (``inf``: forever; the validator already converted it);
+        ``None`` when the request has none."""
+        return keep_alive_seconds(self.keep_alive) if self.keep_alive is not None else None
 
 
 class OllamaChatRequest(_Generation):

@@ -65,17 +65,15 @@ def _iso(seconds: float) -> str:
 
 
 def running(deployments: DeploymentSet | None, context_of: ContextOf) -> JsonObject:
-    """``GET /api/ps``: the instances that are ready now. ``expires_at`` is when the profile's
-    keep-alive stops an idle instance (null: kept forever)."""
+    """``GET /api/ps``: the instances that are ready now. ``expires_at`` is when the idle
+    instance stops (its keep-alive: the profile's, or what a request asked for; null: kept
+    forever)."""
     models: list[JsonValue] = []
     for instance in deployments.instances.values() if deployments is not None else ():
         if instance.peek() is None:
             continue
-        view = instance.view()
-        keep = instance.spec.keep_alive_s
-        expires = None
-        if keep is not None and view.last_used_unix_ms is not None:
-            expires = _iso(view.last_used_unix_ms / 1000 + keep)
+        expires_ms = instance.view().expires_unix_ms
+        expires = _iso(expires_ms / 1000) if expires_ms is not None else None
         models.append(
             {
                 "name": instance.id,

@@ -2,7 +2,10 @@
 
 Lifecycle (docs/deployments.md, "Lifecycle"): ``cold`` (no adapter) → ``starting`` (the
 factory is creating it; concurrent first requests wait for this one start) → ``ready`` →
-``stopping`` → ``cold`` again after ``keep_alive`` idle time. A start that raises leaves the
+``stopping`` → ``cold`` again after ``keep_alive`` idle time. That idle time is the profile's,
+unless a request asked for another one (:meth:`Instance.hold`, Ollama's per-request
+``keep_alive``, docs/compat.md): then the requested time decides until the instance stops or
+another request asks again. A start that raises leaves the
 instance ``failed`` with a public, redacted reason; requests within :data:`RETRY_AFTER_S` get
 that reason as a retryable 503 at once, later ones try again. One instance's failure never
 touches another's.
@@ -15,6 +18,7 @@ killer choose a victim.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +56,17 @@ class InstanceView:
     started_unix_ms: int | None
     last_used_unix_ms: int | None
     error: str | None
+    #: the idle time after which the instance stops (the profile's, or what a request asked
+    #: for); ``None``: never stopped for idleness
+    keep_alive_s: float | None
+
+    @property
+    def expires_unix_ms(self) -> int | None:
+        """When the idle instance stops if no request comes: last use plus ``keep_alive_s``;
+        ``None`` when it is not ready, or never expires."""
+        if self.state is not InstanceStateName.READY or self.keep_alive_s is None or self.last_used_unix_ms is None:
+            return None
+        return self.last_used_unix_ms + round(self.keep_alive_s * 1000)
 
 
 def available_host_memory() -> int:
@@ -86,6 +101,7 @@ class Instance:
         self._started_ms: int | None = None
         self._last_used_ms: int | None = None
         self._last_used_mono = time.monotonic()
+        self._held_s: float | None = None
 
     @property
     def id(self) -> str:
@@ -106,6 +122,7 @@ class Instance:
                 self._started_ms,
                 self._last_used_ms,
                 self._error,
+                self._keep_alive_locked(),
             )
 
     def peek(self) -> Adapter | None:
@@ -207,7 +224,7 @@ class Instance:
         with self._cond:
             self._in_flight = max(self._in_flight - 1, 0)
             self._touch_locked()
-            idle_now = self._in_flight == 0 and self.spec.keep_alive_s == 0
+            idle_now = self._in_flight == 0 and self._keep_alive_locked() == 0
         if idle_now:
             self.stop("keep_alive 0")
 
@@ -216,18 +233,46 @@ class Instance:
         with self._cond:
             return self._in_flight
 
+    # -- residency -----------------------------------------------------------------------
+    def hold(self, seconds: float | None) -> None:
+        """Keep the ready instance for ``seconds`` of idle time from now on, instead of the
+        profile's ``keep_alive`` (``math.inf``: never stop it for idleness); ``None`` returns to
+        the profile's. The idle clock restarts now. The request's setting lasts until the
+        instance stops (a later start uses the profile's again) or another call replaces it.
+        Nothing happens to an instance that is not ready."""
+        if seconds is not None and (math.isnan(seconds) or seconds < 0):
+            raise ValueError("a keep_alive is a non-negative number of seconds or math.inf")
+        with self._cond:
+            if self._state is not InstanceStateName.READY:
+                return
+            self._held_s = seconds
+            self._touch_locked()
+
+    @property
+    def keep_alive_s(self) -> float | None:
+        """The idle time after which the instance stops now (``None``: never): what a request
+        asked for (:meth:`hold`), else the profile's."""
+        with self._cond:
+            return self._keep_alive_locked()
+
+    def _keep_alive_locked(self) -> float | None:
+        keep = self.spec.keep_alive_s if self._held_s is None else self._held_s
+        return None if keep is None or math.isinf(keep) else keep
+
     # -- stop ----------------------------------------------------------------------------
-    def idle_for(self) -> float | None:
-        """Seconds since the last request while ready and idle, else ``None``."""
+    def idle_for(self, now: float | None = None) -> float | None:
+        """Seconds since the last request while ready and idle, else ``None``; ``now`` is a
+        :func:`time.monotonic` reading (default: the current one)."""
         with self._cond:
             if self._state is not InstanceStateName.READY or self._in_flight:
                 return None
-            return time.monotonic() - self._last_used_mono
+            return (time.monotonic() if now is None else now) - self._last_used_mono
 
-    def stop_if_idle(self) -> bool:
-        """Stop the instance when it has been idle longer than its ``keep_alive``."""
-        keep = self.spec.keep_alive_s
-        idle = self.idle_for()
+    def stop_if_idle(self, now: float | None = None) -> bool:
+        """Stop the instance when it has been idle, as of ``now`` (a :func:`time.monotonic`
+        reading, default the current one), at least its :attr:`keep_alive_s`."""
+        keep = self.keep_alive_s
+        idle = self.idle_for(now)
         if keep is None or idle is None or idle < keep:
             return False
         return self.stop(f"idle for {idle:.0f} s (keep_alive {keep:g} s)")
@@ -249,6 +294,7 @@ class Instance:
             with self._cond:
                 self._state = InstanceStateName.COLD
                 self._started_ms = None
+                self._held_s = None
                 self._cond.notify_all()
         log.info("instance %s stopped: %s", self.id, why)
         return True
@@ -258,6 +304,7 @@ class Instance:
         with self._cond:
             adapter, self._adapter = self._adapter, None
             self._state = InstanceStateName.COLD
+            self._held_s = None
             self._cond.notify_all()
         if adapter is not None:
             adapter.close()

@@ -137,16 +137,16 @@ class DeploymentSet:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         """Preload the ``preload`` instances (a failure stays on that instance) and start the
-        keep-alive sweeper when any instance can go idle."""
+        keep-alive sweeper. It runs even when the profile keeps every instance forever: a
+        request may ask for a finite ``keep_alive`` (:meth:`Instance.hold`)."""
         for instance in self.instances.values():
             if instance.spec.preload:
                 try:
                     instance.use()
                 except WerkError as err:
                     log.error("preloading instance %s failed: %s", instance.id, err.message)
-        if any(i.spec.keep_alive_s is not None for i in self.instances.values()):
-            self._sweeper = threading.Thread(target=self._sweep, name="werk-keep-alive", daemon=True)
-            self._sweeper.start()
+        self._sweeper = threading.Thread(target=self._sweep, name="werk-keep-alive", daemon=True)
+        self._sweeper.start()
 
     def _sweep(self) -> None:
         while not self._stop.wait(SWEEP_INTERVAL_S):

@@ -46,7 +46,7 @@ def deployment_report(deployments: DeploymentSet, hooks: BackendHooks) -> Deploy
                 started_unix_ms=view.started_unix_ms,
                 last_used_unix_ms=view.last_used_unix_ms,
                 in_flight=view.in_flight,
-                keep_alive_seconds=instance.spec.keep_alive_s,
+                keep_alive_seconds=view.keep_alive_s,
                 error=view.error,
             )
         )

@@ -7,11 +7,13 @@ routing, counters, disconnect cancellation). Every error on these paths is Ollam
 host's key rule holds: a keyed server wants ``Authorization: Bearer`` (the ollama clients send
 it from ``OLLAMA_API_KEY`` or their ``headers``).
 
-``keep_alive`` acts on deployment residency (docs/deployments.md, "Lifecycle"): ``0`` stops the
-serving instance once the request is done and no other request uses it; a request without
-messages or prompt loads the instance(s) its model names, or with ``keep_alive: 0`` stops them.
-Other values are validated; the profile's ``keep_alive`` keeps deciding when an idle instance
-stops.
+``keep_alive`` acts on deployment residency (docs/deployments.md, "Lifecycle"), as in Ollama:
+``0`` stops the serving instance once the request is done and no other request uses it; another
+value sets how long the serving instance stays loaded once idle (negative: forever), instead of
+the profile's ``keep_alive`` (:meth:`~werk_host.deployments.instances.Instance.hold`); a request
+without it returns the instance to the profile's. A request without messages or prompt loads the
+instance(s) its model names, with the same ``keep_alive`` rule, or with ``keep_alive: 0`` stops
+them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import parse_body, principal
 from werk_host.http.middleware import OLLAMA_PREFIX
+from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
 from werk_host.service.principals import Principal
 from werk_host.service.runtime import BackendRuntime
 
@@ -121,24 +124,48 @@ class Show(_Resource):
 
 
 class _Generation(_Resource):
+    def _think_off(
+        self, req: falcon.Request, request: OllamaChatRequest | OllamaGenerateRequest, body: JsonObject
+    ) -> None:
+        """``think: false`` asks for reasoning tier ``none`` where the serving runtime has a
+        verified reasoning profile (it turns thinking off there); elsewhere it asks for nothing,
+        as a runtime without budget control keeps its native default. A cold instance has no
+        profile yet (docs/compat.md, "Ollama")."""
+        if request.think is not False:
+            return
+        try:
+            profile = self.control.reasoning(principal(req), served_name(request.model), DEFAULT_OUTPUT_TOKENS)
+        except WerkError:
+            return  # an unknown model: the chat answers that itself
+        if profile.supported:
+            body["werk"] = {"reasoning": {"tier": "none"}}
+
     def _check_options(self, req: falcon.Request, model: str, options: OllamaOptions | None) -> None:
         if options is not None and options.num_ctx is not None:
             check_num_ctx(options, self.context_of(req, served_name(model)))
 
-    def _residency(self, resp: falcon.Response, shape: Shape, model: str, unload: bool) -> None:
-        """Ollama's load/unload idiom: start (or stop) every instance ``model`` names."""
+    def _residency(self, resp: falcon.Response, shape: Shape, model: str, keep_alive: float | None) -> None:
+        """Ollama's load/unload idiom: start every instance ``model`` names and hold it for
+        ``keep_alive`` (or stop them, for ``0``)."""
         replicas = self.replicas(model)
+        unload = keep_alive == 0
         for instance in replicas:
             if unload:
                 instance.stop("unloaded by an Ollama client (keep_alive 0)")
             else:
                 instance.use()
+                instance.hold(keep_alive)
         _json(resp, 200, residency_answer(shape, model, "unload" if unload else "load"))
 
-    def _unloader(self, served_by: str | None) -> Callable[[], None] | None:
+    def _keep(self, served_by: str | None, keep_alive: float | None) -> Callable[[], None] | None:
+        """Apply ``keep_alive`` to the instance that served the request: hold it for that long
+        now, or for ``0`` return the unload to run once the answer is done."""
         deployments = self.runtime.deployments
         instance = deployments.instances.get(served_by) if deployments is not None and served_by else None
         if instance is None:
+            return None
+        if keep_alive != 0:
+            instance.hold(keep_alive)
             return None
 
         def unload() -> None:
@@ -156,7 +183,7 @@ class _Generation(_Resource):
         shape: Shape,
         model: str,
         stream: bool,
-        unload: bool,
+        keep_alive: float | None,
         started_ns: int,
     ) -> None:
         response = relay.invoke(req, resp, call, body)
@@ -164,7 +191,7 @@ class _Generation(_Resource):
             status, text = relay.failure(response)
             _json(resp, status, error_document(text))
             return
-        after = self._unloader(response.headers.get(DEPLOYMENT_HEADER)) if unload else None
+        after = self._keep(response.headers.get(DEPLOYMENT_HEADER), keep_alive)
         if stream:
             resp.content_type = "application/x-ndjson"
             translated = answer_stream(sse_events(response.body), shape, model, started_ns)
@@ -183,10 +210,11 @@ class Chat(_Generation):
         started = time.monotonic_ns()
         request = parse_body(req, OllamaChatRequest)
         if not request.messages:
-            self._residency(resp, Shape.CHAT, request.model, request.unloads)
+            self._residency(resp, Shape.CHAT, request.model, request.keep_alive_s)
             return
         self._check_options(req, request.model, request.options)
         body = chat_body(request)
+        self._think_off(req, request, body)
         self._serve(
             req,
             resp,
@@ -195,7 +223,7 @@ class Chat(_Generation):
             shape=Shape.CHAT,
             model=request.model,
             stream=request.streamed,
-            unload=request.unloads,
+            keep_alive=request.keep_alive_s,
             started_ns=started,
         )
 
@@ -205,10 +233,12 @@ class Generate(_Generation):
         started = time.monotonic_ns()
         request = parse_body(req, OllamaGenerateRequest)
         if not request.prompt:
-            self._residency(resp, Shape.GENERATE, request.model, request.unloads)
+            self._residency(resp, Shape.GENERATE, request.model, request.keep_alive_s)
             return
         self._check_options(req, request.model, request.options)
         chat, body = generate_body(request)
+        if chat:
+            self._think_off(req, request, body)
         self._serve(
             req,
             resp,
@@ -217,7 +247,7 @@ class Generate(_Generation):
             shape=Shape.GENERATE,
             model=request.model,
             stream=request.streamed,
-            unload=request.unloads,
+            keep_alive=request.keep_alive_s,
             started_ns=started,
         )
 

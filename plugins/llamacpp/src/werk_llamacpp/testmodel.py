@@ -14,12 +14,16 @@ fallback, so tokenization is real and any input round-trips:
 * a list of English word pieces, each with all of its prefixes, so that the
   SPM bigram merge can reach the whole word; longer pieces score higher.
 
-A ChatML jinja chat template is embedded as ``tokenizer.chat_template``.
+A ChatML jinja chat template is embedded as ``tokenizer.chat_template``. With
+``thinking=True`` (``--thinking``) the template is :data:`THINKING_TEMPLATE` instead, a
+Qwen3-style ChatML template with a thinking switch (the ``enable_thinking`` variable: ``false``
+renders an empty ``<think></think>`` block after the generation prompt), and the vocabulary also
+holds ``<think>`` and ``</think>`` as single user-defined tokens, as Qwen3's does.
 
 CLI::
 
     python -m werk_llamacpp.testmodel OUT.gguf [--dim 64] [--layers 2] [--heads 4]
-        [--kv-heads N] [--ffn N] [--ctx 4096] [--seed 0]
+        [--kv-heads N] [--ffn N] [--ctx 4096] [--seed 0] [--thinking]
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ import numpy as np
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "THINKING_TEMPLATE",
+    "THINK_START",
+    "THINK_END",
     "BOS_ID",
     "EOS_ID",
     "UNK_ID",
@@ -49,6 +56,38 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+#: Qwen3's chat template reduced to system/user/assistant turns (no tools): an assistant turn
+#: after the last user message carries its reasoning in ``<think>`` tags, and
+#: ``enable_thinking=false`` closes an empty thinking block in the generation prompt.
+THINKING_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or message.role == 'system' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- set reasoning_content = '' %}"
+    "{%- if message.reasoning_content is defined and message.reasoning_content is not none %}"
+    "{%- set reasoning_content = message.reasoning_content %}"
+    "{%- endif %}"
+    "{%- if loop.last or reasoning_content %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n'"
+    " + message.content.lstrip('\\n') }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\\n' + message.content }}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
 )
 
 UNK_ID = 0
@@ -72,8 +111,9 @@ _WORD_TEXT = (
 _WORDS = tuple(_WORD_TEXT.split())
 
 
-def build_vocab() -> tuple[list[str], list[float], list[int]]:
-    """Return ``(tokens, scores, token_types)`` of the generated SPM vocabulary."""
+def build_vocab(*, thinking: bool = False) -> tuple[list[str], list[float], list[int]]:
+    """Return ``(tokens, scores, token_types)`` of the generated SPM vocabulary; ``thinking``
+    adds :data:`THINK_START` and :data:`THINK_END` as user-defined tokens (after ChatML's)."""
     tokens: list[str] = []
     scores: list[float] = []
     types: list[int] = []
@@ -92,6 +132,9 @@ def build_vocab() -> tuple[list[str], list[float], list[int]]:
     add("</s>", 0.0, gguf.TokenType.CONTROL)
     add(IM_START, 0.0, gguf.TokenType.CONTROL)
     add(IM_END, 0.0, gguf.TokenType.CONTROL)
+    if thinking:
+        add(THINK_START, 0.0, gguf.TokenType.USER_DEFINED)
+        add(THINK_END, 0.0, gguf.TokenType.USER_DEFINED)
     for b in range(256):
         add(f"<0x{b:02X}>", 0.0, gguf.TokenType.BYTE)
     # Single characters: the SPM merge starts from these.
@@ -122,12 +165,14 @@ def generate_model(
     seed: int = 0,
     kv_heads: int | None = None,
     ffn: int | None = None,
+    thinking: bool = False,
 ) -> Path:
     """Write a tiny random-weight llama GGUF to ``path`` and return the path.
 
     ``dim`` must be divisible by ``heads`` and ``heads`` by ``kv_heads``
-    (default: ``heads``). ``ffn`` defaults to ``4 * dim``. The same arguments
-    always produce a byte-identical file.
+    (default: ``heads``). ``ffn`` defaults to ``4 * dim``. ``thinking`` embeds
+    :data:`THINKING_TEMPLATE` and adds the thinking tags to the vocabulary (module
+    docstring). The same arguments always produce a byte-identical file.
     """
     kv = heads if kv_heads is None else kv_heads
     ff = 4 * dim if ffn is None else ffn
@@ -141,7 +186,7 @@ def generate_model(
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tokens, scores, types = build_vocab()
+    tokens, scores, types = build_vocab(thinking=thinking)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 
@@ -177,7 +222,7 @@ def generate_model(
         writer.add_eos_token_id(EOS_ID)
         writer.add_add_bos_token(True)
         writer.add_add_eos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        writer.add_chat_template(THINKING_TEMPLATE if thinking else CHATML_TEMPLATE)
 
         writer.add_tensor("token_embd.weight", mat(n_vocab, dim))
         for i in range(layers):
@@ -215,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ffn", type=int, default=None, help="feed-forward width (default 4*dim)")
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--thinking", action="store_true", help="Qwen3-style template with a thinking switch")
     ns = parser.parse_args(argv)
     try:
         out = generate_model(
@@ -226,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=ns.seed,
             kv_heads=ns.kv_heads,
             ffn=ns.ffn,
+            thinking=ns.thinking,
         )
     except ValueError as exc:
         parser.error(str(exc))
