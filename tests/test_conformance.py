@@ -34,11 +34,12 @@ def target(tmp: pytest.TempPathFactory, statuses: dict[CapabilityId, CapabilityS
     )
 
 
-#: Everything the reference backend can really do (it has no vram tier: claiming one fails the suite).
+#: Everything the reference backend can really do (it has no vram tier and its states die with
+#: its process generation: claiming either fails the suite).
 EVERYTHING_SUPPORTED = {
     cap_id: CapabilityStatus.SUPPORTED
     for cap_id in CapabilityId
-    if "memory" not in cap_id and cap_id is not CapabilityId.TIER_VRAM
+    if "memory" not in cap_id and cap_id not in (CapabilityId.TIER_VRAM, CapabilityId.CROSS_RESTART)
 }
 NOTHING_AVAILABLE = {
     cap_id: CapabilityStatus.UNAVAILABLE for cap_id in EXPERIMENTAL_STATE if cap_id is not CapabilityId.MODEL_RESIDENCY

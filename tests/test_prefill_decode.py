@@ -254,7 +254,7 @@ def test_reuse_takes_the_next_newest_compatible_state_when_the_newest_is_corrupt
     assert ok(env.decode(reused["handoff"]))["text"] == "the quick brown fox"
 
 
-def test_unchanged_payload_is_hashed_once_and_a_touch_forces_a_new_hash(
+def test_unchanged_payload_is_never_rehashed_and_a_touch_forces_a_new_hash(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_layout, "RACY_MARGIN_NS", 0)  # no need to wait out the racy-timestamp margin
@@ -267,17 +267,20 @@ def test_unchanged_payload_is_hashed_once_and_a_touch_forces_a_new_hash(
 
     monkeypatch.setattr(store_layout, "hash_fd", counting_hash)
     first = ok(env.prefill(allow_experimental=True))
-    assert hashed == []  # committing hashes while streaming, not through the verifier
     for _ in range(2):
-        assert ok(env.prefill(allow_experimental=True))["reused"] is True
-    assert len(hashed) == 1  # two reuses of an unchanged file: one hash
+        reused = ok(env.prefill(allow_experimental=True))
+        assert reused["reused"] is True
+        assert ok(env.decode(reused["handoff"]))["text"]  # decode reads the verified payload
+    assert hashed == []  # the commit hashed while streaming and remembered it: never hashed again
     payload = _payload_file(env, first["state_id"])
     before = payload.stat()
     os.utime(payload, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # new mtime and ctime
     assert ok(env.prefill(allow_experimental=True))["reused"] is True
-    assert len(hashed) == 2  # the changed stat identity forced a re-verification
-    assert ok(env.prefill(allow_experimental=True))["reused"] is True
-    assert len(hashed) == 2
+    assert len(hashed) == 1  # the changed stat identity forced a re-verification
+    again = ok(env.prefill(allow_experimental=True))
+    assert again["reused"] is True
+    assert ok(env.decode(again["handoff"]))["text"]
+    assert len(hashed) == 1
 
 
 def test_reuse_never_crosses_principals(env: Env) -> None:

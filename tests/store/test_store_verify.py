@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +46,11 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def no_racy_margin(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trust timestamps at once instead of waiting out the racy-timestamp margin."""
     monkeypatch.setattr(store_layout, "RACY_MARGIN_NS", 0)
+
+
+def _touch(path: Path) -> None:
+    """A new mtime and ctime: the commit's remembered digest no longer applies."""
+    os.utime(path)
 
 
 def _quarantined(root: Path) -> list[str]:
@@ -104,36 +110,52 @@ def test_unchanged_file_is_hashed_once_and_any_change_rehashes(
     store: StateStore, root: Path, hashed: list[int]
 ) -> None:
     rec = commit(store, data=payload_for(4, 50_000))
-    assert hashed == []
     assert store.verify(P1, rec.id) and store.verify(P1, rec.id) and store.verify(P1, rec.id)
-    assert len(hashed) == 1
+    assert hashed == []  # the commit hashed the bytes as it wrote them and remembered that
     payload = state_dir(root, P1, rec.id) / "payload.bin"
     st = payload.stat()
     os.utime(payload, ns=(st.st_atime_ns, st.st_mtime_ns))  # same mtime, but a new ctime
     assert payload.stat().st_mtime_ns == st.st_mtime_ns and payload.stat().st_ctime_ns != st.st_ctime_ns
-    assert store.verify(P1, rec.id)
-    assert len(hashed) == 2
+    assert store.verify(P1, rec.id) and store.verify(P1, rec.id)
+    assert len(hashed) == 1
     _flip_in_place(payload)
     assert store.verify(P1, rec.id) is False
-    assert len(hashed) >= 3  # the verifier hashed again (reconciliation's deep inspection may too)
+    assert len(hashed) >= 2  # the verifier hashed again (reconciliation's deep inspection may too)
+
+
+def test_a_write_right_after_the_commit_is_never_hidden_by_its_remembered_digest(store: StateStore, root: Path) -> None:
+    """The commit pins the payload's mtime seconds in the past, so even a write in the same
+    timestamp tick moves it and the remembered digest no longer applies."""
+    before = time.time_ns()
+    rec = commit(store, data=payload_for(7, 80_000))
+    payload = state_dir(root, P1, rec.id) / "payload.bin"
+    mtime = payload.stat().st_mtime_ns
+    assert mtime <= before - 1_000_000_000
+    _flip_in_place(payload)  # at once: the same second, most likely the same tick
+    assert payload.stat().st_mtime_ns != mtime
+    assert store.verify(P1, rec.id) is False
+    assert _quarantined(root) == [rec.id]
 
 
 def test_recently_changed_file_is_not_remembered(
-    store: StateStore, hashed: list[int], monkeypatch: pytest.MonkeyPatch
+    store: StateStore, root: Path, hashed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Within the racy margin a same-timestamp rewrite could go unseen: hash every time."""
     monkeypatch.setattr(store_layout, "RACY_MARGIN_NS", 3600 * 10**9)
     rec = commit(store)
+    _touch(state_dir(root, P1, rec.id) / "payload.bin")
     assert store.verify(P1, rec.id) and store.verify(P1, rec.id)
     assert len(hashed) == 2
 
 
 @pytest.mark.usefixtures("no_racy_margin")
 def test_cache_is_bounded_least_recently_used_first(
-    store: StateStore, hashed: list[int], monkeypatch: pytest.MonkeyPatch
+    store: StateStore, root: Path, hashed: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_verify, "MAX_VERIFIED_CACHE", 2)
     a, b, c = (commit(store, data=payload_for(i, 1000 + i)) for i in range(3))
+    for rec in (a, b, c):
+        _touch(state_dir(root, P1, rec.id) / "payload.bin")
     for rec in (a, b, a, c):  # c evicts b, the least recently used
         assert store.verify(P1, rec.id)
     assert len(hashed) == 3

@@ -3,7 +3,9 @@
 Generation admission runs before the backend is called: a requested output above the
 model's output ceiling is ``output_limit_exceeded``; input plus requested output above the
 per-request context is ``context_length_exceeded``. The input is the backend's exact count
-when it has one, else the shared estimator of :mod:`werk_host.service.admission`.
+when it has one, else the shared estimator of :mod:`werk_host.service.admission`. The exact
+count is skipped when :class:`~werk_host.service.admission.FitBounds` proves the request fits
+(an upper bound from calibrated evidence, no backend call); answers are the same either way.
 
 Counters: an admitted request counts in ``requests_total`` and stays in ``requests_active``
 until its relayed response is closed. It counts as failed when the backend raised or answered
@@ -17,7 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,8 +29,8 @@ from werk_host.backend import Adapter, InferenceResponse, JsonObject, client_dis
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError, validation_message
-from werk_host.protocol import ChatLimits, ChatRequest
-from werk_host.service.admission import estimate_input_tokens
+from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest
+from werk_host.service.admission import FitBounds, estimate_input_tokens
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.principals import Principal
 from werk_host.service.reasoning import apply_reasoning_tier
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 
 USAGE_TAIL_BYTES = 8192
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
+#: Called with the prompt tokens a relayed answer reports (see ``InferenceService._admit``).
+UsageCheck = Callable[[int], None]
 
 
 def admission_error(openai_code: str, message: str) -> WerkError:
@@ -109,25 +114,46 @@ class InferenceService:
     def __init__(self, runtime: BackendRuntime, stats: ChatStats) -> None:
         self.runtime = runtime
         self.stats = stats
+        self.bounds = FitBounds(runtime.hooks.count_tokens)
 
     def _limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
         return self.runtime.hooks.chat_limits(adapter, model)
 
     def _input_tokens(self, adapter: Adapter, request: ChatRequest) -> int:
+        """The backend's exact count (checked against the fit bound), else the estimate."""
         try:
             count = self.runtime.hooks.count_tokens(adapter, request)
         except WerkError as err:
             if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
                 raise
             count = None
-        return count if count is not None else estimate_input_tokens(request)
+        if count is None:
+            return estimate_input_tokens(request)
+        self.bounds.observe(adapter, request, count)
+        return count
+
+    def _fit_bound(self, adapter: Adapter, request: ChatRequest, budget: int) -> int | None:
+        """An upper bound on the input that proves it fits in ``budget`` tokens, else ``None``."""
+        bound = self.bounds.bound(adapter, request)
+        return bound if bound is not None and bound <= budget else None
 
     def admit_chat(self, adapter: Adapter, body: JsonObject) -> JsonObject:
         """Validate, resolve ``werk.reasoning`` and admit a chat request; returns the body to send."""
+        return self._admit(adapter, body)[0]
+
+    def _admit(self, adapter: Adapter, body: JsonObject) -> tuple[JsonObject, UsageCheck | None]:
+        """:meth:`admit_chat`, plus, when the fit bound admitted the request (no exact count),
+        a check of the prompt tokens the backend then reports against that bound: a count above
+        it withdraws the evidence (:meth:`FitBounds.observe`). Only for requests whose body is
+        the counted one (no ``werk`` extension that the backend may render)."""
         try:
             request = ChatRequest.model_validate(body)
         except ValidationError as err:
             raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+        if request.werk is not None and request.werk.omlx is not None:
+            omlx = (self.runtime.hooks.capabilities(adapter) or {}).get(CapabilityId.OMLX_OPTIONS)
+            if omlx is None or omlx.status is not CapabilityStatus.SUPPORTED:  # docs/omlx.md, "Chat options"
+                raise WerkError(ErrorCode.INVALID_REQUEST, f"werk.omlx is not supported by backend {adapter.backend}")
         if self.runtime.deployments is None and request.model not in (None, *self.runtime.model_ids()):
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
         served = self.runtime.model
@@ -141,6 +167,8 @@ class InferenceService:
                 f"requested {output} output tokens; this model allows at most {limits.max_output_tokens}",
             )
         if limits is not None and limits.context_tokens is not None:
+            if self._fit_bound(adapter, request, limits.context_tokens - output) is not None:
+                return body, partial(self.bounds.observe, adapter, request) if request.werk is None else None
             needed = self._input_tokens(adapter, request) + output
             if needed > limits.context_tokens:
                 self.stats.add(requests_rejected=1)
@@ -148,7 +176,7 @@ class InferenceService:
                     "context_length_exceeded",
                     f"input plus requested output needs {needed} tokens; the context holds {limits.context_tokens}",
                 )
-        return body
+        return body, None
 
     def _route(self, body: JsonObject) -> Instance | None:
         """The instance a ``/v1`` body's ``model`` names (an instance id, a served model name or
@@ -166,8 +194,9 @@ class InferenceService:
         try:
             with self.runtime.selecting(instance):
                 adapter = self.runtime.require_adapter(what)
+                verify = None
                 if chat:
-                    body = self.admit_chat(adapter, body)
+                    body, verify = self._admit(adapter, body)
         except BaseException:
             if instance is not None:
                 instance.leave()
@@ -188,11 +217,13 @@ class InferenceService:
             response = sanitized_error(response)
         if instance is not None:
             response.headers[DEPLOYMENT_HEADER] = instance.id
-        return self._tracked(response, label, instance)
+        return self._tracked(response, label, instance, verify)
 
-    def _tracked(self, response: InferenceResponse, label: str, instance: Instance | None) -> InferenceResponse:
+    def _tracked(
+        self, response: InferenceResponse, label: str, instance: Instance | None, verify: UsageCheck | None = None
+    ) -> InferenceResponse:
         """``response`` counted as active (and its instance in use) until closed, with its usage
-        added to the totals."""
+        added to the totals (and its prompt tokens given to ``verify``)."""
         stats = self.stats
         state: dict[str, Any] = {"tail": b"", "failed": response.status >= 400, "closed": False}
 
@@ -227,6 +258,8 @@ class InferenceService:
                     prompt_tokens_total=usage[0] if usage else 0,
                     completion_tokens_total=usage[1] if usage else 0,
                 )
+                if usage is not None and verify is not None:
+                    verify(usage[0])
 
         return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
 

@@ -143,8 +143,14 @@ class LocalControlService:
             CapabilityId.RESERVATIONS: CapabilityReport(CapabilityStatus(res_status), res_detail),
         }
 
-    def _gate(self, adapter: Adapter | None, cap_id: CapabilityId, opted_in: bool) -> CapabilityReport:
+    def _gate(
+        self, adapter: Adapter | None, cap_id: CapabilityId, opted_in: bool, *, read_only: bool = False
+    ) -> CapabilityReport:
+        """Raise what ``cap_id``'s status implies for this use (:func:`gate`); a ``read_only``
+        use (a listing) also passes ``externally_managed``, which permits read-only telemetry."""
         report = self.capability_resolver.one(adapter, cap_id, self.runtime.instance)
+        if read_only and report.status is CapabilityStatus.EXTERNALLY_MANAGED:
+            return report
         gate(cap_id, report.status, report.detail, opted_in, probe_on_use=report.probe_on_use)
         return report
 
@@ -351,7 +357,7 @@ class LocalControlService:
     # -- experts -------------------------------------------------------------------------
     def list_experts(self, principal: Principal, query: ExpertListQuery) -> ExpertPage:
         adapter = self.runtime.started()
-        self._gate(adapter, CapabilityId.EXPERTS, query.allow_experimental)
+        self._gate(adapter, CapabilityId.EXPERTS, query.allow_experimental, read_only=True)
         adapter = self.runtime.require_adapter("expert residency")
         return needed(self.hooks.list_experts(adapter, query), "expert residency", adapter)
 
@@ -555,7 +561,16 @@ class LocalControlService:
             )
             if record.state_id is None and record.lease_key is not None:
                 cleanup.callback(self.leases.release, record.lease_key)  # the handoff was the lease
-            output = needed(self.hooks.decode(adapter, DecodeWork(record.handle, stored, options)), "decode", adapter)
+            try:
+                output = needed(
+                    self.hooks.decode(adapter, DecodeWork(record.handle, stored, options)), "decode", adapter
+                )
+            except WerkError as exc:
+                if exc.code is ErrorCode.CORRUPT_STATE and stored is not None:
+                    # The payload verified, yet the backend could not use it (or it did not
+                    # verify): either way it must never be offered again.
+                    self.store.condemn(principal.id, stored.state_id)
+                raise
             if len(output.text.encode("utf-8", "surrogatepass")) > MAX_COMPLETION_TEXT_BYTES:
                 raise WerkError(ErrorCode.RESOURCE_EXHAUSTED, "backend completion text exceeds 1 MiB")
             next_handoff: str | None = None

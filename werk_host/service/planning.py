@@ -108,7 +108,11 @@ class ChatPlanning:
         return adapter
 
     def _check_reasoning_tier(self, adapter: Adapter, model: str, request: ChatRequest) -> None:
-        """``werk.reasoning.tier`` on a planning request fails exactly as it would on chat."""
+        """``werk.reasoning.tier`` and ``werk.omlx`` on a planning request fail exactly as on chat."""
+        if request.werk is not None and request.werk.omlx is not None:
+            omlx = self.resolver.one(adapter, CapabilityId.OMLX_OPTIONS, self.runtime.instance)
+            if omlx.status is not CapabilityStatus.SUPPORTED:
+                raise WerkError(ErrorCode.INVALID_REQUEST, f"werk.omlx is not supported by backend {adapter.backend}")
         if request.werk is not None and request.werk.reasoning is not None:
             limits = self.hooks.chat_limits(adapter, model)
             apply_reasoning_tier(self.hooks, adapter, {}, request, limits)

@@ -146,7 +146,8 @@ class StateStore(VerifyingStore, AdminStore):
         its SHA-256 in the same pass, without holding the catalog lock (never buffered
         whole; more than ``max_payload_bytes`` is ``resource_exhausted``); finally, under
         the locks again, it writes the metadata, fsyncs files and directory, renames the
-        staging directory atomically to ``st_<random id>`` and fsyncs the parent. A
+        staging directory atomically to ``st_<random id>`` and fsyncs the parent; the digest
+        it computed is remembered as verified (see :mod:`.verify`). A
         mismatching ``expected_sha256`` is ``corrupt_state`` and publishes nothing. On any
         failure, or a crash at any point, nothing becomes visible.
         """
@@ -199,6 +200,7 @@ class StateStore(VerifyingStore, AdminStore):
                 try:
                     os.fchmod(pay, _fs.FILE_MODE)
                     size, digest = self._stream_payload(pay, payload)
+                    written = self._seal_written(pay)
                     if self._durable:
                         os.fsync(pay)
                 finally:
@@ -208,7 +210,7 @@ class StateStore(VerifyingStore, AdminStore):
                 with self._mutating(create=False) as rootfd:
                     if rootfd is None or dev_ino(os.fstat(rootfd)) != root_id:
                         raise forbidden()
-                    return self._publish_locked(
+                    record = self._publish_locked(
                         rootfd,
                         pfd,
                         sfd,
@@ -234,6 +236,8 @@ class StateStore(VerifyingStore, AdminStore):
                 os.close(pfd)
         except OSError as exc:
             raise os_error(exc) from exc
+        self._remember_verified(written, digest)  # hashed while written: never hashed again
+        return record
 
     def _begin_commit(self, principal: str) -> tuple[int, int, str, tuple[int, int]]:
         """Under the locks: reconcile, then create and flock a fresh staging directory.

@@ -2,14 +2,23 @@
 
 Contract:
 
-* No payload byte reaches a caller unverified: :meth:`VerifyingStore.open_payload` streams
-  the whole file through SHA-256 (bounded chunks) and compares size and digest with the
-  metadata before yielding it, holding a shared ``flock`` on it while in use (``werk
-  cache purge`` treats such a state as active).
-* :meth:`VerifyingStore.verify` remembers a successful hash by the payload's
-  :data:`.layout.PayloadKey` (at most :data:`MAX_VERIFIED_CACHE`, least recently used
-  forgotten first); a file changed within the racy margin, or while being hashed, is not
-  remembered.
+* No payload byte reaches a caller unverified: :meth:`VerifyingStore.open_payload` compares
+  size and SHA-256 with the metadata before yielding the file, holding a shared ``flock`` on
+  it while in use (``werk cache purge`` treats such a state as active).
+* Both :meth:`VerifyingStore.open_payload` and :meth:`VerifyingStore.verify` hash the file
+  (bounded chunks) unless the very same file, by its :data:`.layout.PayloadKey`, was verified
+  before, and remember a successful hash by that key (at most :data:`MAX_VERIFIED_CACHE`,
+  least recently used forgotten first); a file changed within the racy margin, or while
+  being hashed, is not remembered. Verified bytes are never hashed twice.
+* A commit hashes its payload while writing it, so it remembers that digest too
+  (:meth:`VerifyingStore._seal_written`): the new file's modification time is set two
+  seconds in the past, so any later write moves it (whatever the filesystem's timestamp
+  granularity) and changes the payload key; only a deliberate write
+  that also restores that exact time within the same ctime tick could go unseen, as with any
+  stat-keyed cache.
+* :meth:`VerifyingStore.condemn` quarantines a state whose payload verified but which its
+  producing backend found unusable (the bytes match their checksum, so only the backend can
+  tell).
 * A failed check marks the state suspect (hidden from this store's reads); ``verify``
   then quarantines it at once by a reconciliation under the locks, other failures leave
   that to the next mutation. Absent, expired and foreign ids are ``not_found``.
@@ -86,8 +95,7 @@ class VerifyingStore(ReconcilingStore):
                         self._mark_suspect(principal, state_id, deep=False)
                         raise corrupt()
                     fcntl.flock(fd, fcntl.LOCK_SH)
-                    digest, size = layout.hash_fd(fd, st.st_size)
-                    if size != rec.bytes or not hmac.compare_digest(digest, rec.payload_sha256):
+                    if not self._intact(fd, st, rec.bytes, rec.payload_sha256):
                         self._mark_suspect(principal, state_id, deep=True)
                         raise corrupt()
                     os.lseek(fd, 0, os.SEEK_SET)
@@ -103,12 +111,51 @@ class VerifyingStore(ReconcilingStore):
         finally:
             os.close(pfd)
 
+    def _intact(self, fd: int, before: os.stat_result, size: int, sha256: str) -> bool:
+        """Whether the payload open at ``fd`` (offset 0, stat ``before``) has ``size`` bytes
+        with digest ``sha256``: hashed in bounded chunks unless this very file (its payload
+        key) was verified before; a successful hash is remembered unless the file changed
+        within the racy margin or while it was hashed. Leaves the offset anywhere."""
+        key = _payload_key(before)
+        with self._cache_lock:
+            known = self._verified.get(key)
+            if known is not None:
+                self._verified.move_to_end(key)
+        if known is not None and hmac.compare_digest(known, sha256):
+            return True
+        t = _fs.now_ns()
+        digest, got = layout.hash_fd(fd, size)
+        if got != size or not hmac.compare_digest(digest, sha256):
+            return False
+        if _fs.ident(os.fstat(fd)) == _fs.ident(before) and not _fs.racy(before, t, layout.RACY_MARGIN_NS):
+            self._remember_verified(key, digest)
+        return True
+
+    def _remember_verified(self, key: PayloadKey, digest: str) -> None:
+        with self._cache_lock:
+            self._verified[key] = digest
+            self._verified.move_to_end(key)
+            while len(self._verified) > MAX_VERIFIED_CACHE:
+                self._verified.popitem(last=False)
+
+    @staticmethod
+    def _seal_written(fd: int) -> PayloadKey:
+        """Pin a freshly written payload's mtime two seconds in the past and return its
+        payload key (see the module contract); the commit remembers its digest by
+        that key once published."""
+        st = os.fstat(fd)
+        os.utime(fd, ns=(st.st_atime_ns, _fs.now_ns() - 2_000_000_000))
+        return _payload_key(os.fstat(fd))
+
     @contextmanager
     def open_payload(self, principal: str, state_id: str) -> Iterator[BinaryIO]:
         """Yield the payload for reading after verifying its size and SHA-256.
 
-        Verification streams the file in bounded chunks before anything is yielded; a
-        mismatch is ``corrupt_state`` (and the state is quarantined by the next mutation).
+        Verification happens before anything is yielded: the file is streamed through
+        SHA-256 in bounded chunks unless this very file was verified before (see
+        :meth:`verify`), and a mismatch is ``corrupt_state`` (and the state is quarantined by
+        the next mutation). The yielded file is a real file (``fileno()`` is its verified
+        descriptor, offset 0).
         Absent, expired or foreign ids are ``not_found``. When the block exits without an
         exception, ``last-accessed`` is recorded.
         """
@@ -182,26 +229,38 @@ class VerifyingStore(ReconcilingStore):
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode) or before.st_size != meta.size:
                 return False
-            key = _payload_key(before)
-            with self._cache_lock:
-                known = self._verified.get(key)
-                if known is not None:
-                    self._verified.move_to_end(key)
-            if known is not None and hmac.compare_digest(known, meta.payload_sha256):
-                return True
-            t = _fs.now_ns()
-            digest, size = layout.hash_fd(fd, meta.size)
-            if size != meta.size or not hmac.compare_digest(digest, meta.payload_sha256):
-                return False
-            if _fs.ident(os.fstat(fd)) == _fs.ident(before) and not _fs.racy(before, t, layout.RACY_MARGIN_NS):
-                with self._cache_lock:
-                    self._verified[key] = digest
-                    self._verified.move_to_end(key)
-                    while len(self._verified) > MAX_VERIFIED_CACHE:
-                        self._verified.popitem(last=False)
-            return True
+            return self._intact(fd, before, meta.size, meta.payload_sha256)
         finally:
             os.close(fd)
+
+    def condemn(self, principal: str, state_id: str) -> bool:
+        """Quarantine a state at once, under the locks: its payload verified, but the backend
+        that produced it found it unusable (a rejected or mis-acknowledged restore).
+
+        ``False`` when the state is absent or the catalog does not exist. From then on it is
+        neither listed nor offered for reuse."""
+        validate_principal(principal)
+        if not is_state_id(state_id):
+            return False
+        try:
+            with self._mutating(create=False) as rootfd:
+                if rootfd is None:
+                    return False
+                pfd = self._principal_fd(rootfd, principal, create=False)
+                if pfd is None:
+                    return False
+                try:
+                    st = _fs.lstat_at(state_id, pfd)
+                    if st is None or not stat.S_ISDIR(st.st_mode):
+                        return False
+                    self._quarantine(rootfd, pfd, principal, state_id)
+                    self._forget(principal, state_id)
+                    self._rescan(principal, pfd, exact=True)
+                    return True
+                finally:
+                    os.close(pfd)
+        except OSError as exc:
+            raise os_error(exc) from exc
 
     def _record_access(self, principal: str, sid: str, ino: int) -> None:
         """Best effort: write ``last-accessed`` atomically under the lock (no reconcile)."""

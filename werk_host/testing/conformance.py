@@ -21,6 +21,9 @@ ephemeral port) and checks, from behaviour seen over HTTP:
 * an id whose backing hook the plugin does not implement is reported ``unsupported``;
 * a claimed prefill → snapshot → restore → decode round trip reproduces the same text;
 * ``identity()`` changes when the backend process is replaced, and old handoffs answer 410;
+* a claimed ``runtime.state.restore.cross_restart`` reuses a disk state written before the
+  process was replaced (``reuse: required``) and decodes the same text from it; an unclaimed
+  one never reuses such a state;
 * ``count_tokens`` equals the ``/v1`` usage ``prompt_tokens`` when it is claimed;
 * no error message carries a filesystem path, the API key, a handoff or raw backend output.
 
@@ -58,6 +61,7 @@ HOOKS_BEHIND: dict[CapabilityId, tuple[str, ...]] = {
     CapabilityId.PD_DECODE: (hookspecs.werk_decode.__name__,),
     CapabilityId.PERSISTENCE: (hookspecs.werk_snapshot.__name__, hookspecs.werk_producer_envelope.__name__),
     CapabilityId.RESTORE: (hookspecs.werk_decode.__name__, hookspecs.werk_producer_envelope.__name__),
+    CapabilityId.CROSS_RESTART: (hookspecs.werk_decode.__name__, hookspecs.werk_producer_envelope.__name__),
     CapabilityId.TIER_DISK: (hookspecs.werk_snapshot.__name__,),
     CapabilityId.TIER_RAM: (hookspecs.werk_state_move.__name__,),
     CapabilityId.TIER_VRAM: (hookspecs.werk_state_move.__name__,),
@@ -304,9 +308,12 @@ class WerkConformance:
     def test_experts_follow_status(self, conformance_host: ConformanceHost, opted_in: bool) -> None:
         host = conformance_host
         allowed = expected_outcome(host, (CapabilityId.EXPERTS,), opted_in)
+        listing = allowed
+        if host.statuses()[CapabilityId.EXPERTS] is CapabilityStatus.EXTERNALLY_MANAGED:
+            listing = (None,)  # externally managed permits the read-only listing (docs/experts.md)
         params = {"allow_experimental": "true" if opted_in else "false"}
         status, doc = host.call("GET", "/werk/v1/experts", params=params)
-        self._check(status, doc, allowed, "expert listing")
+        self._check(status, doc, listing, "expert listing")
         if status != 200:
             return
         experts = _data(doc)["experts"]
@@ -405,6 +412,38 @@ class WerkConformance:
         assert status == 410, answer
         status, doc = self._prefill(host, True)  # the backend serves again
         assert status == 200, doc
+
+    def test_cross_restart_restore_follows_status(
+        self, conformance_host: ConformanceHost, conformance_target: ConformanceTarget
+    ) -> None:
+        host = conformance_host
+        if conformance_target.replace_process is None:
+            pytest.skip("the target gives no way to replace the backend process")
+        status, first = self._prefill(host, True, mode="disk", reuse="disabled")
+        if status != 200 or not isinstance(_data(first).get("state_id"), str):
+            pytest.skip("the backend stores no disk state")
+        decode: dict[str, JsonValue] = {"max_tokens": 6, "temperature": 0, "seed": 7, "allow_experimental": True}
+        status, out1 = host.call("POST", "/werk/v1/decode", {"handoff": _data(first)["handoff"], **decode})
+        assert status == 200, out1
+        conformance_target.replace_process(host.adapter)
+        other: JsonValue = {
+            "model_id": host.model_name,
+            "input": {"type": "text", "text": "The replaced backend process serves again."},
+            "policy": {"mode": "ephemeral"},
+            "allow_experimental": True,
+        }
+        status, doc = host.call("POST", "/werk/v1/prefill", other)  # the new process serves (and probes)
+        assert status == 200, doc
+        claimed = host.statuses()[CapabilityId.CROSS_RESTART]
+        status, again = self._prefill(host, True, mode="disk", reuse="required")
+        if claimed in (CapabilityStatus.SUPPORTED, CapabilityStatus.EXPERIMENTAL):
+            assert status == 200, again
+            assert _data(again)["reused"] is True
+            status, out2 = host.call("POST", "/werk/v1/decode", {"handoff": _data(again)["handoff"], **decode})
+            assert status == 200, out2
+            assert _data(out2)["text"] == _data(out1)["text"]
+        else:
+            assert status == 409, f"{CapabilityId.CROSS_RESTART} is {claimed}, yet: {status} {again}"
 
     # -- errors ---------------------------------------------------------------------------------
     def test_errors_leak_nothing(self, conformance_host: ConformanceHost) -> None:

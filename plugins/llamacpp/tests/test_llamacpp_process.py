@@ -15,6 +15,7 @@ from werk_llamacpp.process import (
     LlamaServerProcess,
     LlamaServerStartupError,
     effective_args_hash,
+    kv_layout_args_hash,
     last_flag_value,
 )
 
@@ -38,6 +39,18 @@ def test_args_hash_ignores_port_and_slot_path_only() -> None:
     c = ["--port", "2", "-np", "3", "--slot-save-path", "/b"]
     assert effective_args_hash(a) == effective_args_hash(b) != effective_args_hash(c)
     assert effective_args_hash(["--port=1"]) == effective_args_hash(["--port=2"])
+
+
+def test_kv_args_hash_ignores_only_flags_that_cannot_change_kv_state() -> None:
+    base = ["--host", "127.0.0.1", "--port", "1", "-m", "/a/m.gguf", "-np", "2", "-c", "4096"]
+    same = [
+        *["--host", "::1", "--port=2", "--model", "/b/m.gguf", "-np", "2", "-c", "4096"],
+        *["--slot-save-path", "/s", "-t", "3", "--threads-batch", "2", "--alias", "x", "--metrics", "--no-warmup"],
+    ]
+    assert kv_layout_args_hash(base) == kv_layout_args_hash(same)
+    for changed in (["-c", "8192"], ["-np", "3"], ["-ctk", "q8_0"], ["--kv-unified"], ["-ngl", "1"]):
+        assert kv_layout_args_hash(base + changed) != kv_layout_args_hash(base), changed
+    assert kv_layout_args_hash(["-c", "1"]) != kv_layout_args_hash(["-c", "2"])
 
 
 def test_health_timeout_kills_child_and_reports_log(tmp_path: Path) -> None:
@@ -107,7 +120,8 @@ def test_start_stop_no_orphan(llama_server_path: Path, tiny_model: Path, tmp_pat
         assert proc.run_dir is not None and stat.S_IMODE(proc.run_dir.stat().st_mode) == 0o700
         assert proc.effective_parallel() == 2
         fp = proc.fingerprints()
-        assert set(fp) == {"executable_sha256", "help_sha256", "args_sha256", "generation"}
+        assert set(fp) == {"executable_sha256", "help_sha256", "args_sha256", "kv_args_sha256", "generation"}
+        assert fp["kv_args_sha256"] == kv_layout_args_hash(argv[1:])
         assert len(fp["generation"]) == 32
         assert proc.client is not None and proc.client.health()
         assert proc.client.props()["total_slots"] == 2

@@ -8,11 +8,16 @@ State model (docs/architecture.md, "llama.cpp slot use" and "Snapshot format of 
   land on any idle slot, the adapter remembers which handle the slot holds (``_slot_owner``)
   and forgets it whenever anything else may have used the slot; decode then restores the
   state from its snapshot before generating, so correctness never depends on luck.
-* A snapshot is ``MAGIC | u32 header length | JSON header | llama-server slot file``. The
-  header carries the exact prompt tokens and the acknowledged save counters; restore requires
-  ``n_restored``/``n_read`` to equal them, and the host verified the SHA-256 before.
-* Only a process generation whose functional probe passed reports the state and prefill/decode
-  capabilities as ``experimental``; snapshots of other generations are never restored.
+* A snapshot is the llama-server slot file followed by Werk's trailer (:mod:`.snapshot`): the
+  exact prompt tokens and the acknowledged save counters. Restore requires ``n_restored`` and
+  ``n_read`` to equal them; the host verified the payload's size and SHA-256 before.
+* Compatibility (docs/states.md): a state's envelope is :meth:`LlamaCppAdapter.envelope`
+  (executable and help SHA-256, the KV-relevant effective arguments, model identity and files,
+  cache layout). The process generation is not part of it: a state written by an earlier
+  generation is restored when the envelope is exactly equal, the payload verifies and the
+  acknowledgements are exact, and only by a generation whose functional probe passed. Only such
+  a generation reports the state, prefill/decode and cross-restart capabilities as
+  ``experimental``. Handoffs and live slot contents still die with their generation.
 """
 
 from __future__ import annotations
@@ -23,13 +28,12 @@ import json
 import logging
 import os
 import secrets
-import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from werk_host.backend import (
     CapabilityReport,
@@ -60,15 +64,17 @@ from .native import LlamaServerClient, NativeConnectionError, NativeError
 from .probe import ProbeResult, run_probe
 from .process import LlamaServerProcess, LlamaServerStartupError, last_flag_value
 from .proxy import LlamaConnectionPool as ConnectionPool
+from .snapshot import SlotImage, presented, read_image
 
 log = logging.getLogger(__name__)
 
 BACKEND_ID = "llama.cpp"
 PLUGIN_NAME = "llamacpp"
-CACHE_LAYOUT = "werk-llamacpp-slot-v1"
-MAGIC = b"WERKLCPP1\n"
-MAX_HEADER_BYTES = 16 << 20
+CACHE_LAYOUT = "werk-llamacpp-slot-v2"
 CHUNK = 1 << 20
+#: Bound on one prefill or decode completion on the state slot: a long document on a CPU takes
+#: minutes, far beyond the native client's default request timeout.
+STATE_WORK_TIMEOUT_S = 3600.0
 _CTX_FLAGS = ("-c", "--ctx-size")
 _MEDIA_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 _SECRET_FLAGS = ("--api-key", "--api-key-file", "--ssl-key-file", "--hf-token", "-hft")
@@ -100,10 +106,6 @@ REPORTED_CAPABILITIES = (
 )
 
 
-class Reader(Protocol):
-    def read(self, n: int = -1, /) -> bytes: ...
-
-
 @dataclass
 class LlamaHandle:
     """A prefilled state: its exact prompt tokens, producing generation and local snapshot."""
@@ -126,12 +128,21 @@ def own_handle(handle: object) -> LlamaHandle:
     return handle
 
 
-def snapshot_head(handle: LlamaHandle) -> bytes:
-    """``MAGIC | u32 length | JSON header`` preceding the slot file bytes in a snapshot."""
-    header = json.dumps(
-        {"tokens": handle.tokens, "n_saved": handle.n_saved, "n_written": handle.n_written}, separators=(",", ":")
-    ).encode()
-    return MAGIC + struct.pack(">I", len(header)) + header
+def model_files_fingerprint(manifest: ModelManifest) -> str:
+    """SHA-256 over the size and modification time of every model file, as found now.
+
+    The manifest identity records each file's SHA-256 at install time; this dimension also
+    tells apart a file replaced in place afterwards (the weights a process loaded)."""
+    try:
+        prints = [[st.st_size, st.st_mtime_ns] for st in (os.stat(f.path) for f in manifest.files)]
+    except OSError as err:
+        raise _unavailable("a model file of this manifest cannot be read") from err
+    return hashlib.sha256(json.dumps(prints, separators=(",", ":")).encode()).hexdigest()
+
+
+def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str]:
+    """The envelope dimensions whose values differ (or exist on one side only)."""
+    return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
 
 
 def _unavailable(message: str) -> WerkError:
@@ -153,12 +164,13 @@ class LlamaCppAdapter:
         self.parallel = int(opts.get("parallel", 2))
         self.ctx = int(opts.get("ctx", 4096 * self.parallel))
         self.threads = int(opts["threads"]) if "threads" in opts else None
-        self.warmup_tokens = int(opts.get("warmup_tokens", 0))
+        self.warmup_tokens = int(opts.get("warmup_tokens", config.warmup_tokens))  # --warmup-tokens
         self.work_dir = config.home / "backends" / "llamacpp"
         self._life = threading.RLock()
         self._slot_lock = threading.Lock()
         self._process: LlamaServerProcess | None = None
         self._probes: dict[str, ProbeResult] = {}
+        self._model_files: dict[str, str] = {}
         self._slot_owner: str | None = None
         self._count_cache: OrderedDict[str, int] = OrderedDict()
         self._proxy_pools: dict[str, ConnectionPool] = {}
@@ -181,6 +193,7 @@ class LlamaCppAdapter:
                 for pool in self._proxy_pools.values():
                     pool.close()
                 self._proxy_pools.clear()
+            model_files = model_files_fingerprint(self.manifest)
             proc = LlamaServerProcess(
                 self.manifest.primary_path,
                 binary=self.binary_path,
@@ -199,6 +212,7 @@ class LlamaCppAdapter:
                 raise WerkError(
                     ErrorCode.UNAVAILABLE, f"llama-server failed to start; native log tail:\n{tail}", retryable=False
                 ) from err
+            self._model_files[proc.generation] = model_files  # before any reader can see proc
             self._process = proc
             return proc
 
@@ -256,16 +270,30 @@ class LlamaCppAdapter:
 
     # -- evidence ------------------------------------------------------------------------
     def envelope(self, proc: LlamaServerProcess) -> dict[str, str]:
+        """The compatibility envelope of states ``proc`` writes and may restore: every dimension
+        that decides whether a slot snapshot fits it, and not the process generation."""
         prints = proc.fingerprints()
         return {
             "backend": BACKEND_ID,
             "executable_sha256": prints["executable_sha256"],
             "help_sha256": prints["help_sha256"],
-            "args_sha256": prints["args_sha256"],
+            "kv_args_sha256": prints["kv_args_sha256"],
             "model_identity": self.manifest.identity,
+            "model_files": self._model_files[proc.generation],
             "cache_layout": CACHE_LAYOUT,
-            "generation": prints["generation"],
         }
+
+    def producer_envelope(self, model_id: str) -> dict[str, str]:
+        """:meth:`envelope` of the live process, unless none runs for ``model_id`` or its
+        functional probe failed (then no state is reusable: ``unavailable``). Before the probe
+        has run the envelope is reported; decode runs the probe before any restore."""
+        proc = self.current()
+        if proc is None or model_id != self.manifest.name:
+            raise _unavailable("no live llama-server for this model")
+        probe = self._probes.get(proc.generation)
+        if probe is not None and not probe.passed:
+            raise _unavailable("the functional slot probe failed for this llama-server generation")
+        return self.envelope(proc)
 
     def probe_result(self) -> ProbeResult | None:
         proc = self.current()
@@ -286,23 +314,31 @@ class LlamaCppAdapter:
         if probe is not None and probe.passed:
             state = CapabilityReport(
                 CapabilityStatus.EXPERIMENTAL,
-                "functional slot probe passed for this llama-server generation; snapshots are usable only by it",
+                "functional slot probe (prefill, save, erase, restore in Werk's snapshot format, replay) "
+                "passed for this llama-server generation",
+            )
+            cross = CapabilityReport(
+                CapabilityStatus.EXPERIMENTAL,
+                "functional slot probe passed for this llama-server generation; a state an earlier generation "
+                "wrote is restored only when its compatibility envelope (executable and help SHA-256, "
+                "KV-relevant arguments, model identity and files, cache layout) is equal, its payload's size "
+                "and SHA-256 verify and llama-server acknowledges exactly the saved tokens and bytes",
             )
         elif probe is not None:
             state = CapabilityReport(
                 CapabilityStatus.UNAVAILABLE, f"functional slot probe failed for this generation: {probe.reason}"
             )
+            cross = state
         else:
             state = CapabilityReport(
                 CapabilityStatus.UNAVAILABLE,
                 "the functional slot probe has not run for this llama-server generation; an opted-in prefill runs it",
                 probe_on_use=True,
             )
+            cross = state
         for cap_id in STATE_CAPABILITIES:
             reports[cap_id] = state
-        reports[CapabilityId.CROSS_RESTART] = CapabilityReport(
-            CapabilityStatus.UNAVAILABLE, "snapshots are restorable only by the llama-server generation that wrote them"
-        )
+        reports[CapabilityId.CROSS_RESTART] = cross
         for tier in (CapabilityId.TIER_RAM, CapabilityId.TIER_VRAM):
             reports[tier] = CapabilityReport(
                 CapabilityStatus.UNSUPPORTED, "llama.cpp named states persist to disk only"
@@ -354,7 +390,9 @@ class LlamaCppAdapter:
                         f"prompt has {len(tokens)} tokens; a slot holds {slot_ctx}",
                         retryable=False,
                     )
-                done = client.completion(tokens, id_slot=slot, n_predict=0, cache_prompt=True)
+                done = client.completion(
+                    tokens, id_slot=slot, n_predict=0, cache_prompt=True, timeout=STATE_WORK_TIMEOUT_S
+                )
                 if done.tokens_evaluated != len(tokens):
                     raise WerkError(ErrorCode.INTERNAL, "llama-server evaluated a different prompt length")
                 token = secrets.token_hex(16)
@@ -376,106 +414,110 @@ class LlamaCppAdapter:
                 envelope=self.envelope(proc),
                 snapshot_capable=True,
                 bytes=saved.n_written,
-                adapter_meta={"n_tokens": saved.n_saved, "n_bytes": saved.n_written},
+                adapter_meta={
+                    "n_tokens": saved.n_saved,
+                    "n_bytes": saved.n_written,
+                    "producer_generation": proc.generation,
+                },
             )
 
     def snapshot(self, state: PrefilledState) -> Snapshot:
+        """The state's slot file followed by Werk's trailer (:mod:`.snapshot`), streamed."""
         handle = own_handle(state.handle)
         if handle.snapshot is None:
             raise WerkError(ErrorCode.UNAVAILABLE, "the state's local snapshot is gone", retryable=False)
-        head = snapshot_head(handle)
+        trailer = SlotImage(handle.tokens, handle.n_saved, handle.n_written).trailer()
         path = handle.snapshot
 
         def chunks() -> Iterator[bytes]:
-            yield head
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as source:
                 while chunk := source.read(CHUNK):
                     yield chunk
+            yield trailer
 
         def close() -> None:
             # The store now owns the bytes; decode restores from it if the slot moved on.
             path.unlink(missing_ok=True)
             handle.snapshot = None
 
-        size = len(head) + handle.n_written
-        return Snapshot(chunks=chunks(), size=size, close=close)
+        return Snapshot(chunks=chunks(), size=handle.n_written + len(trailer), close=close)
 
-    def _restore_from(self, proc: LlamaServerProcess, source: Reader) -> LlamaHandle:
-        """Write a verified payload into the slot-save dir and restore it into the state slot."""
-        if source.read(len(MAGIC)) != MAGIC:
-            raise WerkError(ErrorCode.CORRUPT_STATE, "snapshot is not a llama.cpp Werk snapshot")
-        (length,) = struct.unpack(">I", source.read(4))
-        if length > MAX_HEADER_BYTES:
-            raise WerkError(ErrorCode.CORRUPT_STATE, "snapshot header is too large")
+    def _restore_named(self, proc: LlamaServerProcess, name: str, n_saved: int, n_written: int) -> str:
+        """Restore the slot file ``name`` (in the private slot directory) into the state slot and
+        require the exact acknowledgement; returns the new slot owner token.
+
+        A rejected or mis-acknowledged snapshot is ``corrupt_state`` (the slot is erased); a dead
+        child is ``unavailable``. (llama-server defers a restore on a busy slot until it is idle.)"""
+        client, slot = self.client(proc), self.state_slot
+        self._slot_owner = None
         try:
-            header = json.loads(source.read(length))
-            tokens = [int(t) for t in header["tokens"]]
-            n_saved, n_written = int(header["n_saved"]), int(header["n_written"])
-        except (ValueError, KeyError, TypeError) as err:
-            raise WerkError(ErrorCode.CORRUPT_STATE, "snapshot header is malformed") from err
-        assert proc.slot_dir is not None
+            restored = client.slot_restore(slot, name)
+        except NativeError as err:
+            with contextlib.suppress(NativeError):
+                client.slot_erase(slot)
+            if isinstance(err, NativeConnectionError):
+                raise self.native_failure(err, "restore") from err
+            raise WerkError(ErrorCode.CORRUPT_STATE, "llama-server rejected the snapshot") from err
+        if restored.n_restored != n_saved or restored.n_read != n_written:
+            with contextlib.suppress(NativeError):
+                client.slot_erase(slot)
+            raise WerkError(ErrorCode.CORRUPT_STATE, "restore acknowledgement does not match the snapshot")
         token = secrets.token_hex(16)
-        path = proc.slot_dir / f"werk-restore-{token}.bin"
-        written = 0
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as target:
-                while chunk := source.read(CHUNK):
-                    written += len(chunk)
-                    target.write(chunk)
-            if written != n_written:
-                raise WerkError(ErrorCode.CORRUPT_STATE, "snapshot length does not match its save acknowledgement")
-            client, slot = self.client(proc), self.state_slot
-            self._slot_owner = None
-            try:
-                restored = client.slot_restore(slot, path.name)
-            except NativeError as err:
-                with contextlib.suppress(NativeError):
-                    client.slot_erase(slot)
-                if isinstance(err, NativeConnectionError):
-                    raise self.native_failure(err, "restore") from err
-                raise WerkError(ErrorCode.CORRUPT_STATE, "llama-server rejected the snapshot") from err
-            if restored.n_restored != n_saved or restored.n_read != n_written:
-                with contextlib.suppress(NativeError):
-                    client.slot_erase(slot)
-                raise WerkError(ErrorCode.CORRUPT_STATE, "restore acknowledgement does not match the snapshot")
-        finally:
-            path.unlink(missing_ok=True)
         self._slot_owner = token
-        return LlamaHandle(token, tokens, proc.generation, n_saved, n_written)
+        return token
+
+    def _restore_stored(self, proc: LlamaServerProcess, stored: StoredStateRef) -> LlamaHandle:
+        """Restore a stored state, whichever generation wrote it, into the state slot.
+
+        The caller holds the slot lock and ran :meth:`ensure_probed` for ``proc``. Requires the
+        stored compatibility envelope to equal this process's exactly (``incompatible_state``
+        with ``mismatch_fields`` otherwise); the payload arrives size- and SHA-256-verified from
+        the store; its trailer must add up and llama-server's acknowledgement must be exact
+        (``corrupt_state`` otherwise). The verified bytes are handed over without a copy where
+        the platform allows (:func:`.snapshot.presented`)."""
+        expected = self.envelope(proc)
+        if stored.envelope != expected:
+            raise WerkError(
+                ErrorCode.INCOMPATIBLE_STATE,
+                "the stored state was written for a different llama-server configuration",
+                details={"mismatch_fields": mismatch_fields(expected, stored.envelope)},
+            )
+        assert proc.slot_dir is not None
+        with stored.open_payload() as payload:
+            fd = payload.fileno()
+            image = read_image(fd, os.fstat(fd).st_size)
+            with presented(proc.slot_dir, fd, image.n_written) as name:
+                token = self._restore_named(proc, name, image.n_saved, image.n_written)
+        return LlamaHandle(token, image.tokens, proc.generation, image.n_saved, image.n_written)
 
     def restore(self, stored: StoredStateRef) -> PrefilledState:
         with self._slot_lock:
             proc = self.process()
             self.ensure_probed(proc)
-            if stored.envelope != self.envelope(proc):
-                raise WerkError(ErrorCode.INCOMPATIBLE_STATE, "snapshot belongs to another llama-server generation")
-            with stored.open_payload() as payload:
-                handle = self._restore_from(proc, payload)
+            handle = self._restore_stored(proc, stored)
             return PrefilledState(handle, len(handle.tokens), self.envelope(proc), True, bytes=handle.n_written)
 
     def decode(self, work: DecodeWork) -> DecodeOutput:
+        """Generate from a handed-off state: the live slot when it still holds the state, else
+        the state's local slot file (same generation), else the stored payload (any generation
+        with an equal envelope, after this generation's probe passed)."""
         with self._slot_lock:
             proc = self.process()
             self.ensure_probed(proc)
             given = own_handle(work.handle) if work.handle is not None else None
             handle = given
-            live = handle is not None and handle.generation == proc.generation and handle.token == self._slot_owner
-            restored = False
-            if not live:
+            source = "live"
+            if handle is None or handle.generation != proc.generation or handle.token != self._slot_owner:
                 if handle is not None and handle.snapshot is not None and handle.generation == proc.generation:
-                    with open(handle.snapshot, "rb") as raw:
-                        handle = self._restore_from(proc, _prefixed(handle, raw))
+                    token = self._restore_named(proc, handle.snapshot.name, handle.n_saved, handle.n_written)
+                    handle = LlamaHandle(token, handle.tokens, proc.generation, handle.n_saved, handle.n_written)
+                    source = "local"
                 elif work.stored is not None:
-                    if work.stored.envelope.get("generation") != proc.generation:
-                        raise WerkError(ErrorCode.INCOMPATIBLE_STATE, "snapshot belongs to another generation")
-                    with work.stored.open_payload() as payload:
-                        handle = self._restore_from(proc, payload)
+                    handle = self._restore_stored(proc, work.stored)
+                    source = "stored"
                 else:
                     raise _unavailable("the live state is gone and no snapshot exists")
-                restored = True
-            assert handle is not None
             opts = work.options
             try:
                 done = self.client(proc).completion(
@@ -487,6 +529,7 @@ class LlamaCppAdapter:
                     top_p=opts.top_p,
                     seed=opts.seed,
                     stop=list(opts.stop) or None,
+                    timeout=STATE_WORK_TIMEOUT_S,
                 )
             except NativeError as err:
                 raise self.native_failure(err, "decode") from err
@@ -496,7 +539,8 @@ class LlamaCppAdapter:
                     given.snapshot.unlink(missing_ok=True)
                     given.snapshot = None
             self.last_decode = {
-                "restored": restored,
+                "restored": source != "live",
+                "source": source,
                 "prompt_tokens": len(handle.tokens),
                 "cache_n": done.cache_n,
                 "prompt_n": done.prompt_n,
@@ -638,23 +682,6 @@ class LlamaCppAdapter:
     def forget_slot(self) -> None:
         """Something other than state work may have used the state slot."""
         self._slot_owner = None
-
-
-class _prefixed:
-    """A reader presenting a local slot file as a snapshot payload (header + bytes)."""
-
-    def __init__(self, handle: LlamaHandle, raw: Reader) -> None:
-        self._head = snapshot_head(handle)
-        self._raw = raw
-
-    def read(self, n: int = -1) -> bytes:
-        if not self._head:
-            return self._raw.read(n)
-        if n < 0:
-            out, self._head = self._head, b""
-            return out + self._raw.read()
-        out, self._head = self._head[:n], self._head[n:]
-        return out
 
 
 def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> LlamaCppAdapter:

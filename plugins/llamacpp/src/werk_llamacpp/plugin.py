@@ -33,9 +33,10 @@ from werk_host.protocol import (
     ReasoningProfile,
     WorkerObservation,
 )
-from werk_host.service.reasoning import unsupported_profile
 
+from . import reasoning
 from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, LlamaCppAdapter, accepts, create_adapter
+from .session import LlamaSessionSnapshots, session_snapshots
 
 
 @hookimpl
@@ -59,10 +60,7 @@ def werk_capabilities(adapter: LlamaCppAdapter) -> dict[CapabilityId, Capability
 
 @hookimpl
 def werk_producer_envelope(adapter: LlamaCppAdapter, model_id: str) -> dict[str, str]:
-    proc = adapter.current()
-    if proc is None or model_id != adapter.manifest.name:
-        raise WerkError(ErrorCode.UNAVAILABLE, "no live llama-server for this model", retryable=True)
-    return adapter.envelope(proc)
+    return adapter.producer_envelope(model_id)
 
 
 @hookimpl
@@ -97,7 +95,8 @@ def werk_state_move(adapter: LlamaCppAdapter, work: MoveWork) -> MoveOutput:
 
 @hookimpl
 def werk_count_tokens(adapter: LlamaCppAdapter, request: ChatRequest) -> int:
-    return adapter.count_tokens(request)
+    # with werk.reasoning: the body the chat sends, thinking switch and budget included
+    return adapter.count_tokens(reasoning.counted_request(adapter, request))
 
 
 @hookimpl
@@ -107,27 +106,33 @@ def werk_chat_limits(adapter: LlamaCppAdapter, model: str | None) -> ChatLimits:
 
 @hookimpl
 def werk_reasoning_profile(adapter: LlamaCppAdapter, model: str | None, max_output_tokens: int) -> ReasoningProfile:
-    # No budget control has been verified for this runtime's template: report that truthfully.
-    return unsupported_profile(model or adapter.manifest.name, BACKEND_ID)
+    # Tiers only where the running server's budget control is verified (werk_llamacpp.reasoning).
+    return reasoning.reasoning_profile(adapter, model or adapter.manifest.name, max_output_tokens)
 
 
-def _proxy(adapter: LlamaCppAdapter, path: str, request: JsonObject) -> InferenceResponse:
+def _proxy(adapter: LlamaCppAdapter, path: str, body: JsonObject) -> InferenceResponse:
+    """Forward ``body`` (already without ``werk``) to the live llama-server."""
     proc = adapter.process()
     pool = adapter.proxy_pool(proc)
     adapter.forget_slot()
-    body = {k: v for k, v in request.items() if k != "werk"}
     body["cache_prompt"] = True
     return forward(pool, path, body)
 
 
 @hookimpl
 def werk_chat_completion(adapter: LlamaCppAdapter, request: JsonObject) -> InferenceResponse:
-    return _proxy(adapter, "/v1/chat/completions", request)
+    # a resolved werk.reasoning tier becomes llama-server's thinking switch and budget
+    return _proxy(adapter, "/v1/chat/completions", reasoning.forwarded_chat(request))
 
 
 @hookimpl
 def werk_text_completion(adapter: LlamaCppAdapter, request: JsonObject) -> InferenceResponse:
-    return _proxy(adapter, "/v1/completions", request)
+    return _proxy(adapter, "/v1/completions", {k: v for k, v in request.items() if k != "werk"})
+
+
+@hookimpl
+def werk_session_snapshots(adapter: LlamaCppAdapter, model_id: str) -> LlamaSessionSnapshots:
+    return session_snapshots(adapter, model_id)
 
 
 @hookimpl

@@ -16,7 +16,9 @@ replay, and checks the counters the server acknowledges (see
 * save: ``n_saved`` ≥ N, ``n_written`` > 0, and the snapshot file in the
   private directory has exactly ``n_written`` bytes;
 * erase: ``n_erased`` = ``n_saved``;
-* restore: ``n_restored`` = ``n_saved`` and ``n_read`` = ``n_written``;
+* restore of that snapshot in Werk's stored format (the slot file followed by Werk's trailer,
+  handed over by :func:`werk_llamacpp.snapshot.presented`, as every stored state is):
+  ``n_restored`` = ``n_saved`` and ``n_read`` = ``n_written``;
 * replay of the same prompt (``cache_prompt``): ``tokens_evaluated`` = N,
   ``cache_n`` + ``prompt_n`` = N, ``cache_n`` ≥ N − 1, ``prompt_n`` ≤ 1 and
   fewer tokens computed than by the prefill. llama-server always recomputes
@@ -42,6 +44,7 @@ from typing import Any
 
 from .native import Completion, LlamaServerClient, NativeError
 from .process import LlamaServerProcess
+from .snapshot import SlotImage, presented
 
 __all__ = ["DEFAULT_PROBE_PROMPT", "ProbeResult", "run_probe"]
 
@@ -169,8 +172,19 @@ def run_probe(
         evidence["erase"] = {"n_erased": erased.n_erased}
         check("erase_counts", erased.n_erased == saved.n_saved, f"n_erased={erased.n_erased} n_saved={saved.n_saved}")
 
-        # 4. restore
-        restored = client.slot_restore(slot, filename)
+        # 4. restore, exactly as a stored state is restored: the slot file followed by Werk's
+        # trailer (snapshot format v2), handed over through snapshot.presented. The trailer's
+        # content is Werk's own and never read by llama-server; the acknowledgement must show
+        # that llama-server read the slot file's bytes and not one more.
+        trailer = SlotImage([0] * saved.n_saved, saved.n_saved, saved.n_written).trailer()
+        with open(snapshot, "ab") as extend:
+            extend.write(trailer)
+        fd = os.open(snapshot, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            with presented(private, fd, saved.n_written) as name:
+                restored = client.slot_restore(slot, name)
+        finally:
+            os.close(fd)
         evidence["restore"] = {
             "n_restored": restored.n_restored,
             "n_read": restored.n_read,

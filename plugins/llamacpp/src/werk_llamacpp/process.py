@@ -44,8 +44,10 @@
   redacted. There is no retry.
 * Fingerprints: executable SHA-256 and help hash (from
   :func:`~werk_llamacpp.binary.inspect_executable`), :attr:`args_hash` over
-  the effective arguments (port and private paths normalized), and a random
-  :attr:`generation` per started process.
+  the effective arguments (port and private paths normalized),
+  :attr:`kv_args_hash` over those that can affect KV state
+  (:func:`kv_layout_args_hash`), and a random :attr:`generation` per started
+  process.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ __all__ = [
     "LlamaServerStartupError",
     "advertised_env",
     "effective_args_hash",
+    "kv_layout_args_hash",
     "last_flag_value",
 ]
 
@@ -94,6 +97,27 @@ _STRIPPED_ENV_PREFIXES = ("LLAMA_ARG_",)
 _API_KEY_FLAG = "--api-key"
 _API_KEY_ENV = "LLAMA_API_KEY"
 _STRIPPED_ENV = (_API_KEY_ENV,)
+#: Flags (with a value) that cannot change what a slot's KV state holds or how it is laid out:
+#: network plumbing, the private snapshot directory, the served name, thread counts and the model
+#: path (the model itself is the envelope's ``model_identity``/``model_files``).
+_KV_NEUTRAL_VALUE_FLAGS = frozenset(
+    {
+        "--host",
+        "--port",
+        "--slot-save-path",
+        "-a",
+        "--alias",
+        "-t",
+        "--threads",
+        "-tb",
+        "--threads-batch",
+        "--threads-http",
+        "-m",
+        "--model",
+    }
+)
+#: Switches that cannot change a slot's KV state: metrics and the (boolean) native warmup.
+_KV_NEUTRAL_SWITCHES = frozenset({"--metrics", "--warmup", "--no-warmup"})
 _RUN_DIR_PREFIX = "gen-"
 _HELP_ENV = re.compile(r"\(env: ([A-Za-z0-9_]+)\)")
 
@@ -151,6 +175,29 @@ def effective_args_hash(args: Sequence[str]) -> str:
             continue
         norm.append(arg)
     return hashlib.sha256(json.dumps(norm, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def kv_layout_args_hash(args: Sequence[str]) -> str:
+    """SHA-256 of the effective arguments that can affect a slot's KV state and layout.
+
+    Every argument counts except the few that provably cannot (the module's
+    ``_KV_NEUTRAL_VALUE_FLAGS`` with their values and ``_KV_NEUTRAL_SWITCHES``): context size,
+    slot count, cache types, unified KV, rope and offload settings all stay in. This is the
+    ``kv_args_sha256`` dimension of the llama.cpp compatibility envelope, so a restart with
+    another port, thread count or model path keeps its states restorable (docs/states.md).
+    """
+    kept: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        if name in _KV_NEUTRAL_VALUE_FLAGS:
+            i += 1 if "=" in arg else 2
+            continue
+        if arg not in _KV_NEUTRAL_SWITCHES:
+            kept.append(arg)
+        i += 1
+    return hashlib.sha256(json.dumps(kept, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def advertised_env(help_text: str, flag: str) -> str | None:
@@ -235,6 +282,7 @@ class LlamaServerProcess:
         self.argv: list[str] = []
         self.generated_args: list[str] = []
         self.args_hash: str = ""
+        self.kv_args_hash: str = ""
         self.run_dir: Path | None = None
         self.slot_dir: Path | None = None
         self.log_path: Path | None = None
@@ -297,13 +345,15 @@ class LlamaServerProcess:
         return Path(value) if value else None
 
     def fingerprints(self) -> dict[str, str]:
-        """Executable SHA-256, help hash, effective-argument hash and process generation."""
+        """Executable SHA-256, help hash, effective-argument hashes (all, and the KV-relevant
+        subset) and process generation."""
         if self.binary is None:
             raise LlamaServerError("process not started")
         return {
             "executable_sha256": self.binary.sha256,
             "help_sha256": self.binary.help_sha256,
             "args_sha256": self.args_hash,
+            "kv_args_sha256": self.kv_args_hash,
             "generation": self.generation,
         }
 
@@ -382,6 +432,7 @@ class LlamaServerProcess:
                 tail = [*self.generated_args, *self.extra_args, *self.env_args]
                 self.argv = [str(info.path), *tail]
                 self.args_hash = effective_args_hash(tail)
+                self.kv_args_hash = kv_layout_args_hash(tail)
                 final_port = last_flag_value(tail, _PORT_FLAGS)
                 if final_port is not None and final_port.isdigit():
                     self.port = int(final_port)

@@ -1,0 +1,283 @@
+"""Control-plane throughput: 32 keep-alive clients on three ``/werk/v1`` routes, Werk vs a bare app.
+
+Targets, both separate processes on loopback, both waitress with the same settings and thread
+count (``werk_host.server.make_server``, ``--threads``, default ``werk serve``'s 8):
+
+* ``werk`` - a real ``werk serve`` subprocess (llama.cpp backend, a generated model), with 100
+  named states committed through ``POST /werk/v1/prefill`` first;
+* ``bare`` - a bare falcon app (no middleware, no auth) answering each route with the very
+  bytes Werk answered it with (same size, same content type).
+
+Routes: ``GET /werk/v1/capabilities``, ``GET /werk/v1/states?limit=100`` and
+``POST /werk/v1/chat/count_tokens`` (one fixed request: the adapter's count cache serves it,
+as it serves a client that plans the same request twice).
+
+The load: ``--clients`` (32) connections kept alive, each sending its next request as soon as
+its previous answer is read, driven by one ``selectors`` loop in this process (a raw-socket
+client, so the client costs little of the 2 cores). For each route, ``--rounds`` rounds of
+``--seconds`` each alternate the targets ABBA after a warm-up. Prints requests/s and the p50
+and p99 latency per route and target, and per route the throughput ratio werk/bare; the last
+line is the smallest ratio (target >= 0.8).
+
+    .venv/bin/python bench/control_load.py [--clients 32] [--seconds 2] [--rounds 4] [--threads 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import selectors
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from werk_llamacpp.testmodel import generate_model  # noqa: E402
+
+from bench.proxy_overhead import KEY, MODEL, Target, git_describe, llama_server, werk_serve  # noqa: E402
+from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
+
+TARGET = 0.8
+STATES = 100
+COUNT_BODY = json.dumps({"messages": [{"role": "user", "content": "how many tokens is this request?"}]}).encode()
+ROUTES: tuple[tuple[str, str, bytes | None], ...] = (
+    ("capabilities", "/werk/v1/capabilities", None),
+    ("states", "/werk/v1/states?limit=100", None),
+    ("count_tokens", "/werk/v1/chat/count_tokens", COUNT_BODY),
+)
+
+
+def request_bytes(path: str, body: bytes | None, auth: bool) -> bytes:
+    method = "POST" if body is not None else "GET"
+    head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Accept: application/json"]
+    if auth:
+        head.append(f"Authorization: Bearer {KEY}")
+    if body is not None:
+        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
+
+
+@dataclass
+class Conn:
+    sock: socket.socket
+    request: bytes
+    started: float = 0.0
+    buf: bytearray = field(default_factory=bytearray)
+    need: int = -1  # total bytes of the response being read, once its head is in
+
+
+def _response_size(buf: bytearray) -> int:
+    """Head + Content-Length of a complete response head in ``buf``, or -1 if not yet in."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return -1
+    head = bytes(buf[:end]).decode("latin-1")
+    status = head.split(" ", 2)[1]
+    if status != "200":
+        raise RuntimeError(f"answered {head.splitlines()[0]}: {bytes(buf[:400])!r}")
+    for line in head.split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            return end + 4 + int(value)
+    raise RuntimeError(f"no Content-Length in {head!r}")
+
+
+def load(port: int, request: bytes, clients: int, seconds: float) -> list[float]:
+    """Latencies (ms) of every request completed by ``clients`` keep-alive connections in ``seconds``."""
+    sel = selectors.DefaultSelector()
+    conns = []
+    for _ in range(clients):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        conn = Conn(sock, request)
+        conns.append(conn)
+        sel.register(sock, selectors.EVENT_READ, conn)
+    latencies: list[float] = []
+    now = time.perf_counter()
+    deadline = now + seconds
+    for conn in conns:
+        conn.started = now
+        conn.sock.sendall(conn.request)
+    try:
+        while True:
+            for key, _ in sel.select(timeout=1.0):
+                conn = key.data
+                chunk = conn.sock.recv(1 << 20)
+                if not chunk:
+                    raise RuntimeError("the server closed a keep-alive connection")
+                conn.buf += chunk
+                if conn.need < 0:
+                    conn.need = _response_size(conn.buf)
+                if conn.need < 0 or len(conn.buf) < conn.need:
+                    continue
+                done = time.perf_counter()
+                latencies.append((done - conn.started) * 1000.0)
+                del conn.buf[: conn.need]
+                conn.need = -1
+                if done < deadline:
+                    conn.started = done
+                    conn.sock.sendall(conn.request)
+                else:
+                    sel.unregister(conn.sock)
+            if not sel.get_map():
+                return latencies
+    finally:
+        for conn in conns:
+            conn.sock.close()
+        sel.close()
+
+
+# -- the bare app (run as a subprocess: ``--bare BODIES_JSON``) ----------------------------------
+def serve_bare(bodies_file: Path, threads: int) -> None:
+    import falcon
+
+    from werk_host.config import ServerLimits
+    from werk_host.server import make_server
+
+    bodies: dict[str, str] = json.loads(bodies_file.read_text())
+
+    class Canned:
+        def __init__(self, body: bytes) -> None:
+            self.body = body
+
+        def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+            resp.content_type = "application/json"
+            resp.data = self.body
+
+        def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+            req.bounded_stream.read()
+            resp.content_type = "application/json"
+            resp.data = self.body
+
+    app = falcon.App()
+    for name, path, _ in ROUTES:
+        app.add_route(path.split("?")[0], Canned(bodies[name].encode()))
+    server = make_server(app, "127.0.0.1", 0, ServerLimits(threads=threads))
+    print(json.dumps({"port": server.getsockname()[1]}), flush=True)
+    server.run()
+
+
+def start_bare(bodies: dict[str, bytes], work: Path, threads: int) -> tuple[subprocess.Popen[str], int]:
+    path = work / "bodies.json"
+    path.write_text(json.dumps({k: v.decode() for k, v in bodies.items()}))
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--bare", str(path), "--threads", str(threads)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    return proc, int(json.loads(proc.stdout.readline())["port"])
+
+
+def make_states(port: int, n: int) -> None:
+    api = Target(port, "/werk/v1/prefill", {"Authorization": f"Bearer {KEY}"})
+    for i in range(n):
+        body = {
+            "model_id": MODEL,
+            "input": {"type": "text", "text": f"state {i} {secrets.token_hex(4)} of the control-load catalog"},
+            "allow_experimental": True,
+        }
+        api.post(json.dumps(body).encode())
+
+
+def fetch(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(request)
+        buf = bytearray()
+        need = -1
+        while need < 0 or len(buf) < need:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                raise RuntimeError(f"connection closed: {bytes(buf[:300])!r}")
+            buf += chunk
+            need = _response_size(buf) if need < 0 else need
+        return bytes(buf[buf.find(b"\r\n\r\n") + 4 : need])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of one measured phase")
+    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds per route (even)")
+    parser.add_argument("--threads", type=int, default=8, help="waitress threads, both targets")
+    parser.add_argument("--bare", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare is not None:
+        serve_bare(args.bare, args.threads)
+        return 0
+
+    server = llama_server()
+    work = Path(tempfile.mkdtemp(prefix="werk-bench-control-"))
+    model = generate_model(work / "bench.gguf")
+    home = work / "home"
+    home.mkdir()
+    ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [model], backend="llama.cpp"))
+    with werk_serve(home, server, 1, extra=["--threads", str(args.threads)]) as (werk_port, _, _):
+        make_states(werk_port, STATES)
+        requests = {name: request_bytes(path, body, auth=True) for name, path, body in ROUTES}
+        bodies = {name: fetch(werk_port, requests[name]) for name, _, _ in ROUTES}
+        assert bodies["states"].count(b'"id":"st_') == STATES, bodies["states"][:300]
+        bare, bare_port = start_bare(bodies, work, args.threads)
+        try:
+            ports = {"werk": werk_port, "bare": bare_port}
+            for name, _, _ in ROUTES:
+                assert fetch(bare_port, requests[name]) == bodies[name]
+            results: dict[str, dict[str, list[float]]] = {}
+            rates: dict[str, dict[str, list[float]]] = {}
+            for name, _, _ in ROUTES:
+                results[name] = {"werk": [], "bare": []}
+                rates[name] = {"werk": [], "bare": []}
+                for target in ("werk", "bare"):  # warm-up
+                    load(ports[target], requests[name], args.clients, args.seconds / 2)
+                for round_no in range(args.rounds):
+                    order = ("werk", "bare") if round_no % 2 == 0 else ("bare", "werk")
+                    for target in order:
+                        latencies = load(ports[target], requests[name], args.clients, args.seconds)
+                        results[name][target] += latencies
+                        rates[name][target].append(len(latencies) / args.seconds)
+        finally:
+            bare.terminate()
+            bare.wait(timeout=10)
+
+    print(
+        f"commit {git_describe()} | werk serve (llama.cpp, generated model, {STATES} states) vs bare falcon app "
+        f"| waitress threads {args.threads} both | {args.clients} keep-alive clients | {args.rounds} ABBA rounds "
+        f"x {args.seconds}s per route and target | {platform.machine()} {os.cpu_count()} CPUs "
+        f"| load {os.getloadavg()[0]:.2f}"
+    )
+    ratios = {}
+    for name, path, body in ROUTES:
+        line = [f"  {('POST ' if body else 'GET ') + path:<36} body {len(bodies[name]):>6} B"]
+        for target in ("werk", "bare"):
+            rps = statistics.median(rates[name][target])
+            lat = results[name][target]
+            line.append(
+                f"{target} {rps:7.0f} req/s p50 {percentile(lat, 0.5):6.2f} ms p99 {percentile(lat, 0.99):6.2f} ms"
+            )
+        ratios[name] = statistics.median(rates[name]["werk"]) / statistics.median(rates[name]["bare"])
+        line.append(f"ratio {ratios[name]:.2f}")
+        print(" | ".join(line))
+    worst = min(ratios, key=lambda k: ratios[k])
+    print(f"RATIO werk/bare requests/s (lowest: {worst}) = {ratios[worst]:.2f}  (target >= {TARGET})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Werk's llama.cpp snapshot format and how a verified payload reaches ``llama-server``.
+
+Format (cache layout ``werk-llamacpp-slot-v2``, docs/states.md)::
+
+    llama-server slot file (n_written bytes) | JSON header | u32 big-endian header length | MAGIC
+
+The JSON header holds the exact prompt ``tokens`` and the save acknowledgement
+(``n_saved`` tokens, ``n_written`` bytes). The slot file comes first so that ``llama-server``
+can restore the stored payload file itself: it reads exactly the ``n_written`` bytes its save
+acknowledged and stops there. That is verified, never assumed: every restore must be
+acknowledged with ``n_read == n_written`` and ``n_restored == n_saved``, and the functional
+probe (:mod:`.probe`) restores a snapshot in this exact format, through :func:`presented`,
+before a process generation may restore any state.
+
+:func:`presented` hands ``llama-server`` the first ``n_written`` bytes of an open payload under
+a fresh name in its private slot directory: a link to ``/proc/<werk pid>/fd/<fd>`` where the
+platform has one (the already verified inode, whatever happens to its path meanwhile; no
+copy), else a private copy of those bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from werk_host.errors import ErrorCode, WerkError
+
+__all__ = ["MAGIC", "MAX_HEADER_BYTES", "SlotImage", "presented", "read_image"]
+
+MAGIC = b"\nWERKLCPP2\n"
+MAX_HEADER_BYTES = 16 << 20
+_LENGTH = struct.Struct(">I")
+_TAIL = _LENGTH.size + len(MAGIC)
+_COPY_CHUNK = 1 << 20
+
+
+def _corrupt(message: str) -> WerkError:
+    return WerkError(ErrorCode.CORRUPT_STATE, message)
+
+
+@dataclass(frozen=True)
+class SlotImage:
+    """What a snapshot says about its slot file: the prompt tokens and the save acknowledgement."""
+
+    tokens: list[int]
+    n_saved: int
+    n_written: int
+
+    def trailer(self) -> bytes:
+        """``JSON header | u32 length | MAGIC``, written after the slot file's bytes."""
+        header = json.dumps(
+            {"tokens": self.tokens, "n_saved": self.n_saved, "n_written": self.n_written}, separators=(",", ":")
+        ).encode()
+        return header + _LENGTH.pack(len(header)) + MAGIC
+
+    def size(self) -> int:
+        """The whole snapshot's size in bytes."""
+        return self.n_written + len(self.trailer())
+
+
+def read_image(fd: int, size: int) -> SlotImage:
+    """Parse the trailer of the ``size``-byte snapshot open at ``fd`` (positional reads only).
+
+    Raises ``corrupt_state`` when the trailer is missing or malformed, when the header's byte
+    count does not add up to ``size`` or its token count differs from ``n_saved``.
+    """
+    if size < _TAIL:
+        raise _corrupt("snapshot is not a llama.cpp Werk snapshot")
+    tail = os.pread(fd, _TAIL, size - _TAIL)
+    if len(tail) != _TAIL or tail[_LENGTH.size :] != MAGIC:
+        raise _corrupt("snapshot is not a llama.cpp Werk snapshot")
+    (length,) = _LENGTH.unpack(tail[: _LENGTH.size])
+    if length > MAX_HEADER_BYTES or length > size - _TAIL:
+        raise _corrupt("snapshot header length is out of bounds")
+    raw = os.pread(fd, length, size - _TAIL - length)
+    try:
+        header = json.loads(raw)
+        tokens = [int(t) for t in header["tokens"]]
+        n_saved, n_written = int(header["n_saved"]), int(header["n_written"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise _corrupt("snapshot header is malformed") from err
+    if n_written + length + _TAIL != size or n_saved != len(tokens) or n_written <= 0:
+        raise _corrupt("snapshot header does not match the snapshot")
+    return SlotImage(tokens, n_saved, n_written)
+
+
+def _fd_link(fd: int) -> str | None:
+    """A path that reopens exactly the inode open at ``fd`` from another process, if any."""
+    path = f"/proc/{os.getpid()}/fd/{fd}"
+    return path if os.path.exists(path) else None
+
+
+@contextmanager
+def presented(slot_dir: Path, fd: int, n_bytes: int) -> Iterator[str]:
+    """Yield a fresh file name in ``slot_dir`` whose first ``n_bytes`` are those of ``fd``.
+
+    ``slot_dir`` is the process's private slot directory; the name is random and created
+    exclusively (a link to the open descriptor, or a private copy of the bytes where no such
+    link exists) and removed when the block exits.
+    """
+    name = f"werk-restore-{secrets.token_hex(16)}.bin"
+    path = slot_dir / name
+    target = _fd_link(fd)
+    try:
+        if target is not None:
+            os.symlink(target, path)
+        else:
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                offset = 0
+                while offset < n_bytes:
+                    chunk = os.pread(fd, min(_COPY_CHUNK, n_bytes - offset), offset)
+                    if not chunk:
+                        raise _corrupt("snapshot is shorter than its save acknowledgement")
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view) :]
+                    offset += len(chunk)
+            finally:
+                os.close(out)
+        yield name
+    finally:
+        path.unlink(missing_ok=True)
