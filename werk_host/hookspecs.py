@@ -149,7 +149,11 @@ def werk_count_tokens(adapter: Adapter, request: ChatRequest) -> int | None:
     """Exact input-token count of a chat request from the backend's own template and
     tokenizer: the ``prompt_tokens`` the backend's ``/v1`` usage would report. Never an
     estimate: raise ``unsupported`` instead; ``unavailable`` (retryable) on a temporary
-    native failure; ``invalid_request`` for content the model cannot take."""
+    native failure; ``invalid_request`` for content the model cannot take. Besides
+    count_tokens and near-limit admission, the host calls it for about 25 short sentinel
+    requests once per adapter identity to calibrate its admission upper bound
+    (:mod:`werk_host.service.admission`), and checks that bound against the usage the backend
+    later reports, so the count must equal that usage exactly."""
 
 
 @hookspec(firstresult=True)
