@@ -167,7 +167,7 @@ class LlamaCppAdapter:
         self.warmup_tokens = int(opts.get("warmup_tokens", config.warmup_tokens))  # --warmup-tokens
         self.work_dir = config.home / "backends" / "llamacpp"
         self._life = threading.RLock()
-        self._slot_lock = threading.Lock()
+        self.slot_lock = threading.Lock()  # held by every user of the state slot: named states, session snapshots
         self._process: LlamaServerProcess | None = None
         self._probes: dict[str, ProbeResult] = {}
         self._model_files: dict[str, str] = {}
@@ -377,7 +377,7 @@ class LlamaCppAdapter:
     def prefill(self, work: PrefillWork) -> PrefilledState:
         if work.model_id != self.manifest.name:
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served by this adapter")
-        with self._slot_lock:
+        with self.slot_lock:
             proc = self.process()
             self.ensure_probed(proc)
             client, slot = self.client(proc), self.state_slot
@@ -443,7 +443,7 @@ class LlamaCppAdapter:
 
         return Snapshot(chunks=chunks(), size=handle.n_written + len(trailer), close=close)
 
-    def _restore_named(self, proc: LlamaServerProcess, name: str, n_saved: int, n_written: int) -> str:
+    def restore_slot_file(self, proc: LlamaServerProcess, name: str, n_saved: int, n_written: int) -> str:
         """Restore the slot file ``name`` (in the private slot directory) into the state slot and
         require the exact acknowledgement; returns the new slot owner token.
 
@@ -488,11 +488,11 @@ class LlamaCppAdapter:
             fd = payload.fileno()
             image = read_image(fd, os.fstat(fd).st_size)
             with presented(proc.slot_dir, fd, image.n_written) as name:
-                token = self._restore_named(proc, name, image.n_saved, image.n_written)
+                token = self.restore_slot_file(proc, name, image.n_saved, image.n_written)
         return LlamaHandle(token, image.tokens, proc.generation, image.n_saved, image.n_written)
 
     def restore(self, stored: StoredStateRef) -> PrefilledState:
-        with self._slot_lock:
+        with self.slot_lock:
             proc = self.process()
             self.ensure_probed(proc)
             handle = self._restore_stored(proc, stored)
@@ -502,7 +502,7 @@ class LlamaCppAdapter:
         """Generate from a handed-off state: the live slot when it still holds the state, else
         the state's local slot file (same generation), else the stored payload (any generation
         with an equal envelope, after this generation's probe passed)."""
-        with self._slot_lock:
+        with self.slot_lock:
             proc = self.process()
             self.ensure_probed(proc)
             given = own_handle(work.handle) if work.handle is not None else None
@@ -510,7 +510,7 @@ class LlamaCppAdapter:
             source = "live"
             if handle is None or handle.generation != proc.generation or handle.token != self._slot_owner:
                 if handle is not None and handle.snapshot is not None and handle.generation == proc.generation:
-                    token = self._restore_named(proc, handle.snapshot.name, handle.n_saved, handle.n_written)
+                    token = self.restore_slot_file(proc, handle.snapshot.name, handle.n_saved, handle.n_written)
                     handle = LlamaHandle(token, handle.tokens, proc.generation, handle.n_saved, handle.n_written)
                     source = "local"
                 elif work.stored is not None:

@@ -175,7 +175,7 @@ class LlamaSessionSnapshots:
         assert proc.slot_dir is not None
         name = f"werk-session-{secrets.token_hex(16)}.bin"
         path = proc.slot_dir / name
-        with self.adapter._slot_lock:
+        with self.adapter.slot_lock:
             try:
                 saved = self.adapter.client(proc).slot_save(self.adapter.state_slot, name)
             except NativeError as err:
@@ -205,7 +205,7 @@ class LlamaSessionSnapshots:
     def restore(self, stored: StoredStateRef) -> int:
         proc = self._live()
         client, slot = self.adapter.client(proc), self.adapter.state_slot
-        with self.adapter._slot_lock:
+        with self.adapter.slot_lock:
             try:
                 return self._restore(proc, stored)
             except WerkError:
@@ -239,7 +239,7 @@ class LlamaSessionSnapshots:
             if os.fstat(fd).st_size != n_written:
                 raise WerkError(ErrorCode.CORRUPT_STATE, "the session snapshot's size is not its save acknowledgement")
             with presented(proc.slot_dir, fd, n_written) as name:
-                self.adapter._restore_named(proc, name, n_saved, n_written)
+                self.adapter.restore_slot_file(proc, name, n_saved, n_written)
         return n_saved
 
     def cached_tokens(self, usage_event: JsonObject) -> int | None:
