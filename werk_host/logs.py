@@ -5,6 +5,10 @@ A client must not be able to flood the log (docs/operations.md, "Logs"):
 * :class:`RateLimitFilter` lets one record per key through per interval and reports how many
   were suppressed on the next one it lets through (waitress's "Task queue depth" warning is
   keyed by message template and limited this way).
+* :class:`QueueDepthLog` applies the same limit before a record is even made, in place of
+  waitress's queue logger on ``werk serve``'s dispatcher: waitress warns on every request that
+  waits for a worker, under its dispatcher lock, so making and dropping those records would
+  cost the server more than the requests under load.
 * :class:`TracebackThrottle` decides whether an unexpected error's traceback is logged: at most
   once per distinct error site (exception type, file and line of the innermost frame) per
   interval; every error still gets one line with its request id.
@@ -92,11 +96,42 @@ class RateLimitFilter(logging.Filter):
         self._window = _Window(interval, clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, _PRELIMITED, False):
+            return True  # limited by QueueDepthLog before it was made
         allowed, suppressed = self._window.admit((record.name, record.levelno, str(record.msg)))
         if allowed and suppressed:
             record.msg = f"{record.getMessage()} ({suppressed} similar suppressed)"
             record.args = None
         return allowed
+
+
+#: ``extra`` marking a record that was rate-limited before it was made (RateLimitFilter passes it).
+_PRELIMITED: Final = "werk_prelimited"
+
+
+class QueueDepthLog:
+    """Stands in for waitress's ``waitress.queue`` logger on a task dispatcher.
+
+    Emits at most one "Task queue depth" warning per ``interval``, with the number of
+    warnings suppressed since the last one, as :class:`RateLimitFilter` would; but decides
+    before a log record is made, so a suppressed warning costs one clock read.
+    """
+
+    def __init__(
+        self, logger: logging.Logger, interval: float = LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._logger = logger
+        self._window = _Window(interval, clock)
+
+    def warning(self, msg: str, *args: object) -> None:
+        """Called by waitress as ``warning("Task queue depth is %d", depth)``."""
+        allowed, suppressed = self._window.admit(msg)
+        if not allowed:
+            return
+        if suppressed:
+            self._logger.warning(f"{msg} ({suppressed} similar suppressed)", *args, extra={_PRELIMITED: True})
+        else:
+            self._logger.warning(msg, *args, extra={_PRELIMITED: True})
 
 
 class TracebackThrottle:

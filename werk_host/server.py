@@ -15,6 +15,7 @@ import falcon
 from werk_host.config import HostConfig, ServerLimits
 from werk_host.deployments.registry import profile_for
 from werk_host.http.app import create_app
+from werk_host.logs import WAITRESS_QUEUE_LOGGER, QueueDepthLog
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
 from werk_host.paths import ensure_private_dir
 from werk_host.plugins import PluginHost
@@ -83,7 +84,7 @@ def make_server(app: falcon.App[Any, Any], host: str, port: int, limits: ServerL
     """The waitress server ``werk serve`` runs (tests serve through it too); ``port`` 0 = any."""
     from waitress.server import create_server  # type: ignore[import-untyped]
 
-    return create_server(
+    server = create_server(
         app,
         host=host,
         port=port,
@@ -98,6 +99,8 @@ def make_server(app: falcon.App[Any, Any], host: str, port: int, limits: ServerL
         # is noticed (waitress.client_disconnected) and its inference request cancelled
         channel_request_lookahead=1,
     )
+    server.task_dispatcher.queue_logger = QueueDepthLog(logging.getLogger(WAITRESS_QUEUE_LOGGER))
+    return server
 
 
 def serve(config: HostConfig) -> int:

@@ -75,6 +75,8 @@ class Authenticator:
     def __init__(self, api_keys: tuple[str, ...], namespace_secret: bytes) -> None:
         self._keys = tuple(k.encode() for k in api_keys if k)
         self._secret = namespace_secret
+        # Derived once per configured key: a request pays the key comparisons, not an HMAC.
+        self._principals = tuple(self._derive(key) for key in self._keys)
         self._local = Principal(hmac.new(namespace_secret, b"local-principal", hashlib.sha256).hexdigest())
 
     @property
@@ -88,12 +90,14 @@ class Authenticator:
         if not presented:
             return None
         candidate = presented.encode()
-        matched = False
-        for key in self._keys:  # compare against every key: no early exit
-            matched |= hmac.compare_digest(candidate, key)
-        if not matched:
-            return None
-        return Principal(hmac.new(self._secret, b"principal:" + candidate, hashlib.sha256).hexdigest())
+        found: Principal | None = None
+        for key, principal in zip(self._keys, self._principals, strict=True):  # every key: no early exit
+            if hmac.compare_digest(candidate, key):
+                found = principal
+        return found
+
+    def _derive(self, key: bytes) -> Principal:
+        return Principal(hmac.new(self._secret, b"principal:" + key, hashlib.sha256).hexdigest())
 
     def prompt_fingerprint(self, principal: Principal, material: bytes) -> str:
         """A principal-keyed fingerprint: identical prompts of two principals never collide."""
