@@ -241,6 +241,20 @@ def test_a_pooled_connection_closed_by_the_server_is_replaced(upstream: Upstream
     assert len(upstream.requests) == 2  # each request reached the upstream exactly once
 
 
+def test_an_idle_connection_the_server_closed_is_not_handed_out(upstream: Upstream, pool: ConnectionPool) -> None:
+    assert post_json(pool, "/echo", {"n": 1}) == {"got": {"n": 1}}
+    live, reused = pool.acquire()
+    assert reused and live.sock is not None  # open on both ends: reused
+    pool.release(live)
+    with stale_connection(pool) as stale:
+        conn, reused = pool.acquire()
+        assert conn is not stale and stale.sock is None  # the closed one was dropped, unsent
+        assert conn is live and reused
+        pool.release(conn)
+    assert post_json(pool, "/echo", {"n": 2}) == {"got": {"n": 2}}
+    assert len(upstream.requests) == 2 and upstream.peers()[0] == upstream.peers()[1]
+
+
 # -- forward --------------------------------------------------------------------------------------
 
 

@@ -7,7 +7,10 @@ contract:
 * **Pooling.** Keep-alive connections to one ``host:port``. A connection goes back to the pool
   only when its previous response was read to the end and the server did not announce a close;
   it is reused only while younger than ``idle_reuse_s`` (set it a little under the server's own
-  keep-alive timeout). A reused connection that fails the way a connection closed by the server
+  keep-alive timeout), and only while the server has not closed it meanwhile (a non-blocking
+  poll of the idle socket: readable means EOF or stray bytes, so the connection is dropped;
+  llama-server closes after every streamed answer despite announcing keep-alive). A reused
+  connection that still fails the way a connection closed by the server
   before it read the request fails (:data:`STALE`) is replaced by a fresh one and the request is
   sent again: it never ran. Anything else is never retried.
 * **Authentication.** With ``api_key``, every request carries ``Authorization: Bearer <key>``;
@@ -105,7 +108,7 @@ class ConnectionPool:
             now = time.monotonic()
             while self._idle:
                 since, candidate = self._idle.pop()
-                if now - since < self.idle_reuse_s:
+                if now - since < self.idle_reuse_s and _still_open(candidate):
                     conn = candidate
                     break
                 stale.append(candidate)
@@ -139,6 +142,21 @@ class ConnectionPool:
 
     def __repr__(self) -> str:
         return f"<ConnectionPool {self.label} {self.host}:{self.port} idle={self.idle()}>"
+
+
+def _still_open(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle keep-alive connection may still be used: connected, nothing to read.
+
+    An idle connection has no response pending, so a readable socket means the server closed
+    it (EOF) or sent bytes nobody asked for; either way it is not reused. ``poll`` rather
+    than ``select``: descriptors may lie past ``FD_SETSIZE``.
+    """
+    sock = conn.sock
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+    return not poller.poll(0)
 
 
 class ClientGone(WerkError):
