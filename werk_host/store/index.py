@@ -197,23 +197,67 @@ class IndexedStore(StoreBase):
         return Look(kind, record=record, meta=meta, pinned=pinned)
 
     def _look(self, pfd: int, principal: str, sid: str, now_ms: int) -> Look:
-        """Read-only validation of ``sid``; deep suspects and malformed entries are invalid."""
+        """Read-only validation of ``sid``; deep suspects and malformed entries are invalid.
+
+        A valid look is remembered under the ``stat`` identity of the state directory and
+        reused (expiry re-evaluated at ``now_ms``) while that identity is unchanged: every
+        change a store writer makes to a state, in any process (commit, pin, unpin, access
+        time, removal), adds, renames or removes an entry of that directory, so it changes
+        the identity. A directory changed within the racy margin is not remembered. Bytes
+        rewritten in place (tampering) are found by load verification and reconciliation,
+        which mark the state suspect; suspects are applied on every look, cached or not.
+        """
         try:
-            sfd = _fs.open_dir(sid, pfd)
+            st = os.stat(sid, dir_fd=pfd, follow_symlinks=False)
         except OSError:
-            return Look(Kind.ABSENT)  # absent, or a link / non-directory that is never followed
-        try:
-            look = self._look_in(sfd, principal, sid, now_ms)
-        except OSError:
-            look = Look(Kind.INVALID)
-        finally:
-            os.close(sfd)
+            return Look(Kind.ABSENT)
+        if not stat.S_ISDIR(st.st_mode):
+            return Look(Kind.ABSENT)  # a link or non-directory is never followed
         key = (principal, sid)
+        cur = _fs.ident(st)
+        with self._cache_lock:
+            cached = self._look_cache.get(key)
+        if cached is not None and cached[0] == cur:
+            record = cached[1]
+            look = Look(
+                Kind.EXPIRED if record.is_expired(now_ms) else Kind.OK,
+                record=record,
+                meta=cached[2],
+                pinned=record.pinned,
+            )
+        else:
+            look = self._look_uncached(pfd, principal, sid, now_ms, cur)
         with self._cache_lock:
             if look.kind == Kind.INVALID:
                 self._suspects.setdefault(key, False)
             elif self._suspects.get(key):
                 look = Look(Kind.INVALID, meta=look.meta, pinned=look.pinned)
+        return look
+
+    def _look_uncached(self, pfd: int, principal: str, sid: str, now_ms: int, seen: _fs.Ident) -> Look:
+        t = _fs.now_ns()
+        try:
+            sfd = _fs.open_dir(sid, pfd)
+        except OSError:
+            return Look(Kind.ABSENT)
+        try:
+            look = self._look_in(sfd, principal, sid, now_ms)
+            after = os.fstat(sfd)
+        except OSError:
+            return Look(Kind.INVALID)
+        finally:
+            os.close(sfd)
+        if (
+            look.kind in (Kind.OK, Kind.EXPIRED)
+            and look.record is not None
+            and look.meta is not None
+            and _fs.ident(after) == seen
+            and not _fs.racy(after, t, layout.RACY_MARGIN_NS)
+        ):
+            with self._cache_lock:
+                if len(self._look_cache) >= _MAX_META_CACHE:
+                    self._look_cache.clear()
+                self._look_cache[(principal, sid)] = (seen, look.record, look.meta)
         return look
 
     def _mark_suspect(self, principal: str, sid: str, *, deep: bool) -> None:

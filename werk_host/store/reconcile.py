@@ -193,6 +193,7 @@ class ReconcilingStore(IndexedStore):
             self._suspects.pop((principal, sid), None)
             self._meta_cache.pop((principal, sid), None)
             self._la_cache.pop((principal, sid), None)
+            self._look_cache.pop((principal, sid), None)
 
     # ------------------------------------------------------------------ reconciliation
 
