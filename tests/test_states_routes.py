@@ -245,3 +245,30 @@ def test_memory_route_reports_real_host_and_null_accelerator(api: tuple[Api, Hos
     }
     obs = data(client.get("/werk/v1/observability"))
     assert obs["memory"]["host"]["capacity_bytes"] > 0
+
+
+def test_listing_follows_every_change_while_its_caches_are_warm(
+    api: tuple[Api, Host], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from werk_host.store import StateStore, layout
+
+    monkeypatch.setattr(layout, "RACY_MARGIN_NS", 0)  # trust timestamps at once: the caches are used
+    client, host = api
+
+    def listed() -> dict[str, bool]:
+        return {s["id"]: s["pinned"] for s in data(client.get("/werk/v1/states"))["states"]}
+
+    a, b, c = make_states(client, 3, prefix="warm")
+    assert listed() == listed() == {a: False, b: False, c: False}
+    assert data(client.post(f"/werk/v1/states/{a}/actions", {"action": "pin"}))["changed"] is True
+    assert listed() == {a: True, b: False, c: False}
+    assert data(client.post(f"/werk/v1/states/{a}/actions", {"action": "unpin"}))["changed"] is True
+    assert data(client.post(f"/werk/v1/states/{b}/actions", {"action": "evict"}))["changed"] is True
+    assert listed() == {a: False, c: False}
+    # another view of the same catalog (as `werk cache` in another process would be) changes it
+    principal = host.auth.authenticate(KEY)
+    assert principal is not None
+    other = StateStore(host.config.home / "runtime-state" / "v1")
+    other.set_pinned(principal.id, c, True)
+    assert other.delete(principal.id, a)
+    assert listed() == {c: True}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -85,6 +86,8 @@ from werk_host.store import StateRecord, StateStore
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "werk-host"
+#: Bound on the listing's remembered state summaries (cleared wholesale when reached).
+_MAX_SUMMARIES = 10_000
 
 
 def _now_ms() -> int:
@@ -129,6 +132,9 @@ class LocalControlService:
         self.leases = MemoryLeases(memory, self.hooks)
         self.capability_resolver = CapabilityResolver(self.hooks, self._host_evidence)
         self.planning = ChatPlanning(runtime, self.hooks, self.capability_resolver)
+        # state id -> (record, envelope, expired, summary): see _listed_summary
+        self._summaries: dict[str, tuple[StateRecord, dict[str, str] | None, bool, StateSummary]] = {}
+        self._summaries_lock = threading.Lock()
 
     # -- helpers -------------------------------------------------------------------------
     def _host_evidence(self) -> dict[CapabilityId, CapabilityReport]:
@@ -197,6 +203,25 @@ class LocalControlService:
             pinned=record.pinned,
             reusable=(not expired) and envelope is not None and envelope == record.envelope,
         )
+
+    def _listed_summary(self, record: StateRecord, envelope: dict[str, str] | None, now_ms: int) -> StateSummary:
+        """:meth:`_summary`, reused while the store hands out the very same record object.
+
+        The store returns one record object per unchanged state (its look cache), so
+        ``is`` identity means "nothing of this state changed"; the envelope and expiry that
+        the summary also depends on are compared on every use.
+        """
+        expired = record.is_expired(now_ms)
+        with self._summaries_lock:
+            cached = self._summaries.get(record.id)
+        if cached is not None and cached[0] is record and cached[1] == envelope and cached[2] == expired:
+            return cached[3]
+        summary = self._summary(record, envelope, now_ms)
+        with self._summaries_lock:
+            if len(self._summaries) >= _MAX_SUMMARIES:
+                self._summaries.clear()
+            self._summaries[record.id] = (record, envelope, expired, summary)
+        return summary
 
     def _record_or_404(self, principal: Principal, state_id: str) -> StateRecord:
         record = self.store.get(principal.id, state_id)
@@ -278,7 +303,7 @@ class LocalControlService:
         for record in records:
             if record.model_id not in envelopes:
                 envelopes[record.model_id] = self._envelope(adapter, record.model_id) if adapter else None
-            summaries.append(self._summary(record, envelopes[record.model_id], now))
+            summaries.append(self._listed_summary(record, envelopes[record.model_id], now))
         cursor = self.cursors.encode(next_after, scope) if next_after else None
         return StatePage(states=summaries, next_cursor=cursor)
 
