@@ -33,8 +33,8 @@ import filelock
 from werk_host.errors import unavailable
 
 from . import _fs
-from .layout import LOCK_NAME, FpIndex, Listing, PayloadKey, forbidden
-from .records import Metadata, StateRecord
+from .layout import LOCK_NAME, FpIndex, Listing, Look, PayloadKey, forbidden
+from .records import Metadata
 
 #: How long a mutation waits for the catalog lock before failing as ``unavailable``.
 LOCK_TIMEOUT_S = 30.0
@@ -87,7 +87,7 @@ class StoreBase:
         self._listings: dict[str, Listing] = {}
         self._meta_cache: dict[tuple[str, str], tuple[tuple[Any, ...], Metadata | None]] = {}
         self._la_cache: dict[tuple[str, str], tuple[_fs.Ident, int | None]] = {}
-        self._look_cache: dict[tuple[str, str], tuple[_fs.Ident, StateRecord, Metadata]] = {}
+        self._look_cache: dict[tuple[str, str], tuple[_fs.Ident, Look, Look]] = {}
         self._fp_index: dict[str, FpIndex] = {}
         self._suspects: dict[tuple[str, str], bool] = {}
         self._verified: OrderedDict[PayloadKey, str] = OrderedDict()

@@ -30,6 +30,7 @@ from .records import MAX_METADATA_BYTES, STATE_ID_RE, Metadata, decode_metadata
 
 #: Bound on each of the metadata and access-time caches (cleared wholesale when reached).
 _MAX_META_CACHE = 200_000
+_INVALID = Kind.INVALID  # read once: enum member access is a descriptor call on the hot path
 
 
 def _classify(names: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
@@ -206,6 +207,7 @@ class IndexedStore(StoreBase):
         the identity. A directory changed within the racy margin is not remembered. Bytes
         rewritten in place (tampering) are found by load verification and reconciliation,
         which mark the state suspect; suspects are applied on every look, cached or not.
+        A remembered :class:`Look` is shared between callers: treat it as read-only.
         """
         try:
             st = os.stat(sid, dir_fd=pfd, follow_symlinks=False)
@@ -218,20 +220,16 @@ class IndexedStore(StoreBase):
         with self._cache_lock:
             cached = self._look_cache.get(key)
         if cached is not None and cached[0] == cur:
-            record = cached[1]
-            look = Look(
-                Kind.EXPIRED if record.is_expired(now_ms) else Kind.OK,
-                record=record,
-                meta=cached[2],
-                pinned=record.pinned,
-            )
+            ok, expired = cached[1], cached[2]
+            look = expired if expired.record is not None and expired.record.is_expired(now_ms) else ok
         else:
             look = self._look_uncached(pfd, principal, sid, now_ms, cur)
-        with self._cache_lock:
-            if look.kind == Kind.INVALID:
-                self._suspects.setdefault(key, False)
-            elif self._suspects.get(key):
-                look = Look(Kind.INVALID, meta=look.meta, pinned=look.pinned)
+        if look.kind is _INVALID or self._suspects:
+            with self._cache_lock:
+                if look.kind is _INVALID:
+                    self._suspects.setdefault(key, False)
+                elif self._suspects.get(key):
+                    look = Look(Kind.INVALID, meta=look.meta, pinned=look.pinned)
         return look
 
     def _look_uncached(self, pfd: int, principal: str, sid: str, now_ms: int, seen: _fs.Ident) -> Look:
@@ -257,7 +255,12 @@ class IndexedStore(StoreBase):
             with self._cache_lock:
                 if len(self._look_cache) >= _MAX_META_CACHE:
                     self._look_cache.clear()
-                self._look_cache[(principal, sid)] = (seen, look.record, look.meta)
+                record, meta = look.record, look.meta
+                self._look_cache[(principal, sid)] = (
+                    seen,
+                    Look(Kind.OK, record=record, meta=meta, pinned=record.pinned),
+                    Look(Kind.EXPIRED, record=record, meta=meta, pinned=record.pinned),
+                )
         return look
 
     def _mark_suspect(self, principal: str, sid: str, *, deep: bool) -> None:

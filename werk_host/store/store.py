@@ -373,12 +373,13 @@ class StateStore(VerifyingStore, AdminStore):
             listing = self._listing(principal, pfd)
             ids = listing.ids
             now_ms = self._now_ms()
+            ok = Kind.OK
             i = bisect.bisect_right(ids, after) if after is not None else 0
             while i < len(ids):
                 look = self._look(pfd, principal, ids[i], now_ms)
                 i += 1
                 rec = look.record
-                if look.kind != Kind.OK or rec is None:
+                if look.kind is not ok or rec is None:
                     continue
                 if model_id is not None and rec.model_id != model_id:
                     continue
