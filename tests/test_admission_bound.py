@@ -62,6 +62,7 @@ def test_other_role_sequences_are_counted(roles: tuple[str, ...]) -> None:
         {"reasoning_effort": "low"},
         {"chat_template_kwargs": {"enable_thinking": False}},
         {"response_format": {"type": "json_object"}},
+        {"werk": {"reasoning": {"tier": "default"}}},
     ],
 )
 def test_options_that_reach_the_template_are_counted(extra: dict[str, Any]) -> None:

@@ -47,8 +47,8 @@ It rests on two facts, and each is checked on probes before any bound is given:
 A backend whose calibration or probes fail, whose template refuses the sentinel requests, or
 that has no native counter gets no bound: every request is counted exactly, as before. Requests
 outside the calibrated shape (tools, content parts, tool calls, names, other roles, options
-that reach the template such as ``chat_template_kwargs`` or ``reasoning_effort``) are counted
-exactly too.
+that reach the template such as ``chat_template_kwargs``, ``reasoning_effort`` or ``werk``) are
+counted exactly too.
 
 The bound keeps being checked after calibration: every exact count admission takes, and the
 prompt tokens the backend reports in the ``usage`` of every answer admitted on the bound, are
@@ -149,8 +149,8 @@ class PlainShape:
 
 def plain_shape(request: ChatRequest) -> PlainShape | None:
     """The shape of a request the calibration covers, else ``None`` (count it exactly)."""
-    if request.tools is not None or request.reasoning_effort is not None:
-        return None
+    if request.tools is not None or request.reasoning_effort is not None or request.werk is not None:
+        return None  # werk.reasoning may reach the template (the backend counts it rendered)
     if request.model_extra and not RENDER_NEUTRAL.issuperset(request.model_extra):
         return None
     roles: list[ChatRole] = []

@@ -144,8 +144,7 @@ class InferenceService:
     def _admit(self, adapter: Adapter, body: JsonObject) -> tuple[JsonObject, UsageCheck | None]:
         """:meth:`admit_chat`, plus, when the fit bound admitted the request (no exact count),
         a check of the prompt tokens the backend then reports against that bound: a count above
-        it withdraws the evidence (:meth:`FitBounds.observe`). Only for requests whose body is
-        the counted one (no ``werk`` extension that the backend may render)."""
+        it withdraws the evidence (:meth:`FitBounds.observe`)."""
         try:
             request = ChatRequest.model_validate(body)
         except ValidationError as err:
@@ -168,7 +167,7 @@ class InferenceService:
             )
         if limits is not None and limits.context_tokens is not None:
             if self._fit_bound(adapter, request, limits.context_tokens - output) is not None:
-                return body, partial(self.bounds.observe, adapter, request) if request.werk is None else None
+                return body, partial(self.bounds.observe, adapter, request)
             needed = self._input_tokens(adapter, request) + output
             if needed > limits.context_tokens:
                 self.stats.add(requests_rejected=1)
