@@ -162,3 +162,16 @@ def test_a_failed_request_and_keep_alive_zero(client: falcon.testing.TestClient,
     # keep_alive 0 still unloads right after the answer
     _chat(client, stream=False, keep_alive=0)
     assert _state(client) == "cold"
+
+
+def test_keep_alive_zero_waits_for_the_other_requests_on_the_instance(
+    client: falcon.testing.TestClient, host: Host
+) -> None:
+    instance = _instance(host)
+    instance.enter()  # another request in flight on the instance (as /v1 holds it)
+    try:
+        _chat(client, stream=False, keep_alive=0)
+        assert _state(client) == "ready"  # not under the other request
+    finally:
+        instance.leave()
+    assert _state(client) == "cold"  # once that request is done too

@@ -63,13 +63,16 @@ def test_a_translated_stream_closes_its_upstream_when_the_client_leaves() -> Non
     closed: list[str] = []
 
     def body() -> Iterator[bytes]:
-        yield from (b"one", b"two", b"three")
+        try:
+            yield from (b"one", b"two", b"three")
+        finally:
+            closed.append("body")
 
     response = InferenceResponse(200, {}, body(), lambda: closed.append("upstream"))
-    stream = relay.streamed(response, iter(response.body), lambda: closed.append("after"))
+    stream = relay.streamed(response, iter(response.body))
     assert next(stream) == b"one"
     stream.close()  # what waitress does when the client has gone
-    assert closed == ["upstream", "after"]
+    assert closed == ["body", "upstream"]  # the body first (its accounting), then the upstream
 
 
 # -- Anthropic -----------------------------------------------------------------------------------

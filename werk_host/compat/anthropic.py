@@ -28,7 +28,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field, JsonValue, model_validator
 
 from werk_host.backend import JsonObject
-from werk_host.compat.upstream import Usage, as_object, first_choice, text_of, unreadable
+from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, Usage, as_object, first_choice, text_of, unreadable
 from werk_host.protocol import ChatRequest, StrictModel
 from werk_host.protocol.base import JsonBool, JsonFloat, NonNegativeJsonInt, PositiveJsonInt
 
@@ -52,8 +52,6 @@ ERROR_TYPES: Final[dict[int, str]] = {
     429: "rate_limit_error",
     503: "overloaded_error",
 }
-STREAM_FAILED: Final = "the backend failed while generating the answer"
-STREAM_CUT: Final = "the backend ended the stream before the answer was complete"
 
 
 def _text_blocks(value: object, where: str) -> None:

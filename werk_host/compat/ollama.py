@@ -33,7 +33,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, Field, JsonValue, model_validator
 
 from werk_host.backend import JsonObject
-from werk_host.compat.upstream import Usage, as_object, first_choice, text_of, unreadable
+from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, Usage, as_object, first_choice, text_of, unreadable
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import StrictModel
 from werk_host.protocol.base import JsonBool, JsonFloat, JsonInt, NonNegativeJsonInt, PositiveJsonInt
@@ -68,8 +68,6 @@ SAMPLING: Final = (
     ("presence_penalty", "presence_penalty"),
     ("frequency_penalty", "frequency_penalty"),
 )
-STREAM_FAILED: Final = "the backend failed while generating the answer"
-STREAM_CUT: Final = "the backend ended the stream before the answer was complete"
 
 # -- keep_alive ------------------------------------------------------------------------------
 

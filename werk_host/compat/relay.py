@@ -66,21 +66,14 @@ def document(response: InferenceResponse) -> JsonObject:
         response.close()
 
 
-def streamed(
-    response: InferenceResponse, translated: Iterator[bytes], then: Callable[[], None] | None = None
-) -> Iterator[bytes]:
+def streamed(response: InferenceResponse, translated: Iterator[bytes]) -> Iterator[bytes]:
     """``translated`` (a translation of ``response.body``) as the client's stream: ``response``
-    is closed when it ends or is closed early, then ``then`` runs. The body iterator is closed
-    first, so that the host's accounting of it sees what was read even when the translation
-    stopped early."""
+    is closed when it ends or is closed early. The body iterator is closed first, so that the
+    host's accounting of it sees what was read even when the translation stopped early."""
     try:
         yield from translated
     finally:
-        try:
-            close_body = getattr(response.body, "close", None)
-            if callable(close_body):
-                close_body()
-            response.close()
-        finally:
-            if then is not None:
-                then()
+        close_body = getattr(response.body, "close", None)
+        if callable(close_body):
+            close_body()
+        response.close()

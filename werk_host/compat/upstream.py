@@ -24,6 +24,9 @@ MAX_DOCUMENT_BYTES: Final = 32 << 20
 MAX_EVENT_BYTES: Final = 4 << 20
 
 UNREADABLE: Final = "the backend returned an answer that could not be read"
+#: What a translated stream ends with when the backend failed inside it, or ended it unfinished.
+STREAM_FAILED: Final = "the backend failed while generating the answer"
+STREAM_CUT: Final = "the backend ended the stream before the answer was complete"
 
 
 def unreadable() -> WerkError:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import falcon
@@ -157,21 +156,13 @@ class _Generation(_Resource):
                 instance.hold(keep_alive)
         _json(resp, 200, residency_answer(shape, model, "unload" if unload else "load"))
 
-    def _keep(self, served_by: str | None, keep_alive: float | None) -> Callable[[], None] | None:
-        """Apply ``keep_alive`` to the instance that served the request: hold it for that long
-        now, or for ``0`` return the unload to run once the answer is done."""
+    def _keep(self, served_by: str | None, keep_alive: float | None) -> None:
+        """Apply ``keep_alive`` to the instance that served the request (:meth:`Instance.hold`):
+        ``0`` stops it once this request and any other on it are done."""
         deployments = self.runtime.deployments
         instance = deployments.instances.get(served_by) if deployments is not None and served_by else None
-        if instance is None:
-            return None
-        if keep_alive != 0:
+        if instance is not None:
             instance.hold(keep_alive)
-            return None
-
-        def unload() -> None:
-            instance.stop("unloaded by an Ollama client (keep_alive 0)")
-
-        return unload
 
     def _serve(
         self,
@@ -191,18 +182,13 @@ class _Generation(_Resource):
             status, text = relay.failure(response)
             _json(resp, status, error_document(text))
             return
-        after = self._keep(response.headers.get(DEPLOYMENT_HEADER), keep_alive)
+        self._keep(response.headers.get(DEPLOYMENT_HEADER), keep_alive)
         if stream:
             resp.content_type = "application/x-ndjson"
             translated = answer_stream(sse_events(response.body), shape, model, started_ns)
-            resp.stream = relay.streamed(response, translated, after)
+            resp.stream = relay.streamed(response, translated)
             return
-        try:
-            doc = relay.document(response)
-        finally:
-            if after is not None:
-                after()
-        _json(resp, 200, answer(doc, shape, model, started_ns))
+        _json(resp, 200, answer(relay.document(response), shape, model, started_ns))
 
 
 class Chat(_Generation):
