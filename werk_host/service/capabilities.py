@@ -88,25 +88,30 @@ class CapabilityResolver:
         self._listing: tuple[tuple[object, ...], list[Capability]] | None = None
 
     def reports(
-        self, adapter: Adapter | None, instance: Instance | None = None, *, placement: bool = True
+        self, adapter: Adapter | None, instance: Instance | None = None
     ) -> dict[CapabilityId, CapabilityReport]:
         """Every capability id's report for ``adapter`` (the selected instance's, when ready).
 
-        ``runtime.placement`` asks the backend for its plan, which may cost a request to it; with
-        ``placement=False`` (a gate on another id) that one report is left as not implemented.
         A deployed instance that is not ready (cold, starting, failed) reports the ids its
         backend declares as ``unavailable`` (residency included) with the reason, and the rest
         ``unsupported``; operations start it first, so only discovery sees these."""
-        backend: dict[CapabilityId, CapabilityReport] = {}
-        if adapter is not None:
-            backend = self._hooks.capabilities(adapter) or {}
-            if placement and CapabilityId.PLACEMENT not in backend:
-                key = (adapter.identity(), instance.id if instance is not None else None)
-                backend[CapabilityId.PLACEMENT] = self._placements.get(key, lambda: self._placement(adapter))
-        elif instance is not None:
-            backend = self._not_ready(instance)
+        backend = self._backend(adapter, instance, placement=True)
         host = self._host_evidence()
         return {cap_id: _merged(cap_id, host, backend, adapter, instance) for cap_id in CAPABILITY_OPERATIONS}
+
+    def _backend(
+        self, adapter: Adapter | None, instance: Instance | None, *, placement: bool
+    ) -> dict[CapabilityId, CapabilityReport]:
+        """The backend's side of the reports. ``runtime.placement`` asks the backend for its plan,
+        which may cost a request to it (kept per :data:`EVIDENCE_TTL_S`); with ``placement=False``
+        (a gate on another id) that one report is left as not implemented."""
+        if adapter is None:
+            return self._not_ready(instance) if instance is not None else {}
+        backend = self._hooks.capabilities(adapter) or {}
+        if placement and CapabilityId.PLACEMENT not in backend:
+            key = (adapter.identity(), instance.id if instance is not None else None)
+            backend[CapabilityId.PLACEMENT] = self._placements.get(key, lambda: self._placement(adapter))
+        return backend
 
     def _placement(self, adapter: Adapter) -> CapabilityReport:
         if self._hooks.deployment_plan(adapter) is not None:
@@ -122,12 +127,7 @@ class CapabilityResolver:
 
     def one(self, adapter: Adapter | None, cap_id: CapabilityId, instance: Instance | None = None) -> CapabilityReport:
         """``reports(...)[cap_id]``, computing only that report (every gate asks one)."""
-        if cap_id is CapabilityId.PLACEMENT:
-            return self.reports(adapter, instance)[cap_id]
-        if adapter is not None:
-            backend = self._hooks.capabilities(adapter) or {}
-        else:
-            backend = self._not_ready(instance) if instance is not None else {}
+        backend = self._backend(adapter, instance, placement=cap_id is CapabilityId.PLACEMENT)
         return _merged(cap_id, self._host_evidence(), backend, adapter, instance)
 
     def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> list[Capability]:
