@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from werk_host import hookimpl
+from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.server import Host
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import make_host, running
-from werk_host.testing.reference import EXPERIMENTAL_STATE, PLUGIN_NAME, MemoryBackendPlugin
+from werk_host.testing.reference import EXPERIMENTAL_STATE, PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin
 
 KEY = "sk-werk-omlx-options-0123"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -51,3 +54,37 @@ def test_where_supported_the_options_pass_validation(tmp_path: Path) -> None:
             body = {"messages": MESSAGES, "max_tokens": 4, "werk": {"omlx": bad}}
             status, doc = api.post("/v1/chat/completions", body)
             assert status == 400, (bad, doc)
+
+
+class RecordingPlugin(MemoryBackendPlugin):
+    """The reference backend, keeping every chat body its adapter received."""
+
+    def __init__(self, statuses: Mapping[CapabilityId, CapabilityStatus]) -> None:
+        super().__init__(statuses=statuses)
+        self.bodies: list[JsonObject] = []
+
+    @hookimpl
+    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
+        self.bodies.append(request)
+        return super().werk_chat_completion(adapter, request)
+
+
+@pytest.mark.parametrize(
+    ("profile_supported", "expect_reasoning"), [(True, True), (False, False)], ids=["tiers", "no-tiers"]
+)
+def test_werk_omlx_reaches_the_adapter_beside_a_reasoning_tier(
+    tmp_path: Path, profile_supported: bool, expect_reasoning: bool
+) -> None:
+    plugin = RecordingPlugin(statuses={**EXPERIMENTAL_STATE, CapabilityId.OMLX_OPTIONS: CapabilityStatus.SUPPORTED})
+    host = make_host(tmp_path / "home", plugin=plugin, plugin_name=PLUGIN_NAME, api_keys=(KEY,))
+    with running(host) as url:
+        if not profile_supported:  # a closed adapter answers an unsupported reasoning profile
+            for adapter in plugin.adapters:
+                adapter.closed = True
+        options = {"thinking": False, "expert_cache_mb": 64}
+        body = {"messages": MESSAGES, "max_tokens": 4, "werk": {"omlx": options, "reasoning": {"tier": "default"}}}
+        status, doc = Api(url, KEY).post("/v1/chat/completions", body)
+        assert status == 200, doc
+    werk = plugin.bodies[-1]["werk"]
+    assert isinstance(werk, dict) and werk["omlx"] == options
+    assert ("reasoning" in werk) is expect_reasoning

@@ -105,7 +105,8 @@ def apply_reasoning_tier(
     hooks: BackendHooks, adapter: Adapter, body: JsonObject, request: ChatRequest, limits: ChatLimits | None
 ) -> JsonObject:
     """Resolve ``werk.reasoning.tier`` into ``werk.reasoning.resolved_budget_tokens`` for the
-    adapter, or drop it when ``"default"`` meets an unsupported runtime (native default kept).
+    adapter, or drop it when ``"default"`` meets an unsupported runtime (native default kept);
+    other ``werk`` members (``werk.omlx``) reach the adapter unchanged.
     Unknown or unavailable tiers and conflicts with ``reasoning_effort`` are
     ``invalid_reasoning_tier``."""
     if request.werk is None or request.werk.reasoning is None:
@@ -116,13 +117,16 @@ def apply_reasoning_tier(
     if wanted != "default" and wanted not in {t.value for t in ReasoningTierId}:
         raise invalid_tier(f"unknown reasoning tier {wanted!r}")
     profile = hooks.reasoning_profile(adapter, limits.model if limits else None, request.requested_output_tokens())
-    stripped = {k: v for k, v in body.items() if k != "werk"}
+    werk = body.get("werk")
+    others = {k: v for k, v in werk.items() if k != "reasoning"} if isinstance(werk, dict) else {}
+    stripped = {k: v for k, v in body.items() if k != "werk"}  # other werk members (werk.omlx) are kept
     if profile is None or not profile.supported:
         if wanted == "default":
-            return stripped
+            return {**stripped, "werk": others} if others else stripped
         raise invalid_tier("this runtime has no verified reasoning profile; only 'default' is accepted")
     tier_id = profile.default_tier.value if wanted == "default" and profile.default_tier else wanted
     tier = next((t for t in profile.tiers if t.id.value == tier_id), None)
     if tier is None or not tier.available:
         raise invalid_tier(f"reasoning tier {tier_id!r} is not available for this request")
-    return {**stripped, "werk": {"reasoning": {"tier": tier.id.value, "resolved_budget_tokens": tier.reasoning_tokens}}}
+    resolved: JsonObject = {"tier": tier.id.value, "resolved_budget_tokens": tier.reasoning_tokens}
+    return {**stripped, "werk": {**others, "reasoning": resolved}}

@@ -410,6 +410,8 @@ class OmlxAdapter:
             merged["enable_thinking"] = options.thinking
             body["chat_template_kwargs"] = merged
         if self.cli is not None:
+            if options.budget_bytes is not None:  # docs/omlx.md, "The oMLX CLI": its caches are its own
+                raise WerkError(ErrorCode.INVALID_REQUEST, "werk.omlx.expert_cache_mb: omlx serve owns its caches")
             return forward(self._cli().pool, path, body)
         budget = options.budget_bytes if options.budget_bytes is not None else self.default_budget
         worker = self.worker(budget)
