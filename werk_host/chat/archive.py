@@ -25,7 +25,7 @@ from typing import Final
 
 from werk_host.backend import JsonObject
 from werk_host.backend_caches import LOCK_NAME, hold_owner_lock
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.errors import ErrorCode, WerkError, invalid
 from werk_host.paths import ensure_private_dir
 from werk_host.store._fs import fsync_fd, open_dir, read_small, replace_file
 
@@ -43,8 +43,10 @@ DEFAULT_SESSION: Final = "default"
 ROLES: Final = frozenset({"system", "user", "assistant"})
 
 
-def invalid(message: str) -> WerkError:
-    return WerkError(ErrorCode.INVALID_REQUEST, message)
+def private_to_user(st: os.stat_result) -> bool:
+    """Whether ``st`` is owned by the current user and grants nothing to group or others
+    (always true where the platform has no user ids)."""
+    return not hasattr(os, "geteuid") or (st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o077)
 
 
 def check_session_name(name: str) -> str:
@@ -165,7 +167,7 @@ class SessionDir:
                 ErrorCode.CORRUPT_STATE, f"the conversation archive is unreadable or over {MAX_ARCHIVE_BYTES} bytes"
             )
         data, st = found
-        if hasattr(os, "geteuid") and (st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077):
+        if not private_to_user(st):
             raise WerkError(ErrorCode.CORRUPT_STATE, "the conversation archive is not private to this user")
         return Conversation.decode(data)
 
@@ -208,5 +210,6 @@ __all__ = [
     "Message",
     "SessionDir",
     "check_session_name",
+    "private_to_user",
     "sessions_root",
 ]

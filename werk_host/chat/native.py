@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import BinaryIO, Final
 
 from werk_host.backend import JsonObject, Snapshot, StoredStateRef
+from werk_host.chat.archive import private_to_user
 from werk_host.chat.seam import SessionSnapshots
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.store._fs import (
@@ -59,6 +61,7 @@ from werk_host.store._fs import (
     replace_file,
     write_all,
 )
+from werk_host.store.layout import hash_fd
 
 INDEX_NAME: Final = "snapshot.json"
 RECEIPT_NAME: Final = "capability.json"
@@ -68,7 +71,6 @@ MAX_INDEX_BYTES: Final = 64 << 10
 MAX_RECEIPT_BYTES: Final = 16 << 10
 #: The largest snapshot saved or restored; a bigger one is not published.
 MAX_SNAPSHOT_BYTES: Final = 32 << 30
-_HASH_CHUNK = 1 << 20
 _SNAPSHOT_FILE = re.compile(r"^snapshot-[0-9a-f]{16}\.bin$")
 
 
@@ -125,7 +127,7 @@ def _read_json(dir_fd: int, name: str, limit: int) -> dict[str, object] | None:
     if found is None:
         return None
     data, st = found
-    if hasattr(os, "geteuid") and (st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077):
+    if not private_to_user(st):
         return None
     try:
         doc = json.loads(data.decode("utf-8"))
@@ -272,18 +274,15 @@ class NativeCache:
                 raise WerkError(ErrorCode.CORRUPT_STATE, "the native snapshot file is missing or unsafe") from err
         try:
             st = os.fstat(fd)
-            private = not hasattr(os, "geteuid") or (st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o077)
-            if not stat.S_ISREG(st.st_mode) or not private:
+            if not stat.S_ISREG(st.st_mode) or not private_to_user(st):
                 raise WerkError(ErrorCode.CORRUPT_STATE, "the native snapshot is not a private regular file")
             if st.st_size != index.size or st.st_size > MAX_SNAPSHOT_BYTES:
                 raise WerkError(ErrorCode.CORRUPT_STATE, "the native snapshot's size does not match its index")
             os.set_blocking(fd, True)
-            digest, offset = hashlib.sha256(), 0
-            while chunk := os.pread(fd, _HASH_CHUNK, offset):
-                digest.update(chunk)
-                offset += len(chunk)
-            if offset != index.size or digest.hexdigest() != index.sha256:
+            digest, read = hash_fd(fd, index.size)
+            if read != index.size or not hmac.compare_digest(digest, index.sha256):
                 raise WerkError(ErrorCode.CORRUPT_STATE, "the native snapshot does not match its SHA-256")
+            os.lseek(fd, 0, os.SEEK_SET)
             payload = os.fdopen(fd, "rb")
         except BaseException:
             os.close(fd)

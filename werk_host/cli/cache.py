@@ -5,11 +5,11 @@ backend-owned caches (e.g. llama.cpp's per-process slot directories) in ``WERK_H
 (:mod:`werk_host.backend_caches`: an entry whose owner still holds its lock is active and kept);
 chat sessions (archive and native snapshot listed apart) in ``WERK_HOME/chat-sessions``
 (:mod:`werk_host.chat.inventory`: ``--all`` keeps archives unless ``--include-chat-sessions``).
-Both
-so a purge takes the same process mutex and ``.lock`` advisory lock as a running server
-and is safe while one runs. ``list`` is strictly read-only. Purge skips pinned states and
-active ones (a payload currently open for use by any process). Output is JSON on stdout;
-errors are JSON on stderr with a non-zero exit status.
+A purge of runtime states takes the same process mutex and ``.lock`` advisory lock as a running
+server, and the other parts honour their owner locks, so a purge is safe while one runs.
+``list`` is strictly read-only. Purge skips pinned states and active ones (a payload currently
+open for use by any process). Output is JSON on stdout; errors are JSON on stderr with a
+non-zero exit status.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     entries = _store(args).inventory()
     states = [e for e in entries if e.kind == "state"]
-    backends = backend_caches.inventory(werk_home(getattr(args, "home", None)))
-    chats = chat_sessions.inventory(werk_home(getattr(args, "home", None)))
+    home = werk_home(getattr(args, "home", None))
+    backends = backend_caches.inventory(home)
+    chats = chat_sessions.inventory(home)
     _emit(
         {
             "runtime_states": [e.to_json() for e in entries],

@@ -103,16 +103,14 @@ def _library_sha256(path: str) -> str:
 def libraries_fingerprint(pid: int) -> str:
     """SHA-256 over the path and SHA-256 of every shared library process ``pid`` has mapped."""
     try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
-        found = sorted(
-            {
-                line.split(None, 5)[5]
-                for line in maps.splitlines()
-                if len(line.split(None, 5)) == 6 and ".so" in os.path.basename(line.split(None, 5)[5])
-            }
+        mapped = (
+            fields[5]
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if len(fields := line.split(None, 5)) == 6
         )
-        prints = [[path, _library_sha256(path)] for path in found if not path.endswith(" (deleted)")]
-    except (OSError, IndexError) as err:
+        found = sorted({path for path in mapped if ".so" in os.path.basename(path) and not path.endswith(" (deleted)")})
+        prints = [[path, _library_sha256(path)] for path in found]
+    except OSError as err:
         raise _unavailable("the running llama-server's libraries cannot be inspected") from err
     if not prints:
         raise _unavailable("the running llama-server's libraries cannot be inspected")
