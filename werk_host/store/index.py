@@ -8,6 +8,10 @@ Contract:
   only while that identity is unchanged; a read made within :data:`.layout.RACY_MARGIN_NS`
   of the entry's last change is used once but not remembered (the "racy git" rule).
   Under the catalog lock (``exact``) a listing scan is exact and always remembered.
+  The one exception to "keyed by what it was built from" is the per-state look cache: it is
+  keyed by the state directory's identity alone, which every store writer changes (see
+  :meth:`IndexedStore._look`); bytes rewritten in place by anything else are left to payload
+  verification and reconciliation.
 * :meth:`IndexedStore._look` validates one state cheaply (stats and cached metadata, no
   payload hash). A state found invalid, or marked by :meth:`IndexedStore._mark_suspect`,
   is hidden from reads until a reconciliation settles it.
@@ -50,7 +54,7 @@ def _classify(names: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 class IndexedStore(StoreBase):
-    """Maintains ``_listings``, ``_meta_cache``, ``_la_cache``, ``_fp_index`` and ``_suspects``."""
+    """Maintains ``_listings``, ``_meta_cache``, ``_la_cache``, ``_look_cache``, ``_fp_index`` and ``_suspects``."""
 
     # ------------------------------------------------------------------ listings
 
