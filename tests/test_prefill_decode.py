@@ -19,6 +19,7 @@ from tests.conftest import KEY
 from werk_host.config import PersistenceDefaults
 from werk_host.protocol import CapabilityStatus, PersistenceMode, ReusePolicy
 from werk_host.server import Host
+from werk_host.service import capabilities as capabilities_module
 from werk_host.service.handoffs import HandoffRegistry
 from werk_host.store import layout as store_layout
 from werk_host.testing.api import Api
@@ -138,7 +139,14 @@ def test_disk_and_auto_fail_rather_than_weaken_without_snapshot(env: Env, mode: 
     assert env.adapter.live == {}  # the prefilled handle was released
 
 
-def test_disk_mode_gates_persistence(env: Env) -> None:
+@pytest.fixture
+def evidence_uncached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference adapter's evidence changes by hand here, with no operation in between:
+    request this before ``env`` so that its host asks for reports afresh every time."""
+    monkeypatch.setattr(capabilities_module, "EVIDENCE_TTL_S", 0.0)
+
+
+def test_disk_mode_gates_persistence(evidence_uncached: None, env: Env) -> None:
     env.adapter.statuses["runtime.state.persistence"] = CapabilityStatus.UNAVAILABLE
     err(env.prefill(policy={"mode": "disk"}, allow_experimental=True), 503, "unavailable")
     assert "prefill" not in env.adapter.calls
@@ -427,7 +435,7 @@ def counters(e: Env) -> dict[str, int]:
     return body["data"]["counters"]
 
 
-def test_bounded_adapter_reserves_before_prefill_and_releases_with_the_lease(env: Env) -> None:
+def test_bounded_adapter_reserves_before_prefill_and_releases_with_the_lease(evidence_uncached: None, env: Env) -> None:
     caps = {c["id"]: c["status"] for c in env.api.get("/werk/v1/capabilities")[1]["data"]}
     assert caps["runtime.memory.reservations"] == "unavailable"  # no bound supplied yet
     env.adapter.memory_requirement = 4096

@@ -69,6 +69,11 @@ class BackendHooks:
     def __init__(self, plugins: PluginHost) -> None:
         self._plugins = plugins
 
+    def operations(self) -> int:
+        """How many operation-hook calls that may change a backend's evidence have ended so far
+        (:meth:`werk_host.plugins.PluginHost.operations`)."""
+        return self._plugins.operations()
+
     def _one(self, adapter: Adapter, spec: object, kind: type[T], **kwargs: object) -> T | None:
         name = getattr(spec, "__name__", "")
         result = self._plugins.dispatch(name, adapter, **kwargs)

@@ -73,7 +73,9 @@ def werk_capabilities(adapter: Adapter) -> Mapping[CapabilityId, CapabilityRepor
     Ids it omits are reported ``unsupported``. A key that is not a
     :class:`~werk_host.protocol.CapabilityId` is a plugin defect: the host ignores it, logs
     it and lists it under the plugin's ``problems`` in ``werk plugins``. Must be cheap and
-    side-effect free: discovery calls it on every request."""
+    side-effect free. The host reuses a report for at most a second per adapter identity, and
+    asks afresh as soon as a hook that may change evidence (prefill, restore, decode, chat, ...)
+    has returned (docs/plugin-hooks.md, "Capability ids")."""
 
 
 @hookspec(firstresult=True)

@@ -119,6 +119,7 @@ class PluginHost:
         self.records: list[PluginRecord] = []
         self._subset_cache: dict[tuple[str, str], HookCaller] = {}
         self._lock = threading.Lock()
+        self._operations = 0
 
     # -- loading -------------------------------------------------------------------------
     def load_entry_points(self, environ: dict[str, str] | None = None) -> None:
@@ -237,8 +238,23 @@ class PluginHost:
         if hook_name not in OPERATION_HOOKS:
             raise ValueError(f"{hook_name} is not an operation hook")
         caller = self._owner_caller(hook_name, adapter.plugin_name)
-        result: object = caller(adapter=adapter, **kwargs)
+        if hook_name in OBSERVING_HOOKS:
+            result: object = caller(adapter=adapter, **kwargs)
+            return result
+        try:
+            result = caller(adapter=adapter, **kwargs)
+        finally:
+            with self._lock:
+                self._operations += 1
         return result
+
+    def operations(self) -> int:
+        """How many calls of hooks outside :data:`OBSERVING_HOOKS` have returned or raised so far.
+
+        Evidence a backend reports (a probe that ran, a process that started) changes through
+        those calls or with time; discovery reuses a report only while this count is unchanged
+        (:mod:`werk_host.service.capabilities`)."""
+        return self._operations
 
 
 def hook_names() -> list[str]:
@@ -248,3 +264,19 @@ def hook_names() -> list[str]:
 
 #: Hooks that take an adapter and are dispatched to its owning plugin only.
 OPERATION_HOOKS: frozenset[str] = frozenset(hook_names()) - {hookspecs.werk_adapter_factories.__name__}
+#: Operation hooks that only observe (their contracts say "cheap", "side-effect free" or
+#: "read-only"); every other operation hook may change what a backend reports.
+OBSERVING_HOOKS: frozenset[str] = frozenset(
+    spec.__name__
+    for spec in (
+        hookspecs.werk_capabilities,
+        hookspecs.werk_producer_envelope,
+        hookspecs.werk_count_tokens,
+        hookspecs.werk_chat_limits,
+        hookspecs.werk_reasoning_profile,
+        hookspecs.werk_workers,
+        hookspecs.werk_memory_requirement,
+        hookspecs.werk_deployment_plan,
+        hookspecs.werk_list_experts,
+    )
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, TypeVar
 
 import falcon
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.http.jsonbody import decode_json_body
-from werk_host.protocol.envelope import success_json
+from werk_host.protocol.envelope import data_json, success_json, success_json_text
 from werk_host.service.principals import Principal
 
 M = TypeVar("M", bound=BaseModel)
@@ -56,3 +57,38 @@ def principal(req: falcon.Request) -> Principal:
 def render_data(req: falcon.Request, resp: falcon.Response, data: Any, status: int = 200) -> None:
     resp.status = status
     resp.text = success_json(req.context.request_id, data)
+
+
+class _SharedTexts:
+    """The serialized text of the last few shared results, by object identity.
+
+    An entry holds its object, so the identity cannot be reused by another object while the
+    entry lives; results are immutable (:class:`werk_host.control.WerkControl`), so the text
+    stays right for as long as the object is handed out."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._texts: dict[int, tuple[object, str]] = {}
+        self._lock = threading.Lock()
+
+    def text(self, data: object) -> str:
+        with self._lock:
+            hit = self._texts.get(id(data))
+        if hit is not None and hit[0] is data:
+            return hit[1]
+        text = data_json(data)
+        with self._lock:
+            if len(self._texts) >= self._size:
+                del self._texts[next(iter(self._texts))]  # the oldest entry
+            self._texts[id(data)] = (data, text)
+        return text
+
+
+_SHARED = _SharedTexts(64)
+
+
+def render_shared(req: falcon.Request, resp: falcon.Response, data: object) -> None:
+    """:func:`render_data` for a result the service hands out again while unchanged (the
+    capability listing, a page of states): serialized once per object."""
+    resp.status = 200
+    resp.text = success_json_text(req.context.request_id, _SHARED.text(data))

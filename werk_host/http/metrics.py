@@ -44,6 +44,7 @@ INSTANCE_STATES: Final = ("cold", "starting", "ready", "stopping", "failed")
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_MAX_CHILDREN: Final = 4096
 #: ChatCounters fields exported as gauges; every other field is a monotonic counter.
 _CHAT_GAUGES: Final = frozenset({"requests_active"})
 #: MemoryCounters fields that only grow (counters); the others go up and down (gauges).
@@ -151,6 +152,9 @@ class MetricsMiddleware:
         self.requests = requests
         self.duration = duration
         self.router = router
+        # labels -> (counter, histogram) children: ``labels()`` builds and locks per call; the
+        # label values are bounded (instances, route templates, methods, statuses)
+        self._children: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}
 
     def _route(self, req: falcon.Request) -> str:
         template = req.uri_template
@@ -170,8 +174,17 @@ class MetricsMiddleware:
         instance = str(getattr(req.context, "instance_id", None) or NO_INSTANCE)
         route = self._route(req)
         method = req.method if req.method in _METHODS else OTHER_METHOD
-        self.requests.labels(instance, route, method, str(resp.status_code)).inc()
-        self.duration.labels(instance, route).observe(elapsed)
+        labels = (instance, route, method, resp.status_code)
+        children = self._children.get(labels)
+        if children is None:
+            children = (
+                self.requests.labels(instance, route, method, str(labels[3])),
+                self.duration.labels(instance, route),
+            )
+            if len(self._children) < _MAX_CHILDREN:
+                self._children[labels] = children
+        children[0].inc()
+        children[1].observe(elapsed)
 
 
 class MetricsResource:

@@ -10,7 +10,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http.io import parse_body, parse_query, principal, render_data
+from werk_host.http.io import parse_body, parse_query, principal, render_data, render_shared
 from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
     ChatRequest,
@@ -38,7 +38,7 @@ class InfoResource(_Resource):
 
 class CapabilitiesResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        render_data(req, resp, self.control.capabilities(principal(req)))
+        render_shared(req, resp, self.control.capabilities(principal(req)))
 
 
 class MemoryResource(_Resource):
@@ -54,7 +54,7 @@ class ObservabilityResource(_Resource):
 class StatesResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         query = parse_query(req, StateListQuery)
-        render_data(req, resp, self.control.list_states(principal(req), query))
+        render_shared(req, resp, self.control.list_states(principal(req), query))
 
 
 _STATE_ID = TypeAdapter(StateId)

@@ -2,13 +2,16 @@
 
 These models are the one source of the envelope: the HTTP layer renders every response
 through :func:`success_json`/:func:`error_json` and the OpenAPI document derives the
-envelope schema from :class:`SuccessEnvelope`."""
+envelope schema from :class:`SuccessEnvelope`. :func:`success_json` writes a success envelope's
+text directly, in the model's field order, so that an already serialized ``data`` can be reused
+(:func:`success_json_text`); tests hold it equal to the model's own serialization."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from pydantic import Field
+from pydantic_core import to_json
 
 from werk_host.errors import ErrorCode
 from werk_host.protocol.base import PROTOCOL_MAJOR, PROTOCOL_MINOR, DataModel
@@ -38,9 +41,26 @@ class ErrorEnvelope(DataModel):
     error: ErrorBody
 
 
+def data_json(data: object) -> str:
+    """The compact JSON text of one response's ``data`` member, as :class:`SuccessEnvelope`
+    serializes it."""
+    return to_json(data, by_alias=False).decode()
+
+
+#: ``{"major":1,"minor":0}``: every success envelope's ``protocol`` member.
+_PROTOCOL_JSON: Final = ProtocolVersion().model_dump_json()
+
+
 def success_json(request_id: str, data: object) -> str:
     """The compact JSON text of a success envelope around ``data``."""
-    return SuccessEnvelope(protocol=ProtocolVersion(), request_id=request_id, data=data).model_dump_json()
+    return success_json_text(request_id, data_json(data))
+
+
+def success_json_text(request_id: str, data_text: str) -> str:
+    """:func:`success_json` around ``data`` already serialized by :func:`data_json`: the same
+    text ``SuccessEnvelope(...).model_dump_json()`` gives, in its field order (a test holds the
+    two equal), without serializing ``data`` again."""
+    return f'{{"protocol":{_PROTOCOL_JSON},"request_id":{data_json(request_id)},"data":{data_text}}}'
 
 
 def error_json(request_id: str, error: ErrorBody) -> str:

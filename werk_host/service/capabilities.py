@@ -1,13 +1,21 @@
 """Capability discovery: every protocol capability id (docs/protocol.md), each status computed from evidence.
 
-Per request, the active adapter's own ``werk_capabilities`` report and the host's evidence
-(memory telemetry; reservations, from the adapter's declared memory requirement) are asked once:
-both can change within a backend process's life (a probe runs, a bound is supplied), and a
-status must follow its evidence at once. The backend's resolved plan (``runtime.placement``,
-which may cost a request to the backend) is kept for :data:`EVIDENCE_TTL_S` seconds per adapter
-process identity (:meth:`werk_host.backend.Adapter.identity`) and instance: a restarted or
-replaced backend process is a new identity, so its plan is asked afresh at once. The listing's
-protocol objects are rebuilt only when a report changed.
+Evidence is cached per (adapter process identity, instance) for :data:`EVIDENCE_TTL_S`
+seconds (:meth:`werk_host.backend.Adapter.identity`): the adapter's own ``werk_capabilities``
+report, the host's evidence (memory telemetry; reservations, from the adapter's declared memory
+requirement) and the backend's resolved plan (``runtime.placement``, which may cost a request to
+the backend). A report changes through what the backend does or with time, so an entry is
+dropped as soon as
+
+* the backend process changes (a restarted or replaced process is a new identity),
+* any operation hook that may change a backend's evidence returned or raised
+  (:meth:`werk_host.plugins.PluginHost.operations`: an opted-in prefill that ran the
+  functional probe is visible to the very next request), or
+* it is :data:`EVIDENCE_TTL_S` old (a process that died on its own, a telemetry sample).
+
+An instance that is not ready is never cached (its state moves on its own). The listing's
+protocol objects are built once per entry and handed out as the same immutable tuple, so the
+HTTP layer serializes them once too (:func:`werk_host.http.io.render_shared`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from werk_host.backend import Adapter, CapabilityReport
@@ -24,7 +33,7 @@ from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityId, 
 
 HostEvidence = Callable[[], dict[CapabilityId, CapabilityReport]]
 
-#: How long a backend process's placement report is reused (seconds).
+#: How long an adapter's evidence is reused at most (seconds).
 EVIDENCE_TTL_S = 1.0
 _MAX_KEYS = 64
 #: (adapter identity, instance id): whose evidence a cache entry holds.
@@ -78,14 +87,68 @@ def _merged(
     return CapabilityReport(CapabilityStatus.UNSUPPORTED, f"not implemented by backend {adapter.backend}")
 
 
+@dataclass
+class _Evidence:
+    """One adapter's cached evidence (module docstring): every id's report but the placement
+    one, which :class:`_Timed` keeps, and the listing built from them once asked."""
+
+    at: float
+    operations: int
+    reports: dict[CapabilityId, CapabilityReport]
+    listing: tuple[tuple[Capability, ...], CapabilityReport] | None = None  # (listing, its placement)
+
+
 class CapabilityResolver:
     """Merges host evidence with the active adapter's ``werk_capabilities`` report."""
 
     def __init__(self, hooks: BackendHooks, host_evidence: HostEvidence, *, ttl_s: float | None = None) -> None:
         self._hooks = hooks
         self._host_evidence = host_evidence
-        self._placements: _Timed[CapabilityReport] = _Timed(EVIDENCE_TTL_S if ttl_s is None else ttl_s)
-        self._listing: tuple[tuple[object, ...], list[Capability]] | None = None
+        self._ttl_s = EVIDENCE_TTL_S if ttl_s is None else ttl_s
+        self._placements: _Timed[CapabilityReport] = _Timed(self._ttl_s)
+        self._entries: dict[_Key, _Evidence] = {}
+        self._lock = threading.Lock()
+
+    def _evidence(self, adapter: Adapter | None, instance: Instance | None) -> _Evidence:
+        """The cached evidence of ``adapter`` (module docstring), computed afresh when stale."""
+        now = time.monotonic()
+        operations = self._hooks.operations()
+        key = (adapter.identity(), instance.id if instance is not None else None) if adapter is not None else None
+        if key is not None:
+            with self._lock:
+                hit = self._entries.get(key)
+            if hit is not None and hit.operations == operations and now - hit.at < self._ttl_s:
+                return hit
+        if adapter is None:
+            backend = self._not_ready(instance) if instance is not None else {}
+        else:
+            backend = dict(self._hooks.capabilities(adapter) or {})
+        host = self._host_evidence()
+        entry = _Evidence(
+            now,
+            operations,
+            {
+                cap_id: _merged(cap_id, host, backend, adapter, instance)
+                for cap_id in CAPABILITY_OPERATIONS
+                if cap_id is not CapabilityId.PLACEMENT or cap_id in host or cap_id in backend or adapter is None
+            },
+        )
+        if key is not None:
+            with self._lock:
+                if len(self._entries) >= _MAX_KEYS:
+                    self._entries.clear()
+                self._entries[key] = entry
+        return entry
+
+    def _placement_of(self, adapter: Adapter | None, instance: Instance | None, entry: _Evidence) -> CapabilityReport:
+        """``runtime.placement``: the entry's own report if the host or backend gave one, else
+        the backend's plan, kept per :data:`EVIDENCE_TTL_S` (it may cost a request to the backend)."""
+        found = entry.reports.get(CapabilityId.PLACEMENT)
+        if found is not None or adapter is None:
+            assert found is not None  # _evidence merges it whenever there is no adapter
+            return found
+        key = (adapter.identity(), instance.id if instance is not None else None)
+        return self._placements.get(key, lambda: self._placement(adapter))
 
     def reports(
         self, adapter: Adapter | None, instance: Instance | None = None
@@ -95,23 +158,12 @@ class CapabilityResolver:
         A deployed instance that is not ready (cold, starting, failed) reports the ids its
         backend declares as ``unavailable`` (residency included) with the reason, and the rest
         ``unsupported``; operations start it first, so only discovery sees these."""
-        backend = self._backend(adapter, instance, placement=True)
-        host = self._host_evidence()
-        return {cap_id: _merged(cap_id, host, backend, adapter, instance) for cap_id in CAPABILITY_OPERATIONS}
-
-    def _backend(
-        self, adapter: Adapter | None, instance: Instance | None, *, placement: bool
-    ) -> dict[CapabilityId, CapabilityReport]:
-        """The backend's side of the reports. ``runtime.placement`` asks the backend for its plan,
-        which may cost a request to it (kept per :data:`EVIDENCE_TTL_S`); with ``placement=False``
-        (a gate on another id) that one report is left as not implemented."""
-        if adapter is None:
-            return self._not_ready(instance) if instance is not None else {}
-        backend = self._hooks.capabilities(adapter) or {}
-        if placement and CapabilityId.PLACEMENT not in backend:
-            key = (adapter.identity(), instance.id if instance is not None else None)
-            backend[CapabilityId.PLACEMENT] = self._placements.get(key, lambda: self._placement(adapter))
-        return backend
+        entry = self._evidence(adapter, instance)
+        placement = self._placement_of(adapter, instance, entry)
+        return {
+            cap_id: placement if cap_id is CapabilityId.PLACEMENT else entry.reports[cap_id]
+            for cap_id in CAPABILITY_OPERATIONS
+        }
 
     def _placement(self, adapter: Adapter) -> CapabilityReport:
         if self._hooks.deployment_plan(adapter) is not None:
@@ -126,25 +178,31 @@ class CapabilityResolver:
         return {cap_id: CapabilityReport(CapabilityStatus.UNAVAILABLE, why) for cap_id in declared}
 
     def one(self, adapter: Adapter | None, cap_id: CapabilityId, instance: Instance | None = None) -> CapabilityReport:
-        """``reports(...)[cap_id]``, computing only that report (every gate asks one)."""
-        backend = self._backend(adapter, instance, placement=cap_id is CapabilityId.PLACEMENT)
-        return _merged(cap_id, self._host_evidence(), backend, adapter, instance)
+        """``reports(...)[cap_id]``; a gate on any other id never asks for the backend's plan."""
+        entry = self._evidence(adapter, instance)
+        if cap_id is CapabilityId.PLACEMENT:
+            return self._placement_of(adapter, instance, entry)
+        return entry.reports[cap_id]
 
-    def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> list[Capability]:
-        """Every capability as a protocol object (rebuilt only when a report changed)."""
-        reports = self.reports(adapter, instance)
-        key = tuple((cap_id, r.status, r.detail, r.operations) for cap_id, r in reports.items())
-        last = self._listing
-        if last is not None and last[0] == key:
-            return list(last[1])
-        built = [
+    def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> tuple[Capability, ...]:
+        """Every capability as a protocol object: the same immutable tuple while the evidence
+        entry and the placement report are unchanged (never mutate it)."""
+        entry = self._evidence(adapter, instance)
+        placement = self._placement_of(adapter, instance, entry)
+        built = entry.listing
+        if built is not None and built[1] == placement:
+            return built[0]
+        listing = tuple(
             Capability(
                 id=cap_id,
                 status=report.status,
                 detail=report.detail,
                 operations=list(report.operations or CAPABILITY_OPERATIONS[cap_id]),
             )
-            for cap_id, report in reports.items()
-        ]
-        self._listing = (key, built)
-        return list(built)
+            for cap_id, report in (
+                (cap_id, placement if cap_id is CapabilityId.PLACEMENT else entry.reports[cap_id])
+                for cap_id in CAPABILITY_OPERATIONS
+            )
+        )
+        entry.listing = (listing, placement)
+        return listing

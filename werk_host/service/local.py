@@ -250,7 +250,7 @@ class LocalControlService:
             active_backend=instance.backend if instance else None,
         )
 
-    def capabilities(self, principal: Principal) -> list[Capability]:
+    def capabilities(self, principal: Principal) -> tuple[Capability, ...]:
         return self.capability_resolver.listing(self.runtime.adapter, self.runtime.instance)
 
     def memory_report(self) -> MemoryReport:
