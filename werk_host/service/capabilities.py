@@ -109,8 +109,9 @@ class CapabilityResolver:
         self._entries: dict[_Key, _Evidence] = {}
         self._lock = threading.Lock()
 
-    def _evidence(self, adapter: Adapter | None, instance: Instance | None) -> _Evidence:
-        """The cached evidence of ``adapter`` (module docstring), computed afresh when stale."""
+    def _evidence(self, adapter: Adapter | None, instance: Instance | None) -> tuple[_Evidence, _Key | None]:
+        """The cached evidence of ``adapter`` (module docstring), computed afresh when stale, and
+        its key (``None`` without an adapter: nothing cached)."""
         now = time.monotonic()
         operations = self._hooks.operations()
         key = (adapter.identity(), instance.id if instance is not None else None) if adapter is not None else None
@@ -118,7 +119,7 @@ class CapabilityResolver:
             with self._lock:
                 hit = self._entries.get(key)
             if hit is not None and hit.operations == operations and now - hit.at < self._ttl_s:
-                return hit
+                return hit, key
         if adapter is None:
             backend = self._not_ready(instance) if instance is not None else {}
         else:
@@ -138,16 +139,15 @@ class CapabilityResolver:
                 if len(self._entries) >= _MAX_KEYS:
                     self._entries.clear()
                 self._entries[key] = entry
-        return entry
+        return entry, key
 
-    def _placement_of(self, adapter: Adapter | None, instance: Instance | None, entry: _Evidence) -> CapabilityReport:
+    def _placement_of(self, adapter: Adapter | None, key: _Key | None, entry: _Evidence) -> CapabilityReport:
         """``runtime.placement``: the entry's own report if the host or backend gave one, else
         the backend's plan, kept per :data:`EVIDENCE_TTL_S` (it may cost a request to the backend)."""
         found = entry.reports.get(CapabilityId.PLACEMENT)
-        if found is not None or adapter is None:
+        if found is not None or adapter is None or key is None:
             assert found is not None  # _evidence merges it whenever there is no adapter
             return found
-        key = (adapter.identity(), instance.id if instance is not None else None)
         return self._placements.get(key, lambda: self._placement(adapter))
 
     def reports(
@@ -158,8 +158,8 @@ class CapabilityResolver:
         A deployed instance that is not ready (cold, starting, failed) reports the ids its
         backend declares as ``unavailable`` (residency included) with the reason, and the rest
         ``unsupported``; operations start it first, so only discovery sees these."""
-        entry = self._evidence(adapter, instance)
-        placement = self._placement_of(adapter, instance, entry)
+        entry, key = self._evidence(adapter, instance)
+        placement = self._placement_of(adapter, key, entry)
         return {
             cap_id: placement if cap_id is CapabilityId.PLACEMENT else entry.reports[cap_id]
             for cap_id in CAPABILITY_OPERATIONS
@@ -179,16 +179,16 @@ class CapabilityResolver:
 
     def one(self, adapter: Adapter | None, cap_id: CapabilityId, instance: Instance | None = None) -> CapabilityReport:
         """``reports(...)[cap_id]``; a gate on any other id never asks for the backend's plan."""
-        entry = self._evidence(adapter, instance)
+        entry, key = self._evidence(adapter, instance)
         if cap_id is CapabilityId.PLACEMENT:
-            return self._placement_of(adapter, instance, entry)
+            return self._placement_of(adapter, key, entry)
         return entry.reports[cap_id]
 
     def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> tuple[Capability, ...]:
         """Every capability as a protocol object: the same immutable tuple while the evidence
         entry and the placement report are unchanged (never mutate it)."""
-        entry = self._evidence(adapter, instance)
-        placement = self._placement_of(adapter, instance, entry)
+        entry, key = self._evidence(adapter, instance)
+        placement = self._placement_of(adapter, key, entry)
         built = entry.listing
         if built is not None and built[1] == placement:
             return built[0]

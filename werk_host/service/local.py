@@ -88,6 +88,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "werk-host"
 #: Bound on the listing's remembered state summaries (cleared wholesale when reached).
 _MAX_SUMMARIES = 10_000
+_MAX_PAGES = 256
+#: model id -> its producer envelope on the active adapter (None: no adapter)
+_Envelopes = dict[str, dict[str, str] | None]
 
 
 def _now_ms() -> int:
@@ -134,6 +137,8 @@ class LocalControlService:
         self.planning = ChatPlanning(runtime, self.hooks, self.capability_resolver)
         # state id -> (record, envelope, expired, summary): see _listed_summary
         self._summaries: dict[str, tuple[StateRecord, dict[str, str] | None, bool, StateSummary]] = {}
+        # (scope, limit, after) -> (the store's page, envelopes, StatePage): see list_states
+        self._pages: dict[tuple[str, int, str | None], tuple[list[StateRecord], _Envelopes, StatePage]] = {}
         self._summaries_lock = threading.Lock()
 
     # -- helpers -------------------------------------------------------------------------
@@ -298,14 +303,23 @@ class LocalControlService:
         )
         adapter = self.runtime.adapter
         envelopes: dict[str, dict[str, str] | None] = {}
-        now = _now_ms()
-        summaries = []
         for record in records:
             if record.model_id not in envelopes:
                 envelopes[record.model_id] = self._envelope(adapter, record.model_id) if adapter else None
-            summaries.append(self._listed_summary(record, envelopes[record.model_id], now))
+        page_key = (scope, query.limit, after)
+        with self._summaries_lock:
+            last = self._pages.get(page_key)
+        if last is not None and last[0] is records and last[1] == envelopes:
+            return last[2]  # the store's very page (nothing on it changed) under the same envelopes
+        now = _now_ms()
+        summaries = [self._listed_summary(record, envelopes[record.model_id], now) for record in records]
         cursor = self.cursors.encode(next_after, scope) if next_after else None
-        return StatePage(states=summaries, next_cursor=cursor)
+        page = StatePage(states=summaries, next_cursor=cursor)
+        with self._summaries_lock:
+            if len(self._pages) >= _MAX_PAGES:
+                self._pages.clear()
+            self._pages[page_key] = (records, envelopes, page)
+        return page
 
     def state_action(self, principal: Principal, state_id: str, request: StateActionRequest) -> StateActionResult:
         record = self._record_or_404(principal, state_id)

@@ -35,6 +35,7 @@ from werk_host.errors import unavailable
 from . import _fs
 from .layout import LOCK_NAME, FpIndex, Listing, Look, PayloadKey, forbidden
 from .records import Metadata
+from .watch import Page
 
 #: How long a mutation waits for the catalog lock before failing as ``unavailable``.
 LOCK_TIMEOUT_S = 30.0
@@ -90,6 +91,8 @@ class StoreBase:
         self._look_cache: dict[tuple[str, str], tuple[_fs.Ident, Look, Look]] = {}
         self._fp_index: dict[str, FpIndex] = {}
         self._suspects: dict[tuple[str, str], bool] = {}
+        self._suspects_changed = 0  # bumped on every change of ``_suspects`` (pages.py)
+        self._pages: dict[tuple[str, str | None, str | None, int, str | None], Page] = {}
         self._verified: OrderedDict[PayloadKey, str] = OrderedDict()
         self._versions = itertools.count(1)
         # Mutation-side bookkeeping (only touched under the process mutex).

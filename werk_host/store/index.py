@@ -231,7 +231,9 @@ class IndexedStore(StoreBase):
         if look.kind is _INVALID or self._suspects:
             with self._cache_lock:
                 if look.kind is _INVALID:
-                    self._suspects.setdefault(key, False)
+                    if key not in self._suspects:
+                        self._suspects[key] = False
+                        self._suspects_changed += 1
                 elif self._suspects.get(key):
                     look = Look(Kind.INVALID, meta=look.meta, pinned=look.pinned)
         return look
@@ -270,6 +272,7 @@ class IndexedStore(StoreBase):
     def _mark_suspect(self, principal: str, sid: str, *, deep: bool) -> None:
         with self._cache_lock:
             self._suspects[(principal, sid)] = deep or self._suspects.get((principal, sid), False)
+            self._suspects_changed += 1
 
     # ------------------------------------------------------------------ fingerprint index
 

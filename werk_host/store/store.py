@@ -39,6 +39,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -66,9 +67,12 @@ from .records import (
     validate_principal,
 )
 from .verify import VerifyingStore
+from .watch import Page, Watcher
 
 MAX_PAGE = 100
 MAX_IDS_PER_OPERATION = 100
+#: Bound on the listed pages kept for reuse (cleared wholesale when reached).
+_MAX_PAGES = 256
 
 
 class StateStore(VerifyingStore, AdminStore):
@@ -352,7 +356,10 @@ class StateStore(VerifyingStore, AdminStore):
 
         Returns the page and the id to pass as ``after`` for the next page (``None`` when
         no further visible state exists). Cost is proportional to the entries examined,
-        not to the catalog: ids come from a cached per-principal index.
+        not to the catalog: ids come from a cached per-principal index. Where the directories
+        read are watched (:mod:`.watch`), the same page (the same list object: read-only) is
+        returned again while nothing under them changed, no suspect mark changed and no state
+        on it expired, for at most :data:`.watch.PAGE_MAX_AGE_S`, without touching the disk.
         """
         validate_principal(principal)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
@@ -365,17 +372,33 @@ class StateStore(VerifyingStore, AdminStore):
             raise invalid("model_id must be a string")
         if tier is not None and tier != DISK_TIER:
             return [], None
+        now_ms = self._now_ms()
+        watcher = Watcher.shared()
+        page_key = (principal, model_id, tier, limit, after)
+        epoch = suspects = 0
+        if watcher is not None:
+            epoch, suspects = watcher.epoch(), self._suspects_changed
+            with self._cache_lock:
+                page = self._pages.get(page_key)
+            if page is not None and page.reusable(epoch, suspects, now_ms, time.monotonic()):
+                return page.records, page.after
+        born = time.monotonic()
         pfd = self._open_principal_ro(principal)
         if pfd is None:
             return [], None
         out: list[StateRecord] = []
+        # watched before read (watch.py): reusable only if every directory read is watched
+        reusable = watcher is not None and watcher.watch((self._root, principal), pfd)
+        until_ms: int | None = None
         try:
             listing = self._listing(principal, pfd)
             ids = listing.ids
-            now_ms = self._now_ms()
             ok = Kind.OK
             i = bisect.bisect_right(ids, after) if after is not None else 0
+            next_after = None
             while i < len(ids):
+                if reusable and watcher is not None:
+                    reusable = self._watch_state(watcher, pfd, principal, ids[i])
                 look = self._look(pfd, principal, ids[i], now_ms)
                 i += 1
                 rec = look.record
@@ -383,14 +406,33 @@ class StateStore(VerifyingStore, AdminStore):
                     continue
                 if model_id is not None and rec.model_id != model_id:
                     continue
+                if rec.expires_unix_ms is not None and (until_ms is None or rec.expires_unix_ms < until_ms):
+                    until_ms = rec.expires_unix_ms
                 if len(out) == limit:
-                    return out, out[-1].id
+                    next_after = out[-1].id
+                    break
                 out.append(rec)
-            return out, None
         except OSError:
             return out, None
         finally:
             os.close(pfd)
+        if reusable:
+            with self._cache_lock:
+                if len(self._pages) >= _MAX_PAGES:
+                    self._pages.clear()
+                self._pages[page_key] = Page(epoch, suspects, until_ms, born, out, next_after)
+        return out, next_after
+
+    def _watch_state(self, watcher: Watcher, pfd: int, principal: str, sid: str) -> bool:
+        """Watch state directory ``sid`` (before it is read); whether it is watched."""
+        try:
+            sfd = _fs.open_dir(sid, pfd)
+        except OSError:
+            return False
+        try:
+            return watcher.watch((self._root, principal, sid), sfd)
+        finally:
+            os.close(sfd)
 
     def find_by_fingerprint(self, principal: str, prompt_fingerprint: str) -> list[StateRecord]:
         """Read-only: this principal's valid, non-expired states with that fingerprint (by id)."""
