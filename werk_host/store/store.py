@@ -375,9 +375,9 @@ class StateStore(VerifyingStore, AdminStore):
         now_ms = self._now_ms()
         watcher = Watcher.shared()
         page_key = (principal, model_id, tier, limit, after)
-        epoch = suspects = 0
-        if watcher is not None:
-            epoch, suspects = watcher.epoch(), self._suspects_changed
+        epoch = watcher.epoch() if watcher is not None else None
+        suspects = self._suspects_changed
+        if epoch is not None:
             with self._cache_lock:
                 page = self._pages.get(page_key)
             if page is not None and page.reusable(epoch, suspects, now_ms, time.monotonic()):
@@ -388,7 +388,7 @@ class StateStore(VerifyingStore, AdminStore):
             return [], None
         out: list[StateRecord] = []
         # watched before read (watch.py): reusable only if every directory read is watched
-        reusable = watcher is not None and watcher.watch((self._root, principal), pfd)
+        reusable = epoch is not None and watcher is not None and watcher.watch((self._root, principal), pfd)
         until_ms: int | None = None
         try:
             listing = self._listing(principal, pfd)
@@ -416,7 +416,7 @@ class StateStore(VerifyingStore, AdminStore):
             return out, None
         finally:
             os.close(pfd)
-        if reusable:
+        if reusable and epoch is not None:
             with self._cache_lock:
                 if len(self._pages) >= _MAX_PAGES:
                     self._pages.clear()

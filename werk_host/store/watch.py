@@ -1,5 +1,5 @@
 """Change notification for the catalog's directories (Linux inotify), so that a page of a state
-listing can be reused while nothing it was read from changed (docs/states.md, "Listings").
+listing can be reused while nothing it was read from changed (docs/operations.md, "State listings").
 
 Contract:
 
@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import os
 import struct
 import sys
+import termios
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -74,6 +76,7 @@ class Watcher:
         self._fd = fd
         self._lock = threading.Lock()
         self._epoch = 0
+        self._draining = False  # a thread is between reading events and counting them
         self._keys: dict[Hashable, int] = {}
         self._by_wd: dict[int, Hashable] = {}
 
@@ -114,25 +117,49 @@ class Watcher:
             self._by_wd[wd] = key
             return True
 
-    def epoch(self) -> int:
-        """Drain pending events; a count that differs from every earlier one after any change."""
+    def epoch(self) -> int | None:
+        """A count that differs from every earlier one after any change, or ``None`` when that
+        cannot be told now (events are pending, or being counted by another thread): the caller
+        then reads afresh and keeps nothing. Pending events are drained by one thread at a time.
+
+        The common case (nothing pending) peeks at the queue's size (``FIONREAD``) without
+        holding the lock: a thread waiting for the interpreter after a system call while holding
+        it would queue every other request behind it. A drainer raises ``_draining`` before it
+        reads, so a thread that finds the queue empty because a drainer just took the events
+        sees either that flag or the count it then raised."""
+        pending = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"))[0]
         with self._lock:
+            if self._draining:
+                return None
+            if not pending:
+                return self._epoch
+            self._draining = True
+        data = b""
+        try:
             while True:
                 try:
-                    data = os.read(self._fd, 64 * 1024)
+                    data += os.read(self._fd, 64 * 1024)
                 except BlockingIOError:
-                    return self._epoch
+                    break
+        finally:
+            with self._lock:
                 self._epoch += 1
-                offset = 0
-                while offset + _EVENT.size <= len(data):
-                    wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-                    offset += _EVENT.size + length
-                    if mask & _GONE:
-                        key = self._by_wd.pop(wd, None)
-                        if key is not None:
-                            self._keys.pop(key, None)
-                            if not mask & _IN_IGNORED:
-                                self._libc.inotify_rm_watch(self._fd, wd)
+                self._forget_gone(data)
+                self._draining = False
+        return None
+
+    def _forget_gone(self, data: bytes) -> None:
+        """Drop the keys of watches whose directory was moved or deleted (caller holds the lock)."""
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size + length
+            if mask & _GONE:
+                key = self._by_wd.pop(wd, None)
+                if key is not None:
+                    self._keys.pop(key, None)
+                    if not mask & _IN_IGNORED:
+                        self._libc.inotify_rm_watch(self._fd, wd)
 
 
 #: How long a listed page is reused at most, whatever the watcher says (seconds).
