@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "werk-host"
 #: Bound on the listing's remembered state summaries (cleared wholesale when reached).
 _MAX_SUMMARIES = 10_000
+#: Bound on the remembered state pages (cleared wholesale when reached).
 _MAX_PAGES = 256
 #: model id -> its producer envelope on the active adapter (None: no adapter)
 _Envelopes = dict[str, dict[str, str] | None]
