@@ -145,25 +145,10 @@ class CapabilityResolver:
         """``runtime.placement``: the entry's own report if the host or backend gave one, else
         the backend's plan, kept per :data:`EVIDENCE_TTL_S` (it may cost a request to the backend)."""
         found = entry.reports.get(CapabilityId.PLACEMENT)
-        if found is not None or adapter is None or key is None:
-            assert found is not None  # _evidence merges it whenever there is no adapter
+        if found is not None:
             return found
+        assert adapter is not None and key is not None  # without an adapter _evidence merged it
         return self._placements.get(key, lambda: self._placement(adapter))
-
-    def reports(
-        self, adapter: Adapter | None, instance: Instance | None = None
-    ) -> dict[CapabilityId, CapabilityReport]:
-        """Every capability id's report for ``adapter`` (the selected instance's, when ready).
-
-        A deployed instance that is not ready (cold, starting, failed) reports the ids its
-        backend declares as ``unavailable`` (residency included) with the reason, and the rest
-        ``unsupported``; operations start it first, so only discovery sees these."""
-        entry, key = self._evidence(adapter, instance)
-        placement = self._placement_of(adapter, key, entry)
-        return {
-            cap_id: placement if cap_id is CapabilityId.PLACEMENT else entry.reports[cap_id]
-            for cap_id in CAPABILITY_OPERATIONS
-        }
 
     def _placement(self, adapter: Adapter) -> CapabilityReport:
         if self._hooks.deployment_plan(adapter) is not None:
@@ -186,7 +171,11 @@ class CapabilityResolver:
 
     def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> tuple[Capability, ...]:
         """Every capability as a protocol object: the same immutable tuple while the evidence
-        entry and the placement report are unchanged (never mutate it)."""
+        entry and the placement report are unchanged (never mutate it).
+
+        A deployed instance that is not ready (cold, starting, failed) reports the ids its
+        backend declares as ``unavailable`` (residency included) with the reason, and the rest
+        ``unsupported``; operations start it first, so only discovery sees these."""
         entry, key = self._evidence(adapter, instance)
         placement = self._placement_of(adapter, key, entry)
         built = entry.listing
@@ -199,10 +188,7 @@ class CapabilityResolver:
                 detail=report.detail,
                 operations=list(report.operations or CAPABILITY_OPERATIONS[cap_id]),
             )
-            for cap_id, report in (
-                (cap_id, placement if cap_id is CapabilityId.PLACEMENT else entry.reports[cap_id])
-                for cap_id in CAPABILITY_OPERATIONS
-            )
+            for cap_id, report in ((c, entry.reports.get(c, placement)) for c in CAPABILITY_OPERATIONS)
         )
         entry.listing = (listing, placement)
         return listing

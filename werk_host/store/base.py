@@ -91,7 +91,7 @@ class StoreBase:
         self._look_cache: dict[tuple[str, str], tuple[_fs.Ident, Look, Look]] = {}
         self._fp_index: dict[str, FpIndex] = {}
         self._suspects: dict[tuple[str, str], bool] = {}
-        self._suspects_changed = 0  # bumped on every change of ``_suspects`` (pages.py)
+        self._suspects_changed = 0  # bumped on every change of ``_suspects`` (kept pages: watch.py)
         self._pages: dict[tuple[str, str | None, str | None, int, str | None], Page] = {}
         self._verified: OrderedDict[PayloadKey, str] = OrderedDict()
         self._versions = itertools.count(1)
