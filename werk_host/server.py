@@ -6,9 +6,11 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 import falcon
 
@@ -80,12 +82,65 @@ class _Stop(SystemExit):
     """Raised by the signal handler; waitress's loop treats SystemExit as "stop serving"."""
 
 
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType] | tuple[None, None, None] | None
+#: Streamed media types whose status and headers go out before the first body byte.
+STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")
+
+
+def stream_headers_first(app: WSGIApplication) -> WSGIApplication:
+    """``app`` sending a stream's status and headers as soon as it returns, not with the first
+    event (docs/operations.md, "Streaming").
+
+    A response with no ``Content-Length`` and a :data:`STREAMED_TYPES` content type gets one
+    empty ``write`` on the server's write callable once the app has returned: under waitress
+    that transmits the headers, while an empty chunk yielded by the iterable would not (PEP
+    3333). A relayed stream thus reaches its client the way the backend's own headers reached
+    Werk: before the first token, so the client parses them while the backend computes. If that
+    write fails (the client left), the app's iterable is closed (its upstream request with it)
+    before the error propagates."""
+
+    def wrapped(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        started: list[tuple[Callable[[bytes], object], list[tuple[str, str]]]] = []
+
+        def starting(
+            status: str, headers: list[tuple[str, str]], exc_info: ExcInfo = None
+        ) -> Callable[[bytes], object]:
+            write = start_response(status, headers, exc_info)
+            started.append((write, headers))
+            return write
+
+        body = app(environ, starting)
+        if started and _streamed(started[-1][1]):
+            try:
+                started[-1][0](b"")
+            except BaseException:
+                close = getattr(body, "close", None)
+                if close is not None:
+                    close()
+                raise
+        return body
+
+    return wrapped
+
+
+def _streamed(headers: list[tuple[str, str]]) -> bool:
+    streamed = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "content-length":
+            return False
+        if lowered == "content-type":
+            streamed = value.startswith(STREAMED_TYPES)
+    return streamed
+
+
 def make_server(app: falcon.App[Any, Any], host: str, port: int, limits: ServerLimits) -> Any:
-    """The waitress server ``werk serve`` runs (tests serve through it too); ``port`` 0 = any."""
+    """The waitress server ``werk serve`` runs (tests serve through it too); ``port`` 0 = any.
+    It serves ``app`` through :func:`stream_headers_first`."""
     from waitress.server import create_server  # type: ignore[import-untyped]
 
     server = create_server(
-        app,
+        stream_headers_first(app),
         host=host,
         port=port,
         threads=limits.threads,

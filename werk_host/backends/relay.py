@@ -13,6 +13,12 @@ contract:
   connection that still fails the way a connection closed by the server
   before it read the request fails (:data:`STALE`) is replaced by a fresh one and the request is
   sent again: it never ran. Anything else is never retried.
+* **A spare.** When the server closes a connection after a complete answer (llama-server does
+  after every stream), the relay connects one replacement ahead of the next request, unless a
+  connection is already idle (:meth:`ConnectionPool.prepare`; at most one such connect runs at a
+  time). The next request then skips the TCP connect and the server's accept. The spare is an
+  idle keep-alive connection like any other: it ages out under ``idle_reuse_s``, and the server
+  drops it after its own keep-alive timeout. A pool that was closed takes nothing back.
 * **Authentication.** With ``api_key``, every request carries ``Authorization: Bearer <key>``;
   the key appears in no repr and no error.
 * **Errors.** A connection failure (refused, reset, timed out) is a retryable
@@ -99,6 +105,8 @@ class ConnectionPool:
         self.auth_headers: dict[str, str] = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._idle: list[tuple[float, http.client.HTTPConnection]] = []
         self._lock = threading.Lock()
+        self._preparing = False
+        self._closed = False
 
     def acquire(self) -> tuple[http.client.HTTPConnection, bool]:
         """A connection (the most recently released young one, else a new one) and whether it is reused."""
@@ -119,20 +127,43 @@ class ConnectionPool:
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout), False
 
     def release(self, conn: http.client.HTTPConnection) -> None:
-        """Give back a connection whose response was read to the end (closed when the pool is full)."""
+        """Give back a connection whose response was read to the end (closed when the pool is
+        full or closed)."""
         with self._lock:
-            if len(self._idle) < self.size:
+            if len(self._idle) < self.size and not self._closed:
                 self._idle.append((time.monotonic(), conn))
                 return
         conn.close()
+
+    def prepare(self) -> None:
+        """Connect one spare connection for the next request, unless one is idle or being
+        connected already (module docstring). A failed connect is dropped silently: the next
+        request connects, and reports a failure, itself."""
+        with self._lock:
+            if self._idle or self._preparing or self._closed:
+                return
+            self._preparing = True
+        try:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                conn.connect()
+            except OSError:
+                conn.close()
+                return
+            self.release(conn)
+        finally:
+            with self._lock:
+                self._preparing = False
 
     def idle(self) -> int:
         with self._lock:
             return len(self._idle)
 
     def close(self) -> None:
-        """Close every idle connection (connections in use close when their response does)."""
+        """Close every idle connection and take none back (connections in use close when their
+        response does)."""
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
         for _, conn in idle:
             conn.close()
@@ -265,13 +296,18 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
         if state["closed"]:
             return
         state["closed"] = True
-        if state["done"] and not response.will_close:
+        if not state["done"]:
+            conn.close()  # early close: the upstream sees the disconnect and stops generating
+            return
+        if not response.will_close:
             # read1() does not close a fully read Content-Length response by itself, and
             # http.client refuses the next request on a connection whose response is open.
             response.close()
-            pool.release(conn)
-        else:
-            conn.close()  # early close: the upstream sees the disconnect and stops generating
+            if _still_open(conn):
+                pool.release(conn)
+                return
+        conn.close()  # the server closes after this answer: connect the next request's now
+        pool.prepare()
 
     relayed = {k: v for k, v in response.getheaders() if k.lower() in PASSED_HEADERS}
     return InferenceResponse(status=response.status, headers=relayed, body=body_iter(), close=close)
