@@ -95,6 +95,15 @@ def make_handler(up: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
                 self.chunk(b"data: two\n\n")
                 self.chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
+            elif self.path == "/stream-close":  # a whole stream, announced as the connection's last
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.chunk(b"data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                self.close_connection = True
             elif self.path == "/endless":  # events until the relay hangs up
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -314,3 +323,50 @@ def test_a_client_that_leaves_before_the_first_byte_cancels_the_upstream(
     assert err.value.code == ErrorCode.UNAVAILABLE
     assert upstream.client_left.wait(10)  # the upstream request was closed, not left running
     assert pool.idle() == 0
+
+
+# -- the spare connection -------------------------------------------------------------------------
+
+
+def test_a_server_that_closes_after_a_stream_leaves_a_connected_spare(upstream: Upstream, pool: ConnectionPool) -> None:
+    response = forward(pool, "/stream-close", {"stream": True})
+    assert read_all(response.body) == b"data: [DONE]\n\n"
+    response.close()
+    assert pool.idle() == 1  # connected for the next request, before it came
+    spare, reused = pool.acquire()
+    assert reused and spare.sock is not None
+    spare_port = spare.sock.getsockname()[1]
+    pool.release(spare)
+    assert post_json(pool, "/echo", {"n": 1}) == {"got": {"n": 1}}
+    assert upstream.peers()[-1][1] == spare_port  # the next request went over the spare
+    assert upstream.peers()[0] != upstream.peers()[-1]
+
+
+def test_a_spare_is_made_only_when_none_is_idle(upstream: Upstream, pool: ConnectionPool) -> None:
+    assert post_json(pool, "/echo", {}) == {"got": {}}
+    idle, _ = pool.acquire()
+    pool.release(idle)
+    response = forward(pool, "/stream-close", {"stream": True})  # takes ``idle``; none left
+    read_all(response.body)
+    response.close()
+    assert pool.idle() == 1
+    response = forward(pool, "/stream-close", {"stream": True})  # takes the spare
+    pool.release(http.client.HTTPConnection("127.0.0.1", upstream.port))  # another comes back meanwhile
+    read_all(response.body)
+    response.close()
+    assert pool.idle() == 1  # no spare on top of an idle connection
+
+
+def test_no_spare_after_an_early_close_a_dead_server_or_a_closed_pool(upstream: Upstream) -> None:
+    dead = ConnectionPool("127.0.0.1", free_port())
+    dead.prepare()  # nothing listens: nothing kept, nothing raised
+    assert dead.idle() == 0
+    pool = ConnectionPool("127.0.0.1", upstream.port)
+    response = forward(pool, "/stream-close", {"stream": True})
+    pool.close()  # the process behind the pool was replaced while the stream ran
+    read_all(response.body)
+    response.close()
+    late = http.client.HTTPConnection("127.0.0.1", upstream.port)
+    late.connect()
+    pool.release(late)
+    assert pool.idle() == 0 and late.sock is None  # a closed pool takes nothing back

@@ -134,7 +134,7 @@ def _streamed(headers: list[tuple[str, str]]) -> bool:
     return streamed
 
 
-def make_server(app: falcon.App[Any, Any], host: str, port: int, limits: ServerLimits) -> Any:
+def make_server(app: WSGIApplication, host: str, port: int, limits: ServerLimits) -> Any:
     """The waitress server ``werk serve`` runs (tests serve through it too); ``port`` 0 = any.
     It serves ``app`` through :func:`stream_headers_first`."""
     from waitress.server import create_server  # type: ignore[import-untyped]

@@ -174,6 +174,7 @@ class LlamaCppAdapter:
         self._slot_owner: str | None = None
         self._count_cache: OrderedDict[str, int] = OrderedDict()
         self._proxy_pools: dict[str, ConnectionPool] = {}
+        self._limits: tuple[tuple[str | None, str | None], ChatLimits] | None = None
         self.last_decode: dict[str, Any] = {}
         self.closed = False
 
@@ -601,15 +602,24 @@ class LlamaCppAdapter:
         )
 
     def chat_limits(self, model: str | None) -> ChatLimits:
+        """The limits the running child's launch arguments and the manifest set; kept per
+        (process generation, model), since neither changes while a child runs."""
         proc = self.current()
+        key = (proc.generation if proc is not None else None, model)
+        kept = self._limits
+        if kept is not None and kept[0] == key:
+            return kept[1]
         context = self.context_per_slot(proc)
         ceilings = [c for c in (self.manifest.output_ceiling(), context - 1 if context else None) if c]
-        return ChatLimits(
+        parallel = proc.effective_parallel() if proc is not None else 0
+        limits = ChatLimits(
             model=model or self.manifest.name,
             context_tokens=context,
             max_output_tokens=min(ceilings) if ceilings else None,
-            max_concurrent_requests=proc.effective_parallel() if proc and proc.effective_parallel() > 0 else None,
+            max_concurrent_requests=parallel if parallel > 0 else None,
         )
+        self._limits = (key, limits)
+        return limits
 
     @staticmethod
     def accepts_media(proc: LlamaServerProcess) -> bool:
