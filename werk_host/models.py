@@ -13,6 +13,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,9 @@ class ModelManifest:
     def primary_path(self) -> Path:
         return Path(self.files[0].path)
 
-    @property
+    @cached_property
     def identity(self) -> str:
+        """SHA-256 of the canonical manifest (computed once: the manifest is immutable)."""
         canonical = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -303,13 +303,12 @@ class LocalControlService:
             after=after,
         )
         adapter = self.runtime.adapter
-        envelopes: dict[str, dict[str, str] | None] = {}
-        for record in records:
-            if record.model_id not in envelopes:
-                envelopes[record.model_id] = self._envelope(adapter, record.model_id) if adapter else None
         page_key = (scope, query.limit, after)
         with self._summaries_lock:
             last = self._pages.get(page_key)
+        # the store's very page holds the same models: only their envelopes are asked again
+        models = last[1].keys() if last is not None and last[0] is records else {r.model_id for r in records}
+        envelopes = {model: self._envelope(adapter, model) if adapter else None for model in models}
         if last is not None and last[0] is records and last[1] == envelopes:
             return last[2]  # the store's very page (nothing on it changed) under the same envelopes
         now = _now_ms()
