@@ -109,6 +109,12 @@ class CapabilityResolver:
         self._entries: dict[_Key, _Evidence] = {}
         self._lock = threading.Lock()
 
+    @property
+    def ttl_s(self) -> float:
+        """How long evidence is reused at most (seconds); other evidence kept elsewhere (the
+        state listing's envelopes) follows the same bound."""
+        return self._ttl_s
+
     def _evidence(self, adapter: Adapter | None, instance: Instance | None) -> tuple[_Evidence, _Key | None]:
         """The cached evidence of ``adapter`` (module docstring), computed afresh when stale, and
         its key (``None`` without an adapter: nothing cached)."""

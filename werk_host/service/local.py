@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from werk_host import __version__
@@ -94,6 +95,20 @@ _MAX_PAGES = 256
 _Envelopes = dict[str, dict[str, str] | None]
 
 
+@dataclass(frozen=True)
+class _KeptPage:
+    """A listing answered before (see :meth:`LocalControlService.list_states`): the store's page
+    object, the envelopes it was built under, and the evidence key those envelopes were asked
+    under (adapter identity, operation count, when)."""
+
+    records: list[StateRecord]
+    envelopes: _Envelopes
+    page: StatePage
+    identity: str | None
+    operations: int
+    at: float
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -138,8 +153,8 @@ class LocalControlService:
         self.planning = ChatPlanning(runtime, self.hooks, self.capability_resolver)
         # state id -> (record, envelope, expired, summary): see _listed_summary
         self._summaries: dict[str, tuple[StateRecord, dict[str, str] | None, bool, StateSummary]] = {}
-        # (scope, limit, after) -> (the store's page, envelopes, StatePage): see list_states
-        self._pages: dict[tuple[str, int, str | None], tuple[list[StateRecord], _Envelopes, StatePage]] = {}
+        # (scope, limit, after) -> the last answer: see list_states
+        self._pages: dict[tuple[str, int, str | None], _KeptPage] = {}
         self._summaries_lock = threading.Lock()
 
     # -- helpers -------------------------------------------------------------------------
@@ -303,23 +318,37 @@ class LocalControlService:
             after=after,
         )
         adapter = self.runtime.adapter
+        identity = adapter.identity() if adapter is not None else None
+        operations = self.hooks.operations()
+        at = time.monotonic()
         page_key = (scope, query.limit, after)
         with self._summaries_lock:
             last = self._pages.get(page_key)
-        # the store's very page holds the same models: only their envelopes are asked again
-        models = last[1].keys() if last is not None and last[0] is records else {r.model_id for r in records}
-        envelopes = {model: self._envelope(adapter, model) if adapter else None for model in models}
-        if last is not None and last[0] is records and last[1] == envelopes:
-            return last[2]  # the store's very page (nothing on it changed) under the same envelopes
+        if last is not None and last.records is records:
+            # The store's very page (nothing on it changed): its envelopes are evidence, kept
+            # under the capability resolver's rules (same process, no operation since, young).
+            young = at - last.at < self.capability_resolver.ttl_s
+            if young and last.identity == identity and last.operations == operations:
+                return last.page
+            envelopes = {model: self._envelope(adapter, model) if adapter else None for model in last.envelopes}
+            if envelopes == last.envelopes:
+                self._keep_page(page_key, _KeptPage(records, envelopes, last.page, identity, operations, at))
+                return last.page
+        else:
+            models = {record.model_id for record in records}
+            envelopes = {model: self._envelope(adapter, model) if adapter else None for model in models}
         now = _now_ms()
         summaries = [self._listed_summary(record, envelopes[record.model_id], now) for record in records]
         cursor = self.cursors.encode(next_after, scope) if next_after else None
         page = StatePage(states=summaries, next_cursor=cursor)
+        self._keep_page(page_key, _KeptPage(records, envelopes, page, identity, operations, at))
+        return page
+
+    def _keep_page(self, key: tuple[str, int, str | None], kept: _KeptPage) -> None:
         with self._summaries_lock:
             if len(self._pages) >= _MAX_PAGES:
                 self._pages.clear()
-            self._pages[page_key] = (records, envelopes, page)
-        return page
+            self._pages[key] = kept
 
     def state_action(self, principal: Principal, state_id: str, request: StateActionRequest) -> StateActionResult:
         record = self._record_or_404(principal, state_id)
