@@ -22,7 +22,8 @@ import pytest
 
 from tests.conftest import KEY
 from werk_host.config import ServerLimits
-from werk_host.http.jsonbody import MAX_DEPTH
+from werk_host.errors import WerkError
+from werk_host.http.jsonbody import MAX_DEPTH, decode_json_body
 from werk_host.logs import RateLimitFilter, TracebackThrottle
 from werk_host.server import Host
 from werk_host.testing.api import Api
@@ -115,6 +116,16 @@ def test_hostile_json_is_400_on_every_post_route(env: Env, name: str) -> None:
         assert status == 400, (path, name, body)
         error = body["error"]
         assert error["code"] in ("invalid_request",) or error.get("type") == "invalid_request_error", (path, body)
+
+
+@pytest.mark.parametrize("wrap", [(b"[", b"]"), (b'{"a":', b"}")])
+def test_the_nesting_bound_is_exact(wrap: tuple[bytes, bytes]) -> None:
+    opening, closing = wrap
+    assert decode_json_body(opening * MAX_DEPTH + b"1" + closing * MAX_DEPTH) is not None
+    with pytest.raises(WerkError, match="nests deeper"):
+        decode_json_body(opening * (MAX_DEPTH + 1) + b"1" + closing * (MAX_DEPTH + 1))
+    # brackets inside strings only make the decoder look: they nest nothing
+    assert decode_json_body(b'{"a":"' + b"[{" * MAX_DEPTH + b'"}') == {"a": "[{" * MAX_DEPTH}
 
 
 def test_lone_surrogate_in_prefill_text_and_messages_is_400(env: Env) -> None:

@@ -83,5 +83,8 @@ def decode_json_body(raw: bytes) -> Any:
         raise _invalid(f"the JSON body nests deeper than {MAX_DEPTH} levels") from err
     except ValueError as err:  # e.g. an integer beyond the interpreter's digit limit
         raise _invalid("malformed JSON: a number is too large") from err
-    _check_tree(document, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    strings = _SURROGATE_ESCAPE.search(text) is not None
+    if strings or text.count("{") + text.count("[") > MAX_DEPTH:
+        # (no more opening brackets than MAX_DEPTH, in strings or not: it cannot nest deeper)
+        _check_tree(document, strings=strings)
     return document

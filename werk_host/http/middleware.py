@@ -7,6 +7,7 @@ Order per request: request id → authentication (401) → protocol negotiation 
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from typing import Any, Final
@@ -93,6 +94,7 @@ class AuthMiddleware:
         req.context.principal = principal
 
 
+@functools.lru_cache(maxsize=256)  # clients send few distinct Accept headers
 def _media_quality(accept: str) -> float:
     """Quality the Accept header gives ``application/json`` (most specific range wins)."""
     best: tuple[int, float] | None = None
