@@ -27,7 +27,10 @@ the first body byte): Werk's relay must pass each event on as the child produces
 closes a connection after a streamed answer (whatever its ``Keep-Alive`` header says), so the
 ``direct`` client opens a new one for each stream, inside the timing (closing the old one
 outside it), as any direct client must; Werk's and the floor's clients keep theirs, and those
-two open the new upstream connection themselves.
+two open the new upstream connection themselves (Werk's relay connects a spare once a stream
+ends, ``werk_host.backends.relay``). Werk sends its response headers as soon as llama-server's
+arrive, before the first token (docs/operations.md, "Streaming"), as llama-server itself does;
+the floor sends them with the first event.
 
     .venv/bin/python bench/proxy_overhead.py [--runs 60] [--warmup 10] [--vary] [--stream]
         [--model generated|smollm2] [--serve] [--dim 64 --layers 2] [--threads 1]
