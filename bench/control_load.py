@@ -21,7 +21,15 @@ over rounds of werk's rate over bare's in the same round (a shared machine drift
 percent between seconds; the ratio of the two medians is printed beside it). The last line is
 the smallest ratio (target >= 0.8).
 
-    .venv/bin/python bench/control_load.py [--clients 32] [--seconds 2] [--rounds 4] [--threads 8] [--route NAME]
+CPUs: with two or more, the servers (both measured in turn, never at once) run on every CPU but
+the first, and the load generator alone on the first (``--no-pin``: all share all). Unpinned, the
+generator competes with the server for the same two cores and the bare app's rate swung between
+3,300 and 7,900 req/s from run to run, so the ratio mostly measured that competition; pinned,
+each server's own cost per request decides its rate, and repeated runs agree within a few
+hundredths.
+
+    .venv/bin/python bench/control_load.py [--clients 32] [--seconds 1] [--rounds 12] [--threads 8]
+        [--route NAME] [--no-pin]
 """
 
 from __future__ import annotations
@@ -220,6 +228,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12, help="ABBA rounds per route (even)")
     parser.add_argument("--threads", type=int, default=8, help="waitress threads, both targets")
     parser.add_argument("--route", action="append", choices=[name for name, _, _ in ROUTES], help="only these routes")
+    parser.add_argument("--no-pin", action="store_true", help="let the load generator share the servers' CPUs")
     parser.add_argument("--bare", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare is not None:
@@ -227,6 +236,10 @@ def main() -> int:
         return 0
 
     measured = [route for route in ROUTES if not args.route or route[0] in args.route]
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = len(cpus) >= 2 and not args.no_pin
+    if pinned:
+        os.sched_setaffinity(0, cpus[1:])  # inherited by both servers (and werk serve's child)
     server = llama_server()
     work = Path(tempfile.mkdtemp(prefix="werk-bench-control-"))
     model = generate_model(work / "bench.gguf")
@@ -239,6 +252,8 @@ def main() -> int:
         bodies = {name: fetch(werk_port, requests[name]) for name, _, _ in ROUTES}
         assert bodies["states"].count(b'"id":"st_') == STATES, bodies["states"][:300]
         bare, bare_port = start_bare(bodies, work, args.threads)
+        if pinned:
+            os.sched_setaffinity(0, cpus[:1])  # the load generator keeps a CPU of its own
         try:
             ports = {"werk": werk_port, "bare": bare_port}
             for name, _, _ in ROUTES:
@@ -264,7 +279,8 @@ def main() -> int:
         f"commit {git_describe()} | werk serve (llama.cpp, generated model, {STATES} states) vs bare falcon app "
         f"| waitress threads {args.threads} both | {args.clients} keep-alive clients | {args.rounds} ABBA rounds "
         f"x {args.seconds}s per route and target | {platform.machine()} {os.cpu_count()} CPUs "
-        f"| load {os.getloadavg()[0]:.2f}"
+        f"| load {os.getloadavg()[0]:.2f} | "
+        + (f"servers on CPUs {cpus[1:]}, load generator on CPU {cpus[0]}" if pinned else "not pinned")
     )
     ratios = {}
     for name, path, body in measured:

@@ -66,6 +66,9 @@ from .process import LlamaServerProcess, LlamaServerStartupError, last_flag_valu
 from .proxy import LlamaConnectionPool as ConnectionPool
 from .snapshot import SlotImage, presented, read_image
 
+#: ChatRequest fields that do not reach the template: left out of a counted body.
+_NOT_COUNTED: set[str] = {"werk", "stream", "model"}
+
 log = logging.getLogger(__name__)
 
 BACKEND_ID = "llama.cpp"
@@ -627,8 +630,8 @@ class LlamaCppAdapter:
         return last_flag_value(proc.argv[1:], _MEDIA_FLAGS) is not None
 
     def count_tokens(self, request: ChatRequest) -> int:
-        body = request.model_dump(mode="json", exclude_none=True, exclude={"werk", "stream", "model"})
-        key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        # the cache key: the JSON of the very body counted (equal bodies serialize equally)
+        key = hashlib.sha256(request.model_dump_json(exclude_none=True, exclude=_NOT_COUNTED).encode()).hexdigest()
         with self._life:
             if key in self._count_cache:
                 self._count_cache.move_to_end(key)
@@ -640,6 +643,7 @@ class LlamaCppAdapter:
             # llama-server answers 500 for this; it is the request that does not fit the model.
             raise WerkError(ErrorCode.INVALID_REQUEST, "this model accepts text content parts only")
         pool = self.proxy_pool(proc)  # keep-alive connections: no TCP setup per count
+        body = request.model_dump(mode="json", exclude_none=True, exclude=_NOT_COUNTED)
         try:
             text = post_json(pool, "/apply-template", body)["prompt"]
             tokens = post_json(pool, "/tokenize", {"content": text, "add_special": True, "parse_special": True})
