@@ -71,6 +71,14 @@ def make_handler(up: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
         def chunk(self, data: bytes) -> None:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
+        def start_events(self, extra: dict[str, str] | None = None) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             up.requests.append((self.path, self.client_address, self.headers.get("Authorization")))
@@ -84,11 +92,7 @@ def make_handler(up: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(b"[1]")
             elif self.path == "/stream":  # one event, then the next only once the test asks for it
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
+                self.start_events({"Cache-Control": "no-cache"})
                 self.chunk(b"data: one\n\n")
                 if not up.next_chunk.wait(10):
                     return
@@ -96,19 +100,12 @@ def make_handler(up: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
                 self.chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
             elif self.path == "/stream-close":  # a whole stream, announced as the connection's last
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.send_header("Connection", "close")
-                self.end_headers()
+                self.start_events({"Connection": "close"})
                 self.chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
                 self.close_connection = True
             elif self.path == "/endless":  # events until the relay hangs up
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
+                self.start_events()
                 deadline = time.monotonic() + 10
                 try:
                     while time.monotonic() < deadline:
