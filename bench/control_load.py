@@ -236,7 +236,7 @@ def main() -> int:
         return 0
 
     measured = [route for route in ROUTES if not args.route or route[0] in args.route]
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # Linux only
     pinned = len(cpus) >= 2 and not args.no_pin
     if pinned:
         os.sched_setaffinity(0, cpus[1:])  # inherited by both servers (and werk serve's child)
