@@ -87,13 +87,24 @@ def _merged(
     return CapabilityReport(CapabilityStatus.UNSUPPORTED, f"not implemented by backend {adapter.backend}")
 
 
+@dataclass(frozen=True)
+class EvidenceStamp:
+    """When backend evidence was taken: the adapter's process identity (``None``: no adapter),
+    the operation count then (:meth:`werk_host.plugins.PluginHost.operations`) and the monotonic
+    time. Evidence taken under one stamp is still good under a later one per
+    :meth:`CapabilityResolver.still_good` (the module docstring's rules)."""
+
+    identity: str | None
+    operations: int
+    at: float
+
+
 @dataclass
 class _Evidence:
     """One adapter's cached evidence (module docstring): every id's report but the placement
     one, which :class:`_Timed` keeps, and the listing built from them once asked."""
 
-    at: float
-    operations: int
+    stamp: EvidenceStamp
     reports: dict[CapabilityId, CapabilityReport]
     listing: tuple[tuple[Capability, ...], CapabilityReport] | None = None  # (listing, its placement)
 
@@ -109,22 +120,26 @@ class CapabilityResolver:
         self._entries: dict[_Key, _Evidence] = {}
         self._lock = threading.Lock()
 
-    @property
-    def ttl_s(self) -> float:
-        """How long evidence is reused at most (seconds); other evidence kept elsewhere (the
-        state listing's envelopes) follows the same bound."""
-        return self._ttl_s
+    def stamp(self, adapter: Adapter | None) -> EvidenceStamp:
+        """The stamp of evidence about ``adapter`` taken now."""
+        identity = adapter.identity() if adapter is not None else None
+        return EvidenceStamp(identity, self._hooks.operations(), time.monotonic())
+
+    def still_good(self, taken: EvidenceStamp, now: EvidenceStamp) -> bool:
+        """Whether evidence taken under ``taken`` may be reused under ``now``: the same process,
+        no operation since, and younger than the TTL. Evidence kept elsewhere (a state listing's
+        producer envelopes) follows this same rule."""
+        return taken.identity == now.identity and taken.operations == now.operations and now.at - taken.at < self._ttl_s
 
     def _evidence(self, adapter: Adapter | None, instance: Instance | None) -> tuple[_Evidence, _Key | None]:
         """The cached evidence of ``adapter`` (module docstring), computed afresh when stale, and
         its key (``None`` without an adapter: nothing cached)."""
-        now = time.monotonic()
-        operations = self._hooks.operations()
-        key = (adapter.identity(), instance.id if instance is not None else None) if adapter is not None else None
+        stamp = self.stamp(adapter)
+        key = (stamp.identity, instance.id if instance is not None else None) if stamp.identity is not None else None
         if key is not None:
             with self._lock:
                 hit = self._entries.get(key)
-            if hit is not None and hit.operations == operations and now - hit.at < self._ttl_s:
+            if hit is not None and self.still_good(hit.stamp, stamp):
                 return hit, key
         if adapter is None:
             backend = self._not_ready(instance) if instance is not None else {}
@@ -132,8 +147,7 @@ class CapabilityResolver:
             backend = dict(self._hooks.capabilities(adapter) or {})
         host = self._host_evidence()
         entry = _Evidence(
-            now,
-            operations,
+            stamp,
             {
                 cap_id: _merged(cap_id, host, backend, adapter, instance)
                 for cap_id in CAPABILITY_OPERATIONS

@@ -73,7 +73,7 @@ from werk_host.protocol import (
     tier_moves_in_direction,
 )
 from werk_host.protocol.states import AllSelector, FilterSelector, IdsSelector
-from werk_host.service.capabilities import CapabilityResolver
+from werk_host.service.capabilities import CapabilityResolver, EvidenceStamp
 from werk_host.service.counters import ChatStats
 from werk_host.service.cursors import CursorCodec
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
@@ -98,15 +98,12 @@ _Envelopes = dict[str, dict[str, str] | None]
 @dataclass(frozen=True)
 class _KeptPage:
     """A listing answered before (see :meth:`LocalControlService.list_states`): the store's page
-    object, the envelopes it was built under, and the evidence key those envelopes were asked
-    under (adapter identity, operation count, when)."""
+    object, the envelopes it was built under, and when those envelopes were asked."""
 
     records: list[StateRecord]
     envelopes: _Envelopes
     page: StatePage
-    identity: str | None
-    operations: int
-    at: float
+    stamp: EvidenceStamp
 
 
 def _now_ms() -> int:
@@ -318,21 +315,18 @@ class LocalControlService:
             after=after,
         )
         adapter = self.runtime.adapter
-        identity = adapter.identity() if adapter is not None else None
-        operations = self.hooks.operations()
-        at = time.monotonic()
+        stamp = self.capability_resolver.stamp(adapter)
         page_key = (scope, query.limit, after)
         with self._summaries_lock:
             last = self._pages.get(page_key)
         if last is not None and last.records is records:
             # The store's very page (nothing on it changed): its envelopes are evidence, kept
-            # under the capability resolver's rules (same process, no operation since, young).
-            young = at - last.at < self.capability_resolver.ttl_s
-            if young and last.identity == identity and last.operations == operations:
+            # under the capability resolver's rules.
+            if self.capability_resolver.still_good(last.stamp, stamp):
                 return last.page
             envelopes = {model: self._envelope(adapter, model) if adapter else None for model in last.envelopes}
             if envelopes == last.envelopes:
-                self._keep_page(page_key, _KeptPage(records, envelopes, last.page, identity, operations, at))
+                self._keep_page(page_key, _KeptPage(records, envelopes, last.page, stamp))
                 return last.page
         else:
             models = {record.model_id for record in records}
@@ -341,7 +335,7 @@ class LocalControlService:
         summaries = [self._listed_summary(record, envelopes[record.model_id], now) for record in records]
         cursor = self.cursors.encode(next_after, scope) if next_after else None
         page = StatePage(states=summaries, next_cursor=cursor)
-        self._keep_page(page_key, _KeptPage(records, envelopes, page, identity, operations, at))
+        self._keep_page(page_key, _KeptPage(records, envelopes, page, stamp))
         return page
 
     def _keep_page(self, key: tuple[str, int, str | None], kept: _KeptPage) -> None:

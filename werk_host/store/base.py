@@ -102,6 +102,11 @@ class StoreBase:
 
     # ------------------------------------------------------------------ primitives
 
+    def _unsuspect(self, key: tuple[str, str]) -> None:
+        """Drop the suspect mark of ``key``, if any (caller holds ``_cache_lock``)."""
+        if self._suspects.pop(key, None) is not None:
+            self._suspects_changed += 1
+
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 

@@ -190,8 +190,7 @@ class ReconcilingStore(IndexedStore):
     def _forget(self, principal: str, sid: str) -> None:
         self._known.get(principal, {}).pop(sid, None)
         with self._cache_lock:
-            if self._suspects.pop((principal, sid), None) is not None:
-                self._suspects_changed += 1
+            self._unsuspect((principal, sid))
             self._meta_cache.pop((principal, sid), None)
             self._la_cache.pop((principal, sid), None)
             self._look_cache.pop((principal, sid), None)
@@ -204,8 +203,7 @@ class ReconcilingStore(IndexedStore):
             assert look.meta is not None
             self._known.setdefault(principal, {})[sid] = look.meta.expires_unix_ms
             with self._cache_lock:
-                if self._suspects.pop((principal, sid), None) is not None:
-                    self._suspects_changed += 1
+                self._unsuspect((principal, sid))
             return True
         if look.kind == Kind.EXPIRED:
             self._remove_states(pfd, [sid])
