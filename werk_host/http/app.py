@@ -14,12 +14,8 @@ from werk_host.http import anthropic, ollama, openai
 from werk_host.http.errors import error_body, from_falcon, status_for
 from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
-    AuthMiddleware,
-    BodyLimitMiddleware,
     BodyTooLarge,
-    DeploymentMiddleware,
-    NegotiationMiddleware,
-    RequestIdMiddleware,
+    RequestMiddleware,
     is_anthropic_path,
     is_ollama_path,
     is_openai_path,
@@ -105,11 +101,7 @@ def create_app(
     metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
         metrics.middleware,  # first, so that it sees every response (401s included)
-        RequestIdMiddleware(),
-        AuthMiddleware(auth),
-        NegotiationMiddleware(),
-        *([DeploymentMiddleware(runtime)] if runtime is not None else []),
-        BodyLimitMiddleware(),
+        RequestMiddleware(auth, runtime),
     ]
     app: falcon.App[Any, Any] = falcon.App(middleware=middleware, router=metrics.router)
     app.req_options.auto_parse_qs_csv = False

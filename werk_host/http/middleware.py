@@ -1,8 +1,10 @@
-"""Request-scoped middleware: request id, authentication, negotiation and the body bound.
+"""Request-scoped middleware (:class:`RequestMiddleware`): request id, authentication,
+negotiation, deployment selection and the body bound.
 
 Order per request: request id → authentication (401) → protocol negotiation for
 ``/werk/v1`` (406) → deployment selection for ``/werk/v1`` (400/404) → body bound on POST
-(413) → resource.
+(413) → resource. One middleware does all of it: every request passes here, so each call and
+each header lookup counts (docs/operations.md, "Control-plane throughput").
 """
 
 from __future__ import annotations
@@ -60,38 +62,15 @@ def protocol_headers(resp: falcon.Response, request_id: str) -> None:
     resp.content_type = "application/json"
 
 
-class RequestIdMiddleware:
-    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        req.context.request_id = "req_" + secrets.token_urlsafe(12)
-
-    def process_response(self, req: falcon.Request, resp: falcon.Response, resource: Any, ok: bool) -> None:
-        if is_protocol_path(req.path):
-            protocol_headers(resp, req.context.request_id)
-
-
-def presented_key(req: falcon.Request) -> str | None:
-    auth = req.get_header("Authorization")
+def presented_key(env: dict[str, Any]) -> str | None:
+    """The API key a request presents: ``Authorization: Bearer KEY``, else ``X-API-Key``."""
+    auth = env.get("HTTP_AUTHORIZATION")
     if auth:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    api_key = req.get_header("X-API-Key")
-    return api_key.strip() if api_key else None
-
-
-class AuthMiddleware:
-    def __init__(self, auth: Authenticator) -> None:
-        self._auth = auth
-
-    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not (
-            is_protocol_path(req.path) or is_openai_path(req.path) or is_ollama_path(req.path) or req.path == "/metrics"
-        ):
-            return
-        principal = self._auth.authenticate(presented_key(req))
-        if principal is None:
-            raise WerkError(ErrorCode.UNAUTHORIZED, "missing or invalid API key")
-        req.context.principal = principal
+            return str(token.strip())
+    api_key = env.get("HTTP_X_API_KEY")
+    return str(api_key.strip()) if api_key else None
 
 
 @functools.lru_cache(maxsize=256)  # clients send few distinct Accept headers
@@ -139,58 +118,58 @@ def versions_consumable(header: str | None) -> bool:
     return header is None or _VERSION_LIST.fullmatch(header) is not None
 
 
-class NegotiationMiddleware:
-    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not is_protocol_path(req.path):
-            return
-        if not accept_allows_json(req.get_header("Accept")):
-            raise WerkError(ErrorCode.INCOMPATIBLE_PROTOCOL, "Accept must allow application/json")
-        if not versions_consumable(req.get_header("X-Werk-Protocol-Version")):
-            raise WerkError(
-                ErrorCode.INCOMPATIBLE_PROTOCOL,
-                f"this server speaks Werk Protocol {PROTOCOL_VERSION}; the requested version cannot consume it",
-            )
+def _negotiate(env: dict[str, Any]) -> None:
+    if not accept_allows_json(env.get("HTTP_ACCEPT")):
+        raise WerkError(ErrorCode.INCOMPATIBLE_PROTOCOL, "Accept must allow application/json")
+    if not versions_consumable(env.get("HTTP_X_WERK_PROTOCOL_VERSION")):
+        raise WerkError(
+            ErrorCode.INCOMPATIBLE_PROTOCOL,
+            f"this server speaks Werk Protocol {PROTOCOL_VERSION}; the requested version cannot consume it",
+        )
 
 
-class BodyLimitMiddleware:
-    """Reads every POST body up to 1 MiB into ``req.context.body`` (chunked bodies too)."""
+_BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
+_DEPLOYMENT_ENV: Final = "HTTP_" + DEPLOYMENT_HEADER.upper().replace("-", "_")
 
-    def __init__(self, limit: int = MAX_REQUEST_BYTES) -> None:
+
+class RequestMiddleware:
+    """The host's steps for every request, in the order of the module docstring, as one
+    middleware (each request pays one call per phase and classifies its path once).
+
+    Sets on ``req.context``: ``request_id``; ``principal`` once authenticated; for ``/werk/v1``
+    with deployments, ``instance_id`` and the instance selection, released when the response
+    is done; ``body``, every POST/PUT/PATCH body up to the 1 MiB bound (chunked bodies too;
+    ``b""`` otherwise). ``/werk/v1`` responses carry the protocol headers."""
+
+    def __init__(self, auth: Authenticator, runtime: BackendRuntime | None, limit: int = MAX_REQUEST_BYTES) -> None:
+        self._auth = auth
+        self._runtime = runtime
         self._limit = limit
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        req.context.body = b""
-        if req.method not in ("POST", "PUT", "PATCH"):
-            return
-        length = req.content_length
-        if length is not None and length > self._limit:
-            raise BodyTooLarge()
-        if length is None:
-            # Chunked (or unframed) body: waitress marks a de-chunked, terminated input.
-            if not req.env.get("wsgi.input_terminated"):
-                req.context.body = b""
-                return
-            data = req.stream.read(self._limit + 1)
-        else:
-            data = req.bounded_stream.read(self._limit + 1)
-        if len(data) > self._limit:
-            raise BodyTooLarge()
-        req.context.body = data
+        context = req.context
+        context.request_id = "req_" + secrets.token_urlsafe(12)
+        context.body = b""
+        path = req.path
+        protocol = is_protocol_path(path)
+        if protocol or is_openai_path(path) or is_ollama_path(path) or path == "/metrics":
+            principal = self._auth.authenticate(presented_key(req.env))
+            if principal is None:
+                raise WerkError(ErrorCode.UNAUTHORIZED, "missing or invalid API key")
+            context.principal = principal
+        if protocol:
+            _negotiate(req.env)
+            if self._runtime is not None:
+                self._select(req)
+        if req.method in _BODY_METHODS:
+            context.body = self._read_body(req)
 
-
-class DeploymentMiddleware:
-    """Selects the instance a ``/werk/v1`` request controls (``X-Werk-Deployment``, else the
-    default; docs/deployments.md, "Routing") for the whole request, and names it in
-    ``req.context.instance_id``. ``/v1`` requests are routed by their body's ``model`` in the
-    inference service instead."""
-
-    def __init__(self, runtime: BackendRuntime) -> None:
-        self._runtime = runtime
-
-    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        if not is_protocol_path(req.path):
-            return
-        header = req.get_header(DEPLOYMENT_HEADER)
+    def _select(self, req: falcon.Request) -> None:
+        """The instance a ``/werk/v1`` request controls (``X-Werk-Deployment``, else the default;
+        docs/deployments.md, "Routing"), selected for the whole request. ``/v1`` requests are
+        routed by their body's ``model`` in the inference service instead."""
+        assert self._runtime is not None
+        header = req.env.get(_DEPLOYMENT_ENV)
         deployments = self._runtime.deployments
         if deployments is None:
             if header is not None:
@@ -201,14 +180,34 @@ class DeploymentMiddleware:
         req.context.selection = self._runtime.select(instance)
         req.context.in_use = self._runtime.using()
 
+    def _read_body(self, req: falcon.Request) -> bytes:
+        length = req.content_length
+        if length is not None and length > self._limit:
+            raise BodyTooLarge()
+        if length is None:
+            # Chunked (or unframed) body: waitress marks a de-chunked, terminated input.
+            if not req.env.get("wsgi.input_terminated"):
+                return b""
+            data: bytes = req.stream.read(self._limit + 1)
+        else:
+            data = req.bounded_stream.read(self._limit + 1)
+        if len(data) > self._limit:
+            raise BodyTooLarge()
+        return data
+
     def process_response(
         self, req: falcon.Request, resp: falcon.Response, resource: object, req_succeeded: bool
     ) -> None:
-        in_use = getattr(req.context, "in_use", None)
+        context = req.context
+        if is_protocol_path(req.path):
+            protocol_headers(resp, context.request_id)
+        if self._runtime is None:
+            return
+        in_use = getattr(context, "in_use", None)
         if in_use is not None:
             self._runtime.done(in_use)
-            req.context.in_use = None
-        token = getattr(req.context, "selection", None)
+            context.in_use = None
+        token = getattr(context, "selection", None)
         if token is not None:
             self._runtime.unselect(token)
-            req.context.selection = None
+            context.selection = None
