@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import KEY
@@ -226,3 +226,25 @@ def test_each_app_has_its_own_registry() -> None:
         registry.get_sample_value("werk_chat_prompt_tokens_total", {"instance": "x"}) for registry in registries
     ]
     assert values == [7.0, None]
+
+
+def test_request_latency_buckets_are_inclusive_cumulative_and_created() -> None:
+    metrics = HostMetrics(None, None)
+    for elapsed in (0.005, 0.0051, 0.3, 301.0):  # on a bound, just past it, mid-range, past every bound
+        metrics.requests.record("a", "/r", "GET", "200", elapsed)
+    metrics.requests.record("a", "/r", "GET", "404", 0.001)
+    samples = [
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in family.samples
+    ]
+    buckets = {labels["le"]: value for name, labels, value in samples if name.endswith("_bucket")}
+    assert buckets["0.005"] == 2  # 0.001 and exactly 0.005
+    assert buckets["0.01"] == 3
+    assert buckets["0.25"] == 3 and buckets["0.5"] == 4
+    assert buckets["300.0"] == 4 and buckets["+Inf"] == 5
+    assert list(buckets.values()) == sorted(buckets.values())  # cumulative
+    by_name = {(name, labels.get("status")): value for name, labels, value in samples}
+    assert by_name["werk_http_requests_total", "200"] == 4 and by_name["werk_http_requests_total", "404"] == 1
+    assert by_name["werk_http_request_duration_seconds_sum", None] == pytest.approx(301.3111)
+    assert {"werk_http_requests_created", "werk_http_request_duration_seconds_created"} <= {n for n, _, _ in samples}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import Distribution, EntryPoint, entry_points
 
@@ -110,6 +111,36 @@ def incompatibility(dist: Distribution | None, host_version: str = __version__) 
     return None
 
 
+@dataclass(frozen=True)
+class _OwnerCall:
+    """How an operation hook reaches one owner: through pluggy (``caller``), or, when the owner
+    is its only implementation and no plugin wraps it, by calling that implementation directly
+    with its arguments (``function``, ``argnames``): the result pluggy's ``firstresult`` call
+    returns, without its per-call bookkeeping. Built when plugins register; every registration
+    through :meth:`PluginHost.register` drops the built ones."""
+
+    caller: HookCaller
+    function: Callable[..., object] | None
+    argnames: tuple[str, ...]
+
+    @classmethod
+    def of(cls, caller: HookCaller) -> _OwnerCall:
+        impls = caller.get_hookimpls()
+        if len(impls) == 1 and not (impls[0].wrapper or impls[0].hookwrapper or impls[0].kwargnames):
+            return cls(caller, impls[0].function, tuple(impls[0].argnames))
+        return cls(caller, None, ())
+
+    def __call__(self, kwargs: dict[str, object]) -> object:
+        if self.function is None:
+            result: object = self.caller(**kwargs)
+            return result
+        try:
+            args = [kwargs[name] for name in self.argnames]
+        except KeyError as err:
+            raise pluggy.HookCallError(f"hook call must provide argument {err.args[0]!r}") from err
+        return self.function(*args)
+
+
 class PluginHost:
     """Owns the pluggy manager: loading, inventory and dispatch to an adapter's owner."""
 
@@ -117,7 +148,7 @@ class PluginHost:
         self.pm = pluggy.PluginManager("werk")
         self.pm.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
-        self._subset_cache: dict[tuple[str, str], HookCaller] = {}
+        self._calls: dict[tuple[str, str], _OwnerCall] = {}
         self._lock = threading.Lock()
         self._operations = 0
 
@@ -181,7 +212,7 @@ class PluginHost:
             return
         hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
         self.records.append(PluginRecord(name, distribution, version, "loaded", hooks=hooks))
-        self._subset_cache.clear()
+        self._calls.clear()
 
     def inventory(self) -> list[dict[str, object]]:
         return [r.as_dict() for r in sorted(self.records, key=lambda r: r.name)]
@@ -210,19 +241,22 @@ class PluginHost:
                 factories.append(factory)
         return factories
 
-    def _owner_caller(self, hook_name: str, owner: str) -> HookCaller:
+    def _owner_call(self, hook_name: str, owner: str) -> _OwnerCall:
         key = (hook_name, owner)
+        call = self._calls.get(key)  # a dict read is atomic; building one takes the lock
+        if call is not None:
+            return call
         with self._lock:
-            caller = self._subset_cache.get(key)
-            if caller is None:
+            call = self._calls.get(key)
+            if call is None:
                 others = [
                     plugin
                     for name, plugin in self.pm.list_name_plugin()
                     if name != owner and self._provides_adapters(plugin)
                 ]
-                caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
-                self._subset_cache[key] = caller
-            return caller
+                call = _OwnerCall.of(self.pm.subset_hook_caller(hook_name, remove_plugins=others))
+                self._calls[key] = call
+            return call
 
     def _provides_adapters(self, plugin: object) -> bool:
         factories = hookspecs.werk_adapter_factories.__name__
@@ -237,12 +271,12 @@ class PluginHost:
         """
         if hook_name not in OPERATION_HOOKS:
             raise ValueError(f"{hook_name} is not an operation hook")
-        caller = self._owner_caller(hook_name, adapter.plugin_name)
+        call = self._owner_call(hook_name, adapter.plugin_name)
+        kwargs["adapter"] = adapter
         if hook_name in OBSERVING_HOOKS:
-            result: object = caller(adapter=adapter, **kwargs)
-            return result
+            return call(kwargs)
         try:
-            result = caller(adapter=adapter, **kwargs)
+            result = call(kwargs)
         finally:
             with self._lock:
                 self._operations += 1

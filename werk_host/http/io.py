@@ -72,8 +72,7 @@ class _SharedTexts:
         self._lock = threading.Lock()
 
     def text(self, data: object) -> str:
-        with self._lock:
-            hit = self._texts.get(id(data))
+        hit = self._texts.get(id(data))  # a dict read is atomic; writers hold the lock
         if hit is not None and hit[0] is data:
             return hit[1]
         text = data_json(data)

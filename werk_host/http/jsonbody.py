@@ -67,6 +67,10 @@ def _check_tree(document: Any, *, strings: bool) -> None:
             raise _invalid("the JSON body contains a lone UTF-16 surrogate")
 
 
+#: One decoder for every body (``json.loads`` with options builds one per call).
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def decode_json_body(raw: bytes) -> Any:
     """Decode and check a request body; raises ``invalid_request`` on any violation."""
     if not raw:
@@ -76,7 +80,9 @@ def decode_json_body(raw: bytes) -> Any:
     except UnicodeDecodeError as err:
         raise _invalid("malformed JSON: the body is not valid UTF-8") from err
     try:
-        document = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        if text.startswith("\ufeff"):  # as json.loads
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        document = _DECODER.decode(text)
     except json.JSONDecodeError as err:
         raise _invalid(f"malformed JSON: {err.msg} at position {err.pos}") from err
     except RecursionError as err:

@@ -3,8 +3,9 @@
 Everything is built with ``prometheus_client`` on a per-app :class:`CollectorRegistry` (never
 the process-global one), so several hosts in one process keep separate counts:
 
-* :class:`MetricsMiddleware` counts every request and times it, labelled by the Falcon URI
-  template of its route (never the raw path, which may carry state ids) or ``unmatched``.
+* :class:`MetricsMiddleware` counts every request and times it in a :class:`RequestTally`,
+  labelled by the Falcon URI template of its route (never the raw path, which may carry state
+  ids) or ``unmatched``.
   Latency ends when the response headers are ready: for a streamed ``/v1`` response that is
   the time to the first byte, not to the end of the stream.
 * :class:`HostCollector` reads, at scrape time, the chat counters per instance from
@@ -16,7 +17,10 @@ The metric names and labels are documented in ``docs/operations.md`` ("Metrics")
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,8 +28,9 @@ from typing import Any, Final
 
 import falcon
 from falcon.routing import CompiledRouter
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from werk_host.protocol import ChatCounters, MemoryCounters, MemoryReport, Pressure, Tier
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
@@ -44,7 +49,9 @@ INSTANCE_STATES: Final = ("cold", "starting", "ready", "stopping", "failed")
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_MAX_CHILDREN: Final = 4096
+_STATUS_LABELS: Final = {code: str(code) for code in range(100, 600)}
+#: ``le`` labels of the latency buckets, as ``prometheus_client`` writes them, then ``+Inf``.
+_BOUND_LABELS: Final = (*(f"{bound}" for bound in LATENCY_BUCKETS), "+Inf")
 #: ChatCounters fields exported as gauges; every other field is a monotonic counter.
 _CHAT_GAUGES: Final = frozenset({"requests_active"})
 #: MemoryCounters fields that only grow (counters); the others go up and down (gauges).
@@ -142,19 +149,68 @@ class HostCollector:
             yield from _snapshot_families(snap)
 
 
+class RequestTally:
+    """Request counts and latency histograms per label set, exported at scrape time.
+
+    Every request records here, so recording is one lock and a few dict and list updates (a
+    ``prometheus_client`` child takes a lock per value it touches). The label values are bounded:
+    instances, route templates, :data:`_METHODS` and statuses."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: (instance, route, method, status) -> [count, created]
+        self._requests: dict[tuple[str, str, str, str], list[float]] = {}
+        #: (instance, route) -> per-bucket counts (the last one past every bound), sum, created
+        self._durations: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+
+    def record(self, instance: str, route: str, method: str, status: str, elapsed: float) -> None:
+        bucket = bisect.bisect_left(LATENCY_BUCKETS, elapsed)  # bounds are inclusive (``le``)
+        with self._lock:
+            counted = self._requests.get((instance, route, method, status))
+            if counted is None:
+                self._requests[instance, route, method, status] = [1, time.time()]
+            else:
+                counted[0] += 1
+            timed = self._durations.get((instance, route))
+            if timed is None:
+                timed = self._durations[instance, route] = ([0] * (len(LATENCY_BUCKETS) + 1), [0.0, time.time()])
+            timed[0][bucket] += 1
+            timed[1][0] += elapsed
+
+    def collect(self) -> Iterable[Metric]:
+        requests = CounterMetricFamily(
+            "werk_http_requests",
+            "HTTP requests by instance, route template, method and status",
+            labels=["instance", "route", "method", "status"],
+        )
+        durations = HistogramMetricFamily(
+            "werk_http_request_duration_seconds",
+            "HTTP request latency to the response headers (first byte of a stream), by instance and route template",
+            labels=["instance", "route"],
+        )
+        with self._lock:
+            counts = [(labels, count, created) for labels, (count, created) in self._requests.items()]
+            timings = [(labels, list(buckets), sums[0], sums[1]) for labels, (buckets, sums) in self._durations.items()]
+        for request_labels, count, created in sorted(counts):
+            requests.add_metric(request_labels, count, created=created)
+        for route_labels, buckets, total, created in sorted(timings):
+            cumulative = list(itertools.accumulate(buckets))
+            durations.add_metric(route_labels, list(zip(_BOUND_LABELS, cumulative, strict=True)), total)
+            named = dict(zip(("instance", "route"), route_labels, strict=True))
+            durations.samples.append(Sample(f"{durations.name}_created", named, created))
+        return [requests, durations]
+
+
 class MetricsMiddleware:
-    """Counts and times every request; register it first so that it sees every response.
+    """Counts and times every request in a :class:`RequestTally`; register it first so that it
+    sees every response.
 
     A request rejected before routing (401, 406, 413) is labelled with the template its path
     would have matched, looked up in ``router``."""
 
-    def __init__(self, requests: Counter, duration: Histogram, router: CompiledRouter) -> None:
-        self.requests = requests
-        self.duration = duration
+    def __init__(self, tally: RequestTally, router: CompiledRouter) -> None:
+        self.tally = tally
         self.router = router
-        # labels -> (counter, histogram) children: ``labels()`` builds and locks per call; the
-        # label values are bounded (instances, route templates, methods, statuses)
-        self._children: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}
 
     def _route(self, req: falcon.Request) -> str:
         template = req.uri_template
@@ -172,19 +228,9 @@ class MetricsMiddleware:
             return
         elapsed = time.perf_counter() - started
         instance = str(getattr(req.context, "instance_id", None) or NO_INSTANCE)
-        route = self._route(req)
         method = req.method if req.method in _METHODS else OTHER_METHOD
-        labels = (instance, route, method, resp.status_code)
-        children = self._children.get(labels)
-        if children is None:
-            children = (
-                self.requests.labels(instance, route, method, str(labels[3])),
-                self.duration.labels(instance, route),
-            )
-            if len(self._children) < _MAX_CHILDREN:
-                self._children[labels] = children
-        children[0].inc()
-        children[1].observe(elapsed)
+        status = _STATUS_LABELS.get(resp.status_code) or str(resp.status_code)
+        self.tally.record(instance, self._route(req), method, status, elapsed)
 
 
 class MetricsResource:
@@ -206,21 +252,10 @@ class HostMetrics:
     def __init__(self, chat: ChatStats | None, snapshot: Callable[[], MetricsSnapshot] | None) -> None:
         self.registry = CollectorRegistry()
         self.router = CompiledRouter()
-        self.requests = Counter(
-            "werk_http_requests",
-            "HTTP requests by instance, route template, method and status",
-            ["instance", "route", "method", "status"],
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "werk_http_request_duration_seconds",
-            "HTTP request latency to the response headers (first byte of a stream), by instance and route template",
-            ["instance", "route"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self.requests = RequestTally()
+        self.registry.register(self.requests)
         self.registry.register(HostCollector(chat, snapshot))
-        self.middleware = MetricsMiddleware(self.requests, self.duration, self.router)
+        self.middleware = MetricsMiddleware(self.requests, self.router)
         self.resource = MetricsResource(self.registry)
 
     @classmethod
@@ -241,4 +276,5 @@ __all__ = [
     "MetricsMiddleware",
     "MetricsResource",
     "MetricsSnapshot",
+    "RequestTally",
 ]

@@ -51,8 +51,7 @@ class _Timed(Generic[V]):
 
     def get(self, key: _Key, compute: Callable[[], V]) -> V:
         now = time.monotonic()
-        with self._lock:
-            hit = self._values.get(key)
+        hit = self._values.get(key)  # a dict read is atomic; writers hold the lock
         if hit is not None and now - hit[0] < self._ttl_s:
             return hit[1]
         value = compute()
@@ -137,8 +136,7 @@ class CapabilityResolver:
         stamp = self.stamp(adapter)
         key = (stamp.identity, instance.id if instance is not None else None) if stamp.identity is not None else None
         if key is not None:
-            with self._lock:
-                hit = self._entries.get(key)
+            hit = self._entries.get(key)  # a dict read is atomic; writers hold the lock
             if hit is not None and self.still_good(hit.stamp, stamp):
                 return hit, key
         if adapter is None:

@@ -230,8 +230,7 @@ class LocalControlService:
         the summary also depends on are compared on every use.
         """
         expired = record.is_expired(now_ms)
-        with self._summaries_lock:
-            cached = self._summaries.get(record.id)
+        cached = self._summaries.get(record.id)  # a dict read is atomic; writers hold the lock
         if cached is not None and cached[0] is record and cached[1] == envelope and cached[2] == expired:
             return cached[3]
         summary = self._summary(record, envelope, now_ms)
@@ -317,8 +316,7 @@ class LocalControlService:
         adapter = self.runtime.adapter
         stamp = self.capability_resolver.stamp(adapter)
         page_key = (scope, query.limit, after)
-        with self._summaries_lock:
-            last = self._pages.get(page_key)
+        last = self._pages.get(page_key)  # a dict read is atomic; writers hold the lock
         if last is not None and last.records is records:
             # The store's very page (nothing on it changed): its envelopes are evidence, kept
             # under the capability resolver's rules.

@@ -17,8 +17,8 @@ limits and no reasoning profile. Counting and admission use the instance, starti
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from werk_host.backend import Adapter
 from werk_host.deployments.instances import Instance
@@ -70,13 +70,11 @@ class ChatPlanning:
             return self._replicas(model)[0]
         return deployments.route(model, advance=False)
 
-    @contextmanager
-    def _on(self, instance: Instance | None) -> Iterator[None]:
-        if instance is None:
-            yield
-            return
-        with self.runtime.selecting(instance):
-            yield
+    def _on(self, instance: Instance | None) -> AbstractContextManager[None]:
+        """Select ``instance`` for the block; nothing to do when it is the one in effect."""
+        if instance is None or instance is self.runtime.instance:
+            return nullcontext()
+        return self.runtime.selecting(instance)
 
     def _name(self, model: str | None) -> str:
         if model is not None:

@@ -378,8 +378,7 @@ class StateStore(VerifyingStore, AdminStore):
         epoch = watcher.epoch() if watcher is not None else None
         suspects = self._suspects_changed
         if epoch is not None:
-            with self._cache_lock:
-                page = self._pages.get(page_key)
+            page = self._pages.get(page_key)  # a dict read is atomic; writers hold the lock
             if page is not None and page.reusable(epoch, suspects, now_ms, time.monotonic()):
                 return page.records, page.after
         born = time.monotonic()
