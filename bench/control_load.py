@@ -1,10 +1,17 @@
 """Control-plane throughput: 32 keep-alive clients on three ``/werk/v1`` routes, Werk vs a bare app.
 
-Targets, both separate processes on loopback, both waitress with the same settings and thread
+Targets, each a separate process on loopback, all waitress with the same settings and thread
 count (``werk_host.server.make_server``, ``--threads``, default ``werk serve``'s 8):
 
 * ``werk`` - a real ``werk serve`` subprocess (llama.cpp backend, a generated model), with 100
   named states committed through ``POST /werk/v1/prefill`` first;
+* ``floor`` - Werk's own HTTP layer with nothing behind it: the host ``werk serve`` builds
+  (``build_host``, same model, same thread count) whose service hands out, for each of the three
+  routes, the very answer ``werk`` gave (bench code; the production service is untouched).
+  Every request still pays authentication, negotiation, the request id, the deployment
+  selection, the metrics, the protocol headers, body validation and the envelope.
+  ``floor/bare`` is the most any service behind this HTTP layer could reach, and
+  ``werk - floor`` (microseconds per request) is what the service itself costs;
 * ``bare`` - a bare falcon app (no middleware, no auth) answering each route with the very
   bytes Werk answered it with (same size, same content type).
 
@@ -15,11 +22,12 @@ as it serves a client that plans the same request twice).
 The load: ``--clients`` (32) connections kept alive, each sending its next request as soon as
 its previous answer is read, driven by one ``selectors`` loop in this process (a raw-socket
 client, so the client costs little of the 2 cores). For each route, ``--rounds`` rounds of
-``--seconds`` each alternate the targets ABBA after a warm-up. Prints requests/s and the p50
+``--seconds`` each run the three targets in an order that rotates and reverses from round to
+round, after a warm-up. Prints requests/s and the p50
 and p99 latency per route and target, and per route the throughput ratio werk/bare: the median
 over rounds of werk's rate over bare's in the same round (a shared machine drifts by tens of
-percent between seconds; the ratio of the two medians is printed beside it). The last line is
-the smallest ratio (target >= 0.8).
+percent between seconds; the ratio of the two medians is printed beside it), the floor's ratio,
+and the service's share. The last line is the smallest werk/bare ratio (target >= 0.8).
 
 CPUs: with two or more, the servers (both measured in turn, never at once) run on every CPU but
 the first, and the load generator alone on the first (``--no-pin``: all share all). Unpinned, the
@@ -40,6 +48,7 @@ import os
 import platform
 import secrets
 import selectors
+import shutil
 import socket
 import statistics
 import subprocess
@@ -58,6 +67,7 @@ from bench.proxy_overhead import KEY, MODEL, Target, git_describe, llama_server,
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
 
 TARGET = 0.8
+TARGETS = ("werk", "floor", "bare")
 STATES = 100
 COUNT_BODY = json.dumps({"messages": [{"role": "user", "content": "how many tokens is this request?"}]}).encode()
 ROUTES: tuple[tuple[str, str, bytes | None], ...] = (
@@ -178,17 +188,51 @@ def serve_bare(bodies_file: Path, threads: int) -> None:
     server.run()
 
 
-def start_bare(bodies: dict[str, bytes], work: Path, threads: int) -> tuple[subprocess.Popen[str], int]:
-    path = work / "bodies.json"
-    path.write_text(json.dumps({k: v.decode() for k, v in bodies.items()}))
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--bare", str(path), "--threads", str(threads)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+def serve_floor(home: Path, bodies_file: Path, threads: int) -> None:
+    """The ``floor`` target (module docstring), answering with Werk's own answers (``bodies_file``):
+    run with ``werk serve``'s environment."""
+    from pydantic import TypeAdapter
+
+    from werk_host.config import HostConfig, ServerLimits
+    from werk_host.protocol import Capability, StatePage, TokenCount
+    from werk_host.server import build_host, make_server
+
+    data = {name: json.loads(body)["data"] for name, body in json.loads(bodies_file.read_text()).items()}
+    answers: dict[str, object] = {
+        "capabilities": TypeAdapter(tuple[Capability, ...]).validate_python(data["capabilities"]),
+        "list_states": StatePage.model_validate(data["states"]),
+        "count_tokens": TokenCount.model_validate(data["count_tokens"]),
+    }
+    limits = ServerLimits(threads=threads)
+    host = build_host(HostConfig(home=home, api_keys=(KEY,), models=(MODEL,), limits=limits))
+    for name, answer in answers.items():
+        setattr(host.service, name, lambda *args, _answer=answer: _answer)
+    server = make_server(host.app, "127.0.0.1", 0, limits)
+    print(json.dumps({"port": server.getsockname()[1]}), flush=True)
+    try:
+        server.run()
+    finally:
+        host.close()
+
+
+def start_target(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
+    """This script as the server ``args`` name (``--bare`` or ``--floor``) and its port."""
+    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     assert proc.stdout is not None
     return proc, int(json.loads(proc.stdout.readline())["port"])
+
+
+def save_bodies(bodies: dict[str, bytes], work: Path) -> Path:
+    path = work / "bodies.json"
+    path.write_text(json.dumps({k: v.decode() for k, v in bodies.items()}))
+    return path
+
+
+def start_floor(home: Path, bodies: Path, server: Path, threads: int) -> tuple[subprocess.Popen[str], int]:
+    floor_home = bodies.parent / "floor-home"  # a copy: the same key namespace and model
+    shutil.copytree(home, floor_home, ignore=shutil.ignore_patterns("backends", "*.log"))
+    env = {**os.environ, "WERK_LLAMA_SERVER": str(server), "WERK_LLAMA_ARGS": "-t 1"}
+    return start_target(["--floor", str(floor_home), "--bodies", str(bodies), "--threads", str(threads)], env)
 
 
 def make_states(port: int, n: int) -> None:
@@ -225,14 +269,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one measured phase")
-    parser.add_argument("--rounds", type=int, default=12, help="ABBA rounds per route (even)")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds per route (even)")
     parser.add_argument("--threads", type=int, default=8, help="waitress threads, both targets")
     parser.add_argument("--route", action="append", choices=[name for name, _, _ in ROUTES], help="only these routes")
     parser.add_argument("--no-pin", action="store_true", help="let the load generator share the servers' CPUs")
     parser.add_argument("--bare", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--floor", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--bodies", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare is not None:
         serve_bare(args.bare, args.threads)
+        return 0
+    if args.floor is not None:
+        serve_floor(args.floor, args.bodies, args.threads)
         return 0
 
     measured = [route for route in ROUTES if not args.route or route[0] in args.route]
@@ -251,33 +300,39 @@ def main() -> int:
         requests = {name: request_bytes(path, body, auth=True) for name, path, body in ROUTES}
         bodies = {name: fetch(werk_port, requests[name]) for name, _, _ in ROUTES}
         assert bodies["states"].count(b'"id":"st_') == STATES, bodies["states"][:300]
-        bare, bare_port = start_bare(bodies, work, args.threads)
+        saved = save_bodies(bodies, work)
+        bare, bare_port = start_target(["--bare", str(saved), "--threads", str(args.threads)])
+        floor, floor_port = start_floor(home, saved, server, args.threads)
         if pinned:
             os.sched_setaffinity(0, cpus[:1])  # the load generator keeps a CPU of its own
         try:
-            ports = {"werk": werk_port, "bare": bare_port}
+            ports = {"werk": werk_port, "floor": floor_port, "bare": bare_port}
             for name, _, _ in ROUTES:
                 assert fetch(bare_port, requests[name]) == bodies[name]
+                assert len(fetch(floor_port, requests[name])) == len(bodies[name])  # all but the request id
             results: dict[str, dict[str, list[float]]] = {}
             rates: dict[str, dict[str, list[float]]] = {}
             for name, _, _ in measured:
-                results[name] = {"werk": [], "bare": []}
-                rates[name] = {"werk": [], "bare": []}
-                for target in ("werk", "bare"):  # warm-up
+                results[name] = {target: [] for target in TARGETS}
+                rates[name] = {target: [] for target in TARGETS}
+                for target in TARGETS:  # warm-up
                     load(ports[target], requests[name], args.clients, args.seconds / 2)
                 for round_no in range(args.rounds):
-                    order = ("werk", "bare") if round_no % 2 == 0 else ("bare", "werk")
-                    for target in order:
+                    turn = round_no // 2 % len(TARGETS)
+                    order = TARGETS[turn:] + TARGETS[:turn]
+                    for target in order if round_no % 2 == 0 else order[::-1]:
                         latencies = load(ports[target], requests[name], args.clients, args.seconds)
                         results[name][target] += latencies
                         rates[name][target].append(len(latencies) / args.seconds)
         finally:
-            bare.terminate()
-            bare.wait(timeout=10)
+            for proc in (bare, floor):
+                proc.terminate()
+                proc.wait(timeout=30)
 
     print(
-        f"commit {git_describe()} | werk serve (llama.cpp, generated model, {STATES} states) vs bare falcon app "
-        f"| waitress threads {args.threads} both | {args.clients} keep-alive clients | {args.rounds} ABBA rounds "
+        f"commit {git_describe()} | werk serve (llama.cpp, generated model, {STATES} states) vs its HTTP layer "
+        "over werk's own answers (floor) vs bare falcon app "
+        f"| waitress threads {args.threads} each | {args.clients} keep-alive clients | {args.rounds} rounds "
         f"x {args.seconds}s per route and target | {platform.machine()} {os.cpu_count()} CPUs "
         f"| load {os.getloadavg()[0]:.2f} | "
         + (f"servers on CPUs {cpus[1:]}, load generator on CPU {cpus[0]}" if pinned else "not pinned")
@@ -285,7 +340,7 @@ def main() -> int:
     ratios = {}
     for name, path, body in measured:
         line = [f"  {('POST ' if body else 'GET ') + path:<36} body {len(bodies[name]):>6} B"]
-        for target in ("werk", "bare"):
+        for target in TARGETS:
             rps = statistics.median(rates[name][target])
             lat = results[name][target]
             line.append(
@@ -296,7 +351,10 @@ def main() -> int:
         paired = [w / b for w, b in zip(rates[name]["werk"], rates[name]["bare"], strict=True)]
         ratios[name] = statistics.median(paired)
         medians = statistics.median(rates[name]["werk"]) / statistics.median(rates[name]["bare"])
-        line.append(f"ratio {ratios[name]:.2f} (of medians {medians:.2f})")
+        floor_ratio = statistics.median(f / b for f, b in zip(rates[name]["floor"], rates[name]["bare"], strict=True))
+        service_us = 1e6 / statistics.median(rates[name]["werk"]) - 1e6 / statistics.median(rates[name]["floor"])
+        line.append(f"ratio {ratios[name]:.2f} (of medians {medians:.2f}) | floor/bare {floor_ratio:.2f}")
+        line.append(f"service share {service_us:5.1f} us/request")
         print(" | ".join(line))
     worst = min(ratios, key=lambda k: ratios[k])
     print(f"RATIO werk/bare requests/s, per-round median (lowest: {worst}) = {ratios[worst]:.2f}  (target >= {TARGET})")
