@@ -265,6 +265,23 @@ def test_inline_wrapper_observes_every_prefill_and_decode(home: Path) -> None:
     ]
 
 
+def test_a_wrapper_registered_after_a_direct_call_sees_the_next_one() -> None:
+    """The owner alone is called directly (``_OwnerCall``); registering a wrapper drops that
+    shortcut, so the wrapper is not bypassed."""
+    host = PluginHost()
+    host.register(MemoryBackendPlugin(), "testbackend")
+    hooks = BackendHooks(host)
+    adapter = MemoryAdapter(model_name="tiny")
+    work = PrefillWork("tiny", TextInput(type="text", text="a b"), want_snapshot=False)
+    first = hooks.prefill(adapter, work)
+    assert first is not None and first.prompt_tokens == 2
+    observer = Observer()
+    host.register(observer, "observer")
+    second = hooks.prefill(adapter, work)
+    assert second is not None and second.prompt_tokens == 2
+    assert observer.seen == [("prefill:before", BACKEND_ID), ("prefill:after", "2")]
+
+
 class OtherBackend:
     """A second adapter-providing plugin that would answer every prefill if allowed to."""
 
