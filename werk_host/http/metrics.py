@@ -49,7 +49,6 @@ INSTANCE_STATES: Final = ("cold", "starting", "ready", "stopping", "failed")
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_STATUS_LABELS: Final = {code: str(code) for code in range(100, 600)}
 #: ``le`` labels of the latency buckets, as ``prometheus_client`` writes them, then ``+Inf``.
 _BOUND_LABELS: Final = (*(f"{bound}" for bound in LATENCY_BUCKETS), "+Inf")
 #: ChatCounters fields exported as gauges; every other field is a monotonic counter.
@@ -229,8 +228,7 @@ class MetricsMiddleware:
         elapsed = time.perf_counter() - started
         instance = str(getattr(req.context, "instance_id", None) or NO_INSTANCE)
         method = req.method if req.method in _METHODS else OTHER_METHOD
-        status = _STATUS_LABELS.get(resp.status_code) or str(resp.status_code)
-        self.tally.record(instance, self._route(req), method, status, elapsed)
+        self.tally.record(instance, self._route(req), method, str(resp.status_code), elapsed)
 
 
 class MetricsResource:

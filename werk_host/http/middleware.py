@@ -140,7 +140,8 @@ class RequestMiddleware:
     """The host's steps for every request, in the order of the module docstring, as one
     middleware (each request pays one call per phase and classifies its path once).
 
-    Sets on ``req.context``: ``request_id``; ``principal`` once authenticated; for ``/werk/v1``
+    Sets on ``req.context``: ``request_id``; ``protocol`` (whether the path is under
+    ``/werk/v1``); ``principal`` once authenticated; for ``/werk/v1``
     with deployments, ``instance_id`` and the instance selection, released when the response
     is done; ``body``, every POST/PUT/PATCH body up to the 1 MiB bound (chunked bodies too;
     ``b""`` otherwise). ``/werk/v1`` responses carry the protocol headers."""
@@ -155,7 +156,7 @@ class RequestMiddleware:
         context.request_id = f"req_{_REQUEST_IDS.getrandbits(96):024x}"
         context.body = b""
         path = req.path
-        protocol = is_protocol_path(path)
+        protocol = context.protocol = is_protocol_path(path)
         if protocol or is_openai_path(path) or is_ollama_path(path) or path == "/metrics":
             principal = self._auth.authenticate(presented_key(req.env))
             if principal is None:
@@ -203,7 +204,7 @@ class RequestMiddleware:
         self, req: falcon.Request, resp: falcon.Response, resource: object, req_succeeded: bool
     ) -> None:
         context = req.context
-        if is_protocol_path(req.path):
+        if context.protocol:
             protocol_headers(resp, context.request_id)
         if self._runtime is None:
             return
