@@ -32,10 +32,21 @@ class ServerLimits:
     (a long generation, a stream) is never closed for idleness.
     """
 
-    threads: int = 8
+    threads: int = 32
     connection_limit: int = 1000
     channel_timeout: int = 15
     cleanup_interval: int = 5
+    #: Inference concurrency (docs/operations.md, "Inference concurrency"): generation requests
+    #: running or queued host-wide (``None``: ``threads - max(2, threads // 4)``; it must stay
+    #: below ``threads``) and per key (``None``: half of the host-wide bound); per instance, the
+    #: capacity when the backend reports none, the queue (``None``: 4 × capacity), the longest
+    #: wait in it, and the ``Retry-After`` of a refusal.
+    inference_max: int | None = None
+    inference_per_key: int | None = None
+    inference_slots: int = 4
+    inference_queue: int | None = None
+    inference_wait_s: float = 30.0
+    inference_retry_after_s: int = 2
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from werk_host.logs import WAITRESS_QUEUE_LOGGER, QueueDepthLog
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
 from werk_host.paths import ensure_private_dir
 from werk_host.plugins import PluginHost
+from werk_host.service.gate import InferenceGate, gate_limits
 from werk_host.service.inference import InferenceService
 from werk_host.service.local import LocalControlService
 from werk_host.service.principals import Authenticator, load_or_create_namespace_secret
@@ -65,7 +66,8 @@ def build_host(
     memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
     store = StateStore(config.home / "runtime-state" / "v1")
     service = LocalControlService(runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret)
-    inference = InferenceService(runtime, service.chat_stats)
+    gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
+    inference = InferenceService(runtime, service.chat_stats, gate)
     app = create_app(service, auth, inference=inference, runtime=runtime)
     host = Host(config, plugins, runtime, service, auth, app)
     try:

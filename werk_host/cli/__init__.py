@@ -78,6 +78,7 @@ def _backend_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def cmd_serve(args: argparse.Namespace) -> int:
     from werk_host.logs import configure_logging
     from werk_host.server import serve
+    from werk_host.service.gate import gate_limits
 
     keys = collect_api_keys(args, dict(os.environ))
     configure_logging(args.log_level, keys)
@@ -91,6 +92,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             connection_limit=args.connection_limit,
             channel_timeout=args.channel_timeout,
             cleanup_interval=args.cleanup_interval,
+            inference_max=args.inference_max,
+            inference_per_key=args.inference_per_key,
+            inference_slots=args.inference_slots,
+            inference_queue=args.inference_queue,
+            inference_wait_s=args.inference_wait,
         ),
         models=tuple(args.model or ()),
         profile=Path(args.profile) if args.profile else None,
@@ -98,6 +104,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         backend_options=_backend_options(args),
         warmup_tokens=args.warmup_tokens,
     )
+    try:
+        gate_limits(config.limits)  # refused before anything starts
+    except ValueError as err:
+        print(json.dumps({"error": {"code": "invalid_request", "message": str(err)}}), file=sys.stderr)
+        return 2
     return serve(config)
 
 
@@ -118,6 +129,30 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument(
         "--cleanup-interval", type=_positive, default=limits.cleanup_interval, help="seconds between idle sweeps"
+    )
+    # docs/operations.md, "Inference concurrency"
+    p.add_argument(
+        "--inference-max",
+        type=_positive,
+        help="generation requests running or queued host-wide, below --threads (default: threads - max(2, threads/4))",
+    )
+    p.add_argument("--inference-per-key", type=_positive, help="of those, the most one API key holds (default: half)")
+    p.add_argument(
+        "--inference-slots",
+        type=_positive,
+        default=limits.inference_slots,
+        help="concurrent requests per instance when its backend does not say",
+    )
+    p.add_argument(
+        "--inference-queue",
+        type=run.non_negative,
+        help="requests waiting per instance beyond its capacity (default: 4 x capacity)",
+    )
+    p.add_argument(
+        "--inference-wait",
+        type=float,
+        default=limits.inference_wait_s,
+        help="seconds a queued request waits for its instance before a 503",
     )
     p.add_argument("--api-key", action="append", help="accepted API key (repeatable)")
     p.add_argument("--api-key-file", help="file with one API key per line")

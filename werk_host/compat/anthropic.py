@@ -51,6 +51,7 @@ ERROR_TYPES: Final[dict[int, str]] = {
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
+    529: "overloaded_error",
 }
 
 

@@ -30,12 +30,15 @@ from werk_host.compat.anthropic import (
 from werk_host.compat.upstream import sse_events
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.http.errors import retry_after
 from werk_host.http.io import parse_body, principal
 from werk_host.http.middleware import ANTHROPIC_PREFIX
 from werk_host.service.principals import Principal
 
 #: The response header Anthropic's SDKs read the request id from.
 REQUEST_ID_HEADER = "request-id"
+#: Anthropic's status for "temporarily overloaded" (its SDKs retry it, honouring ``Retry-After``).
+OVERLOADED = 529
 
 
 class ChatInference(Protocol):
@@ -55,7 +58,10 @@ def _json(req: falcon.Request, resp: falcon.Response, status: int, doc: JsonObje
 
 
 def render_error(req: falcon.Request, resp: falcon.Response, status: int, error: WerkError) -> None:
-    """A typed error in Anthropic's shape (the app's error mapper calls this for these paths)."""
+    """A typed error in Anthropic's shape (the app's error mapper calls this for these paths).
+    An overload refusal (a 503 asking to retry later) is Anthropic's 529 ``overloaded_error``."""
+    if status == 503 and retry_after(error) is not None:
+        status = OVERLOADED
     if error.code is ErrorCode.UNAUTHORIZED:
         resp.set_header("WWW-Authenticate", "Bearer")
     _json(req, resp, status, error_document(status, error.public_message(), _request_id(req)))

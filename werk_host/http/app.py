@@ -11,7 +11,7 @@ import falcon
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http import anthropic, ollama, openai
-from werk_host.http.errors import error_body, from_falcon, status_for
+from werk_host.http.errors import error_body, from_falcon, retry_after, status_for
 from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
     BodyTooLarge,
@@ -34,6 +34,9 @@ log = logging.getLogger("werk_host.http")
 def _render_error(req: falcon.Request, resp: falcon.Response, error: WerkError) -> None:
     request_id = getattr(req.context, "request_id", None) or "req_unknown"
     status = status_for(error, body_limit=isinstance(error, BodyTooLarge))
+    after = retry_after(error)
+    if after is not None:  # docs/operations.md, "Inference concurrency"
+        resp.set_header("Retry-After", str(after))
     if is_anthropic_path(req.path):  # before /v1: these routes live under it
         anthropic.render_error(req, resp, status, error)
         return

@@ -8,6 +8,7 @@ import falcon
 
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol.envelope import ErrorBody
+from werk_host.service.gate import RETRY_AFTER
 
 log = logging.getLogger("werk_host.http")
 
@@ -37,6 +38,13 @@ def error_body(error: WerkError) -> ErrorBody:
         retryable=error.retryable,
         details=error.public_details() or None,
     )
+
+
+def retry_after(error: WerkError) -> int | None:
+    """The seconds a refusal asks the client to wait (werk_host/service/gate.py), sent as
+    ``Retry-After`` in every protocol's error answer; ``None`` for other errors."""
+    value = error.details.get(RETRY_AFTER)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def status_for(error: WerkError, *, body_limit: bool = False) -> int:

@@ -12,6 +12,11 @@ until its relayed response is closed. It counts as failed when the backend raise
 an error status (a client that went away is not a failure). Token totals add the OpenAI
 ``usage`` object when the response carries one (found in a bounded tail of the relayed bytes;
 nothing is buffered or re-serialized); without one they are not guessed.
+
+Concurrency: with a gate (werk_host/service/gate.py, as ``werk serve`` wires it) a request
+enters it first (host-wide and per-key bounds, refused at once), is seated on its instance after
+admission (waiting in the instance's bounded queue), and leaves it when its relayed response is
+closed (its end, an error, or the client's disconnect); a refusal counts as rejected.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest
 from werk_host.service.admission import FitBounds, estimate_input_tokens
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
+from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.principals import Principal
 from werk_host.service.reasoning import apply_reasoning_tier
 from werk_host.service.runtime import BackendRuntime
@@ -111,9 +117,12 @@ def _client_gone() -> bool:
 class InferenceService:
     """Serves ``/v1`` by delegating to the adapter; counts requests for observability."""
 
-    def __init__(self, runtime: BackendRuntime, stats: ChatStats) -> None:
+    def __init__(self, runtime: BackendRuntime, stats: ChatStats, gate: InferenceGate | None = None) -> None:
         self.runtime = runtime
         self.stats = stats
+        #: ``werk serve``'s admission gate (werk_host/service/gate.py); ``None`` for in-process
+        #: callers, which hold no server worker threads.
+        self.gate = gate
         self.bounds = FitBounds(runtime.hooks.count_tokens)
 
     def _limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
@@ -186,7 +195,41 @@ class InferenceService:
             return self.runtime.instance
         return deployments.route(model)
 
-    def _call(self, chat: bool, what: str, body: JsonObject) -> InferenceResponse:
+    def _enter(self, principal: Principal) -> Ticket | None:
+        """A gate ticket for ``principal`` (the host-wide and per-key bounds), or the refusal."""
+        if self.gate is None:
+            return None
+        try:
+            return self.gate.enter(principal.id)
+        except WerkError:
+            self.stats.add(requests_rejected=1)
+            raise
+
+    def _seat(self, ticket: Ticket | None, adapter: Adapter, label: str) -> None:
+        """Wait for a seat on the serving instance (its capacity: the backend's concurrent
+        requests); a refusal is counted as rejected."""
+        if ticket is None:
+            return
+        limits = self.runtime.hooks.chat_limits(adapter, None)
+        try:
+            ticket.seat(
+                label, limits.max_concurrent_requests if limits is not None else None, client_disconnected.get()
+            )
+        except WerkError:
+            self.stats.add(instance=label, requests_rejected=1)
+            raise
+
+    def _call(self, chat: bool, what: str, body: JsonObject, principal: Principal) -> InferenceResponse:
+        """Serve one request inside the gate; its ticket is released when the answer closes."""
+        ticket = self._enter(principal)
+        try:
+            return self._gated(chat, what, body, ticket)
+        except BaseException:
+            if ticket is not None:
+                ticket.release()
+            raise
+
+    def _gated(self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None) -> InferenceResponse:
         instance = self._route(body)
         if instance is not None:
             instance.enter()  # in flight from routing on: keep-alive cannot stop it under this request
@@ -196,6 +239,7 @@ class InferenceService:
                 verify = None
                 if chat:
                     body, verify = self._admit(adapter, body)
+                self._seat(ticket, adapter, instance.id if instance is not None else DEFAULT_INSTANCE)
         except BaseException:
             if instance is not None:
                 instance.leave()
@@ -216,13 +260,18 @@ class InferenceService:
             response = sanitized_error(response)
         if instance is not None:
             response.headers[DEPLOYMENT_HEADER] = instance.id
-        return self._tracked(response, label, instance, verify)
+        return self._tracked(response, label, instance, verify, ticket)
 
     def _tracked(
-        self, response: InferenceResponse, label: str, instance: Instance | None, verify: UsageCheck | None = None
+        self,
+        response: InferenceResponse,
+        label: str,
+        instance: Instance | None,
+        verify: UsageCheck | None = None,
+        ticket: Ticket | None = None,
     ) -> InferenceResponse:
-        """``response`` counted as active (and its instance in use) until closed, with its usage
-        added to the totals (and its prompt tokens given to ``verify``)."""
+        """``response`` counted as active (and its instance in use, its gate ticket held) until
+        closed, with its usage added to the totals (and its prompt tokens given to ``verify``)."""
         stats = self.stats
         state: dict[str, Any] = {"tail": b"", "failed": response.status >= 400, "closed": False}
 
@@ -247,6 +296,8 @@ class InferenceService:
             try:
                 response.close()
             finally:
+                if ticket is not None:
+                    ticket.release()
                 if instance is not None:
                     instance.leave()
                 usage = None if state["failed"] else usage_tokens(state["tail"])
@@ -263,10 +314,10 @@ class InferenceService:
         return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
 
     def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse:
-        return self._call(True, "chat completions", body)
+        return self._call(True, "chat completions", body, principal)
 
     def text_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse:
-        return self._call(False, "completions", body)
+        return self._call(False, "completions", body, principal)
 
     def list_models(self, principal: Principal) -> list[JsonObject]:
         """``/v1/models``: every instance id and alias (docs/deployments.md, "Routing")."""
