@@ -74,7 +74,11 @@ def test_options_that_reach_the_template_are_counted(extra: dict[str, Any]) -> N
     [
         {"role": "user", "content": [{"type": "text", "text": "parts"}]},
         {"role": "user", "content": "named", "name": "alice"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
     ],
 )
 def test_messages_beyond_plain_text_are_counted(message: dict[str, Any]) -> None:

@@ -36,6 +36,27 @@ def test_openapi_covers_every_route_and_schema() -> None:
     ).items()
 
 
+def test_response_schemas_are_readable() -> None:
+    """A handoff is returned by prefill and decode: no response schema may mark it (or anything)
+    ``writeOnly``, while the decode request's handoff stays write-only."""
+    doc = build_openapi()
+    schemas = doc["components"]["schemas"]
+    for name in ("PrefillResult", "DecodeResult"):
+        assert "writeOnly" not in json.dumps(schemas[name]), name
+    for path in ("/werk/v1/prefill", "/werk/v1/decode"):
+        assert "writeOnly" not in json.dumps(doc["paths"][path]["post"]["responses"]), path
+    assert schemas["DecodeRequest"]["properties"]["handoff"]["writeOnly"] is True
+
+
+def test_tool_shapes_are_documented() -> None:
+    schemas = build_openapi()["components"]["schemas"]
+    tools = schemas["ChatRequest"]["properties"]["tools"]["anyOf"][0]
+    assert tools == {"type": "array", "items": {"$ref": "#/components/schemas/FunctionTool"}}
+    assert schemas["FunctionTool"]["properties"]["type"] == {"const": "function", "title": "Type", "type": "string"}
+    assert schemas["FunctionDefinition"]["required"] == ["name"]
+    assert {"id", "type", "function"} <= set(schemas["ToolCall"]["required"])
+
+
 def test_models_add_list_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = tmp_path / "home"
     weights = tmp_path / "m.gguf"

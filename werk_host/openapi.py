@@ -2,6 +2,10 @@
 
 ``python -m werk_host.openapi > docs/openapi.json`` regenerates the committed copy; a test
 fails when the committed file is stale.
+
+Response schemas carry no ``writeOnly``: pydantic marks secret fields (a handoff) write-only,
+which is right for a request but would say that an answer's handoff is never returned, so
+clients generated from the document could drop it (:func:`_readable`).
 """
 
 from __future__ import annotations
@@ -72,6 +76,15 @@ _DESCRIPTION = (
 )
 
 
+def _readable(schema: Any) -> Any:
+    """``schema`` without ``writeOnly`` anywhere (for response schemas)."""
+    if isinstance(schema, dict):
+        return {k: _readable(v) for k, v in schema.items() if k != "writeOnly"}
+    if isinstance(schema, list):
+        return [_readable(v) for v in schema]
+    return schema
+
+
 def _query_value(schema: dict[str, Any]) -> dict[str, Any]:
     """A query parameter is present with a value or absent: drop the model's ``null`` option."""
     schema = {k: v for k, v in schema.items() if k not in ("title", "default")}
@@ -95,9 +108,11 @@ def build_openapi() -> dict[str, Any]:
         ref_template=REF,
     )
     schemas: dict[str, Any] = dict(sorted(defs.get("$defs", {}).items()))
+    for model in response_models - request_models:
+        schemas[model.__name__] = _readable(schemas[model.__name__])
     paths: dict[str, Any] = {}
     for method, path, summary, body, query, data in _OPERATIONS:
-        data_schema = TypeAdapter(data).json_schema(mode="serialization", ref_template=REF)
+        data_schema = _readable(TypeAdapter(data).json_schema(mode="serialization", ref_template=REF))
         operation: dict[str, Any] = {
             "summary": summary,
             "operationId": method + path.replace("/werk/v1", "").replace("/", "_").replace("{", "").replace("}", ""),

@@ -1,16 +1,37 @@
-"""Chat-planning DTOs: token counting, admission, limits, reasoning and deployments."""
+"""Chat-planning DTOs: token counting, admission, limits, reasoning and deployments.
+
+Also the request shapes ``/v1`` admission validates before a backend is called: tools, tool
+choices and assistant tool calls are checked against OpenAI's function-tool shapes (anything
+else, an unknown tool type included, is ``invalid_request``) but kept as the client sent them,
+so that a count renders the very JSON the chat sends (docs/compat.md, "OpenAI");
+:class:`CompletionRequest` is ``/v1/completions``'s request."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainValidator,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from werk_host.protocol.base import (
     DEFAULT_OUTPUT_TOKENS,
     DataModel,
     JsonBool,
+    JsonFloat,
+    JsonInt,
+    NonNegativeJsonInt,
     PositiveJsonInt,
     StrictModel,
     integral_number,
@@ -84,6 +105,89 @@ class ContentPart(BaseModel):
         return self
 
 
+# -- tools ------------------------------------------------------------------------------------
+
+#: OpenAI's rule for a function name.
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
+
+
+class _Shape(BaseModel):
+    """A tool shape: its fields are checked, other members pass through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class FunctionDefinition(_Shape):
+    """``tools[].function``: ``parameters`` is a JSON Schema object."""
+
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, JsonValue] | None = None
+    strict: JsonBool | None = None
+
+
+class FunctionTool(_Shape):
+    """One entry of ``tools``: only ``function`` tools exist here."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class CalledFunction(_Shape):
+    name: FunctionName
+    arguments: str
+
+
+class ToolCall(_Shape):
+    """One entry of an assistant message's ``tool_calls``."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class NamedFunction(_Shape):
+    name: FunctionName
+
+
+class NamedToolChoice(_Shape):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+def _kept(shape: Any, message: str | None = None) -> PlainValidator:
+    """Validate a value as ``shape`` (documented as ``shape`` too) and keep the value as sent.
+    A failure names the first failing member, or says ``message`` when one is given."""
+    adapter: TypeAdapter[Any] = TypeAdapter(shape)
+
+    def check(value: Any) -> Any:
+        try:
+            adapter.validate_python(value)
+        except ValidationError as err:
+            if message is not None:
+                text = message
+            else:
+                first = err.errors(include_input=False, include_url=False)[0]
+                where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+                text = f"{where}: {first['msg']}" if where else first["msg"]
+            raise PydanticCustomError("tool_shape", "{text}", {"text": text}) from None
+        return value
+
+    return PlainValidator(check, json_schema_input_type=shape)
+
+
+Tools = Annotated[list[dict[str, JsonValue]], _kept(list[FunctionTool])]
+ToolCalls = Annotated[list[dict[str, JsonValue]], _kept(list[ToolCall])]
+ToolChoiceValue = Annotated[
+    str | dict[str, JsonValue],
+    _kept(ToolChoice, 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'),
+]
+
+
 #: Fields that let an assistant message go without content.
 _CALL_FIELDS = ("tool_calls", "function_call")
 #: The same rule as JSON Schema, for the OpenAPI document.
@@ -106,12 +210,13 @@ class ChatMessage(BaseModel):
     )
     role: ChatRole
     content: str | list[ContentPart] | None = None
+    tool_calls: ToolCalls | None = None
 
     @model_validator(mode="after")
     def _content_present(self) -> Self:
         if self.content is None:
             extra = self.model_extra or {}
-            calls = any(extra.get(name) is not None for name in _CALL_FIELDS)
+            calls = self.tool_calls is not None or extra.get("function_call") is not None
             if self.role is not ChatRole.ASSISTANT or not calls:
                 raise ValueError(f"a {self.role.value} message needs content")
         return self
@@ -126,7 +231,8 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     model: str | None = Field(None, min_length=1, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoiceValue | None = None
     max_tokens: PositiveJsonInt | None = None
     max_completion_tokens: PositiveJsonInt | None = None
     stream: JsonBool | None = None
@@ -136,6 +242,53 @@ class ChatRequest(BaseModel):
     def requested_output_tokens(self) -> int:
         explicit = self.max_completion_tokens or self.max_tokens
         return explicit if explicit is not None else DEFAULT_OUTPUT_TOKENS
+
+
+TokenId = Annotated[StrictInt, Field(ge=0)]
+Prompt = (
+    str
+    | Annotated[list[str], Field(min_length=1)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+)
+
+
+class CompletionRequest(BaseModel):
+    """The OpenAI (legacy) completions request shape, as ``/v1/completions`` admission checks it.
+
+    Only the fields OpenAI's API defines are validated; other options are kept
+    (``extra="allow"``) for the backend, as on the chat route."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    model: str | None = Field(None, min_length=1, max_length=256)
+    prompt: Prompt
+    max_tokens: PositiveJsonInt | None = None
+    stream: JsonBool | None = None
+    stream_options: dict[str, JsonValue] | None = None
+    echo: JsonBool | None = None
+    n: PositiveJsonInt | None = None
+    best_of: PositiveJsonInt | None = None
+    logprobs: NonNegativeJsonInt | None = None
+    logit_bias: dict[str, JsonFloat] | None = None
+    seed: JsonInt | None = None
+    stop: str | list[str] | None = None
+    suffix: str | None = None
+    temperature: JsonFloat | None = None
+    top_p: JsonFloat | None = None
+    presence_penalty: JsonFloat | None = None
+    frequency_penalty: JsonFloat | None = None
+    user: str | None = None
+
+    def requested_output_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else DEFAULT_OUTPUT_TOKENS
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request (one completion is generated per prompt)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [[p for p in self.prompt if isinstance(p, int)]]
+        return [p for p in self.prompt if not isinstance(p, int)]
 
 
 class TokenCount(DataModel):

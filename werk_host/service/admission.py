@@ -4,7 +4,8 @@ Two tools, used by :mod:`werk_host.service.inference` and :mod:`werk_host.servic
 
 * :func:`estimate_input_tokens`, used only when a backend has no native counter. It is
   deliberately conservative (over-counts): one token per 3 UTF-8 bytes of every text field,
-  plus a fixed per-message template overhead.
+  plus a fixed per-message template overhead. :func:`prompt_tokens` is its ``/v1/completions``
+  counterpart (a raw prompt has no template; token-id prompts are counted exactly).
 * :class:`FitBounds`, the *provable fit* shortcut of ``/v1`` admission. An exact count costs
   the backend a template render and a tokenization per fresh prompt (for llama.cpp, an
   ``/apply-template`` and a ``/tokenize`` round trip). Most requests are far below the context,
@@ -137,6 +138,14 @@ def estimate_input_tokens(request: ChatRequest) -> int:
     return math.ceil(total_bytes / BYTES_PER_TOKEN) + PER_MESSAGE_OVERHEAD * len(request.messages)
 
 
+def prompt_tokens(prompt: str | list[int]) -> int:
+    """The input of one ``/v1/completions`` prompt: a token-id prompt's length (exact), else the
+    same estimate as a message's (no backend hook counts raw text)."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    return math.ceil(len(prompt.encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN)
+
+
 @dataclass(frozen=True)
 class PlainShape:
     """What the bound needs of a request: whether it opens with ``system``, its roles after the
@@ -149,14 +158,16 @@ class PlainShape:
 
 def plain_shape(request: ChatRequest) -> PlainShape | None:
     """The shape of a request the calibration covers, else ``None`` (count it exactly)."""
-    if request.tools is not None or request.reasoning_effort is not None or request.werk is not None:
+    if request.tools is not None or request.tool_choice is not None:
+        return None
+    if request.reasoning_effort is not None or request.werk is not None:
         return None  # werk.reasoning may reach the template (the backend counts it rendered)
     if request.model_extra and not RENDER_NEUTRAL.issuperset(request.model_extra):
         return None
     roles: list[ChatRole] = []
     sizes: list[int] = []
     for message in request.messages:
-        if message.model_extra or not isinstance(message.content, str):
+        if message.model_extra or message.tool_calls is not None or not isinstance(message.content, str):
             return None
         roles.append(message.role)
         sizes.append(len(message.content.encode("utf-8", "surrogatepass")))

@@ -6,6 +6,9 @@ per-request context is ``context_length_exceeded``. The input is the backend's e
 when it has one, else the shared estimator of :mod:`werk_host.service.admission`. The exact
 count is skipped when :class:`~werk_host.service.admission.FitBounds` proves the request fits
 (an upper bound from calibrated evidence, no backend call); answers are the same either way.
+``/v1/completions`` (and so Ollama's ``raw`` generate) is admitted by the same two rules, its
+input being each prompt's token ids or, for text, the estimator's count (no hook counts raw
+text); its body is validated as :class:`~werk_host.protocol.chat.CompletionRequest` first.
 
 Counters: an admitted request counts in ``requests_total`` and stays in ``requests_active``
 until its relayed response is closed. It counts as failed when the backend raised or answered
@@ -35,7 +38,8 @@ from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest
-from werk_host.service.admission import FitBounds, estimate_input_tokens
+from werk_host.protocol.chat import CompletionRequest
+from werk_host.service.admission import FitBounds, estimate_input_tokens, prompt_tokens
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.principals import Principal
@@ -168,23 +172,47 @@ class InferenceService:
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
         body = apply_reasoning_tier(self.runtime.hooks, adapter, body, request, limits)
         output = request.requested_output_tokens()
+        self._check_output(limits, output)
+        if limits is not None and limits.context_tokens is not None:
+            if self._fit_bound(adapter, request, limits.context_tokens - output) is not None:
+                return body, partial(self.bounds.observe, adapter, request)
+            self._check_context(limits, self._input_tokens(adapter, request) + output)
+        return body, None
+
+    def _check_output(self, limits: ChatLimits | None, output: int) -> None:
+        """``output_limit_exceeded`` for a requested output above the model's ceiling."""
         if limits is not None and limits.max_output_tokens is not None and output > limits.max_output_tokens:
             self.stats.add(requests_rejected=1)
             raise admission_error(
                 "output_limit_exceeded",
                 f"requested {output} output tokens; this model allows at most {limits.max_output_tokens}",
             )
-        if limits is not None and limits.context_tokens is not None:
-            if self._fit_bound(adapter, request, limits.context_tokens - output) is not None:
-                return body, partial(self.bounds.observe, adapter, request)
-            needed = self._input_tokens(adapter, request) + output
-            if needed > limits.context_tokens:
-                self.stats.add(requests_rejected=1)
-                raise admission_error(
-                    "context_length_exceeded",
-                    f"input plus requested output needs {needed} tokens; the context holds {limits.context_tokens}",
-                )
-        return body, None
+
+    def _check_context(self, limits: ChatLimits, needed: int) -> None:
+        """``context_length_exceeded`` for input plus requested output above the context."""
+        if limits.context_tokens is not None and needed > limits.context_tokens:
+            self.stats.add(requests_rejected=1)
+            raise admission_error(
+                "context_length_exceeded",
+                f"input plus requested output needs {needed} tokens; the context holds {limits.context_tokens}",
+            )
+
+    def _admit_completion(self, adapter: Adapter, body: JsonObject) -> None:
+        """Validate and admit a ``/v1/completions`` request (and Ollama's ``raw`` generate): the
+        same output ceiling as chat, and each prompt's input (:func:`prompt_tokens`) plus the
+        requested output within the context."""
+        try:
+            request = CompletionRequest.model_validate(body)
+        except ValidationError as err:
+            raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+        if self.runtime.deployments is None and request.model not in (None, *self.runtime.model_ids()):
+            raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
+        served = self.runtime.model
+        limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
+        output = request.requested_output_tokens()
+        self._check_output(limits, output)
+        if limits is not None:
+            self._check_context(limits, max(prompt_tokens(p) for p in request.prompts()) + output)
 
     def _route(self, body: JsonObject) -> Instance | None:
         """The instance a ``/v1`` body's ``model`` names (an instance id, a served model name or
@@ -239,6 +267,8 @@ class InferenceService:
                 verify = None
                 if chat:
                     body, verify = self._admit(adapter, body)
+                else:
+                    self._admit_completion(adapter, body)
                 self._seat(ticket, adapter, instance.id if instance is not None else DEFAULT_INSTANCE)
         except BaseException:
             if instance is not None:
