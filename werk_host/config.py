@@ -50,6 +50,24 @@ class ServerLimits:
 
 
 @dataclass(frozen=True)
+class BackendBounds:
+    """How long Werk waits for a backend (docs/operations.md, "Backend failures").
+
+    ``call_s`` bounds each short call Werk makes itself (token counts, slot and health reads,
+    inventory observations; ``werk serve --backend-timeout``). ``first_byte_s`` bounds the wait
+    for the response of a relayed inference request (a non-streamed answer arrives whole, so this
+    covers its generation; ``--backend-first-byte-timeout``), and ``idle_s`` the silence between
+    two reads of a relayed response while it streams (``--backend-idle-timeout``). A bound that
+    runs out is a retryable ``unavailable`` (503) before the answer began, and an error event at
+    the end of a stream after.
+    """
+
+    call_s: float = 30.0
+    first_byte_s: float = 600.0
+    idle_s: float = 120.0
+
+
+@dataclass(frozen=True)
 class HostConfig:
     home: Path
     api_keys: tuple[str, ...] = ()
@@ -67,6 +85,7 @@ class HostConfig:
     #: ``--warmup-tokens``: 0 (default) asks native servers to skip their synthetic warmup run;
     #: a positive value enables it where the runtime offers it (docs/chat.md, "Warmup").
     warmup_tokens: int = 0
+    backend_bounds: BackendBounds = field(default_factory=BackendBounds)
 
     def served_models(self) -> tuple[str, ...]:
         """``model`` then ``models``, without repeats: the ``--model`` shorthand's instances."""

@@ -21,8 +21,13 @@ contract:
   drops it after its own keep-alive timeout. A pool that was closed takes nothing back.
 * **Authentication.** With ``api_key``, every request carries ``Authorization: Bearer <key>``;
   the key appears in no repr and no error.
+* **Bounds** (docs/operations.md, "Backend failures"). With ``bounds``
+  (:class:`~werk_host.config.BackendBounds`), :func:`post_json` waits at most ``call_s`` for
+  its answer to begin, :func:`forward` at most ``first_byte_s``, and every read of a body at most
+  ``idle_s``; without, ``timeout`` is all three. A wait that runs out closes the connection.
 * **Errors.** A connection failure (refused, reset, timed out) is a retryable
-  ``WerkError(unavailable, "<label> is not answering")``. :func:`post_json` maps a status that
+  ``WerkError(unavailable, "<label> is not answering")``; an answer that does not begin within
+  its bound is a retryable ``unavailable`` too. :func:`post_json` maps a status that
   ``is_refusal`` calls the client's fault (default :func:`client_refusal`: a 4xx other than
   401, 403, 408 and 429) to ``invalid_request`` with a fixed message (the backend's own text
   goes to the log only), and every other non-200 status or non-object body to a retryable
@@ -30,7 +35,11 @@ contract:
 * **Streaming.** :func:`forward` returns the response as an
   :class:`~werk_host.backend.InferenceResponse` whose body yields chunks as the server sends
   them (server-sent events included), never buffered whole; only the headers in
-  :data:`PASSED_HEADERS` are relayed.
+  :data:`PASSED_HEADERS` are relayed. A body the server breaks off (connection closed or reset
+  before its end, a chunked body without its last chunk, fewer bytes than its
+  ``content-length``, a read past ``idle_s``) raises :class:`BackendCut` from the body
+  iterator, a retryable ``unavailable`` with a fixed message: the relaying route ends its
+  answer with it (werk_host/http/openai.py).
 * **Cancellation.** Closing the response before its end closes the upstream connection, which
   a server takes as its client going away (llama-server and vLLM then cancel the generation).
   While waiting for the first response byte, :func:`forward` polls
@@ -50,6 +59,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from werk_host.backend import InferenceResponse, client_disconnected
+from werk_host.config import BackendBounds
 from werk_host.errors import ErrorCode, WerkError
 
 __all__ = [
@@ -58,6 +68,7 @@ __all__ = [
     "READ_CHUNK",
     "STALE",
     "WATCH_INTERVAL_S",
+    "BackendCut",
     "ClientGone",
     "ConnectionPool",
     "client_refusal",
@@ -86,6 +97,7 @@ class ConnectionPool:
     """Keep-alive connections to one ``host:port`` (see the module docstring).
 
     ``label`` names the backend in errors and log lines (``"llama-server is not answering"``).
+    ``bounds`` sets the waits (module docstring); without it, ``timeout`` bounds each of them.
     """
 
     def __init__(
@@ -98,8 +110,14 @@ class ConnectionPool:
         api_key: str | None = None,
         label: str = "backend",
         idle_reuse_s: float = IDLE_REUSE_S,
+        bounds: BackendBounds | None = None,
     ) -> None:
+        if bounds is not None:
+            timeout = bounds.idle_s
         self.host, self.port, self.size, self.timeout = host, port, size, timeout
+        #: the longest wait for an answer to begin: a :func:`post_json` call, a :func:`forward`
+        self.call_timeout = bounds.call_s if bounds is not None else timeout
+        self.first_byte_timeout = bounds.first_byte_s if bounds is not None else timeout
         self.label = label
         self.idle_reuse_s = idle_reuse_s
         self.auth_headers: dict[str, str] = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -171,6 +189,9 @@ class ConnectionPool:
     def unavailable(self) -> WerkError:
         return WerkError(ErrorCode.UNAVAILABLE, f"{self.label} is not answering", retryable=True)
 
+    def too_slow(self, bound: float) -> WerkError:
+        return WerkError(ErrorCode.UNAVAILABLE, f"{self.label} did not answer within {bound:g} s", retryable=True)
+
     def __repr__(self) -> str:
         return f"<ConnectionPool {self.label} {self.host}:{self.port} idle={self.idle()}>"
 
@@ -190,6 +211,17 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
     return not poller.poll(0)
 
 
+class BackendCut(WerkError):
+    """The backend broke off a response it had begun (module docstring, "Streaming")."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, f"{label} stopped answering before the end", retryable=True)
+
+
+class _NoAnswer(Exception):
+    """The answer did not begin within its bound (the request may have run: never retried)."""
+
+
 class ClientGone(WerkError):
     """The client disconnected before the upstream answered; the upstream request was closed."""
 
@@ -202,16 +234,24 @@ def client_refusal(status: int) -> bool:
     return 400 <= status < 500 and status not in (401, 403, 408, 429)
 
 
-def _await_answer(conn: http.client.HTTPConnection, gone: Callable[[], bool]) -> None:
+def _await_answer(conn: http.client.HTTPConnection, gone: Callable[[], bool] | None, bound: float) -> None:
     """Block until the upstream socket is readable; raise :class:`ClientGone` if the client leaves
-    first. (Nothing is buffered yet: the response object does not exist.)"""
+    first, :class:`_NoAnswer` after ``bound`` seconds. (Nothing is buffered yet: the response
+    object does not exist.)"""
     sock = conn.sock
     if sock is None:
         return
     poller = select.poll()
     poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
-    while not poller.poll(WATCH_INTERVAL_S * 1000):
-        if gone():
+    deadline = time.monotonic() + bound
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _NoAnswer()
+        wait = min(left, WATCH_INTERVAL_S) if gone is not None else left
+        if poller.poll(max(wait * 1000, 1)):
+            return
+        if gone is not None and gone():
             raise ClientGone()
 
 
@@ -231,9 +271,13 @@ def post_json(
         conn, reused = pool.acquire()
         try:
             conn.request("POST", path, body=payload, headers=headers)
+            _await_answer(conn, None, pool.call_timeout)
             response = conn.getresponse()
             raw = response.read()
             break
+        except _NoAnswer:
+            conn.close()
+            raise pool.too_slow(pool.call_timeout) from None
         except _CONNECTION_ERRORS as err:
             conn.close()
             if reused and isinstance(err, STALE):
@@ -270,13 +314,15 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
         conn, reused = pool.acquire()
         try:
             conn.request("POST", path, body=payload, headers=headers)
-            if gone is not None:
-                _await_answer(conn, gone)
+            _await_answer(conn, gone, pool.first_byte_timeout)
             response = conn.getresponse()
             break
         except ClientGone:
             conn.close()  # the server sees its client go and cancels the task
             raise
+        except _NoAnswer:
+            conn.close()  # as for a client that left: the server stops the task
+            raise pool.too_slow(pool.first_byte_timeout) from None
         except _CONNECTION_ERRORS as err:
             conn.close()
             if reused and isinstance(err, STALE):
@@ -286,8 +332,13 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
 
     def body_iter() -> Iterator[bytes]:
         while True:
-            chunk = response.read1(READ_CHUNK)
+            try:
+                chunk = response.read1(READ_CHUNK)
+            except _CONNECTION_ERRORS as err:  # reset, timed out, a chunked body cut short
+                raise BackendCut(pool.label) from err
             if not chunk:
+                if response.length:  # read1() returns b"" at EOF short of content-length
+                    raise BackendCut(pool.label)
                 state["done"] = True
                 return
             yield chunk

@@ -12,7 +12,7 @@ from typing import Any
 
 from werk_host import __version__
 from werk_host.cli import cache, chat, deployments, run, runtime
-from werk_host.config import HostConfig, PersistenceDefaults, ServerLimits
+from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
 from werk_host.models import ModelManifest, ModelRegistry, parse_param
@@ -41,6 +41,16 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
     return value
 
 
@@ -103,6 +113,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         persistence=persistence_defaults(args),
         backend_options=_backend_options(args),
         warmup_tokens=args.warmup_tokens,
+        backend_bounds=BackendBounds(
+            call_s=args.backend_timeout, first_byte_s=args.backend_first_byte_timeout, idle_s=args.backend_idle_timeout
+        ),
     )
     try:
         gate_limits(config.limits)  # refused before anything starts
@@ -179,6 +192,25 @@ def add_serve(sub: Any) -> None:
         type=run.non_negative,
         default=0,
         help="0 (default): native servers skip their synthetic warmup; N > 0 enables it where offered",
+    )
+    bounds = BackendBounds()
+    p.add_argument(
+        "--backend-timeout",
+        type=_seconds,
+        default=bounds.call_s,
+        help="seconds each short backend call may take (counts, slot reads, inventory)",
+    )
+    p.add_argument(
+        "--backend-first-byte-timeout",
+        type=_seconds,
+        default=bounds.first_byte_s,
+        help="seconds a relayed inference request waits for the backend's answer to begin",
+    )
+    p.add_argument(
+        "--backend-idle-timeout",
+        type=_seconds,
+        default=bounds.idle_s,
+        help="seconds a relayed answer may stay silent before it is ended with an error",
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(handler=cmd_serve)

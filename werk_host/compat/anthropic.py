@@ -271,8 +271,8 @@ def message_stream(events: Iterable[JsonObject], request: MessagesRequest) -> It
                 yield sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
             if isinstance(choice.get("finish_reason"), str):
                 finished = choice
-    except Exception:
-        log.warning("a backend stream failed while it was translated", exc_info=True)
+    except Exception as err:  # one line, no traceback (docs/operations.md, "Backend failures")
+        log.warning("a backend stream failed while it was translated: %s", type(err).__name__)
         yield error_event(STREAM_FAILED)
         return
     if finished is None:

@@ -383,8 +383,8 @@ def answer_stream(events: Iterable[JsonObject], shape: Shape, model: str, starte
             reason = choice.get("finish_reason")
             if isinstance(reason, str):
                 finish = reason
-    except Exception:
-        log.warning("a backend stream failed while it was translated", exc_info=True)
+    except Exception as err:  # one line, no traceback (docs/operations.md, "Backend failures")
+        log.warning("a backend stream failed while it was translated: %s", type(err).__name__)
         yield line(error_document(STREAM_FAILED))
         return
     if finish is None:

@@ -28,6 +28,7 @@ from pydantic import JsonValue
 from werk_host.backend import AdapterFactory
 from werk_host.config import HostConfig
 from werk_host.deployments.instances import Instance
+from werk_host.deployments.observe import WorkerWatch
 from werk_host.deployments.profile import (
     PROFILE_FILENAME,
     DeploymentProfile,
@@ -109,6 +110,8 @@ class DeploymentSet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
+        #: the inventory's worker observations, bounded against a hung backend
+        self.watch = WorkerWatch()
 
     def _instance(
         self, spec: InstanceSpec, registry: ModelRegistry, factories: list[AdapterFactory], config: HostConfig

@@ -16,7 +16,10 @@ from werk_host.protocol.deployments import (
 
 
 def deployment_report(deployments: DeploymentSet, hooks: BackendHooks) -> Deployments:
-    """Observe every instance now. Never starts one: a cold instance has no pid, plan or slots."""
+    """Observe every instance now. Never starts one: a cold instance has no pid, plan or slots.
+    Worker observations come through ``deployments.watch``: a hung backend delays the report by
+    at most its bound, and leaves the last known observation or null fields
+    (werk_host/deployments/observe.py)."""
     inventory: list[InstanceInventory] = []
     plans: list[InstancePlan] = []
     slots: list[InstanceSlots] = []
@@ -28,7 +31,7 @@ def deployment_report(deployments: DeploymentSet, hooks: BackendHooks) -> Deploy
         worker_slots: int | None = None
         if adapter is not None:
             plan = hooks.deployment_plan(adapter)
-            workers = hooks.workers(adapter) or []
+            workers = deployments.watch.observe(instance.id, adapter, hooks.workers) or []
             pid = next((w.pid for w in workers if w.pid is not None), None)
             known = [w.slots for w in workers]
             worker_slots = sum(s for s in known if s is not None) if known and None not in known else None

@@ -5,11 +5,21 @@ two places: while a response streams, the WSGI server fails the next write and c
 iterator, which closes the upstream request; before the first byte, the backend's hook polls
 :data:`werk_host.backend.client_disconnected`, which is bound here to waitress's
 ``waitress.client_disconnected`` check (it needs ``channel_request_lookahead >= 1``).
+
+A backend that fails after its answer began (docs/operations.md, "Backend failures") cannot
+change the status any more. An event stream then ends with an OpenAI error event
+(``data: {"error": {"message", "type": "server_error", "param": null, "code"}}``), then
+``data: [DONE]``, then the normal end of the HTTP body; any other body simply ends where the
+backend stopped (a ``content-length`` body arrives short, and the server closes the
+connection). Either way the failure is one log line, at most one per kind per interval
+(:class:`werk_host.logs.RateLimitFilter`), never a traceback, and the client sees no backend
+text.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -19,7 +29,14 @@ from werk_host.backend import InferenceResponse, JsonObject, client_disconnected
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import json_body, principal
+from werk_host.logs import RateLimitFilter
 from werk_host.service.principals import Principal
+
+log = logging.getLogger(__name__)
+log.addFilter(RateLimitFilter())
+
+#: The public message of a failure inside an answer that is not a :class:`WerkError`.
+STREAM_FAILED = "the backend failed while it answered"
 
 _TYPES = {
     ErrorCode.INVALID_REQUEST: "invalid_request_error",
@@ -61,10 +78,31 @@ def _object_body(req: falcon.Request) -> dict[str, Any]:
 
 
 def _stream(response: InferenceResponse) -> Iterator[bytes]:
+    """The relayed body; a failure inside it ends the answer as the module docstring says."""
     try:
         yield from response.body
+    except Exception as err:  # the answer has begun: end it in words, not with a broken body
+        failure = err if isinstance(err, WerkError) else WerkError(ErrorCode.UNAVAILABLE, STREAM_FAILED)
+        log.warning("an answer broke off: %s (%s)", failure.message, type(err).__name__)
+        content_type = next((v for k, v in response.headers.items() if k.lower() == "content-type"), "")
+        if content_type.lower().startswith("text/event-stream"):
+            yield _error_event(failure)
     finally:
         response.close()  # also runs when the client disconnects and the server closes us
+
+
+def _error_event(error: WerkError) -> bytes:
+    """An OpenAI streaming error event and the stream's end marker."""
+    code = error.details.get("openai_code") if error.details else None
+    event = {
+        "error": {
+            "message": error.public_message(),
+            "type": "server_error",
+            "param": None,
+            "code": code or error.code.value,
+        }
+    }
+    return b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 Call = Callable[[Principal, dict[str, Any]], InferenceResponse]
