@@ -29,13 +29,19 @@ class ServerLimits:
     Idle connections cannot starve real work: up to ``connection_limit`` sockets are served at
     once; a connection with no request in progress for ``channel_timeout`` seconds is closed,
     checked every ``cleanup_interval`` seconds. A connection whose request is still running
-    (a long generation, a stream) is never closed for idleness.
+    (a long generation, a stream) is never closed for idleness. Slow ones cannot either: a
+    request not received whole within ``request_read_timeout`` seconds of its first byte is
+    closed (408) at the next sweep, and at the limit the server closes connections that hold no
+    request in service to accept new ones (werk_host/serving.py).
     """
 
     threads: int = 32
     connection_limit: int = 1000
     channel_timeout: int = 15
     cleanup_interval: int = 5
+    #: Seconds a request may take to arrive whole (headers and body) from its first byte,
+    #: however steadily it trickles (docs/operations.md, "Connections"; werk_host/serving.py).
+    request_read_timeout: int = 20
     #: Inference concurrency (docs/operations.md, "Inference concurrency"): generation requests
     #: running or queued host-wide (``None``: ``threads - max(2, threads // 4)``; it must stay
     #: below ``threads``) and per key (``None``: half of the host-wide bound); per instance, the

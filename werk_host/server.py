@@ -26,6 +26,7 @@ from werk_host.service.inference import InferenceService
 from werk_host.service.local import LocalControlService
 from werk_host.service.principals import Authenticator, load_or_create_namespace_secret
 from werk_host.service.runtime import BackendRuntime
+from werk_host.serving import create_server, raise_descriptor_limit
 from werk_host.store import StateStore
 
 log = logging.getLogger("werk_host.server")
@@ -138,11 +139,11 @@ def _streamed(headers: list[tuple[str, str]]) -> bool:
 
 def make_server(app: WSGIApplication, host: str, port: int, limits: ServerLimits) -> Any:
     """The waitress server ``werk serve`` runs (tests serve through it too); ``port`` 0 = any.
-    It serves ``app`` through :func:`stream_headers_first`."""
-    from waitress.server import create_server  # type: ignore[import-untyped]
-
+    It serves ``app`` through :func:`stream_headers_first`, with the request read deadline,
+    connection headroom and shaped parse errors of :mod:`werk_host.serving`."""
     server = create_server(
         stream_headers_first(app),
+        request_read_timeout=limits.request_read_timeout,
         host=host,
         port=port,
         threads=limits.threads,
@@ -178,6 +179,7 @@ def serve(config: HostConfig) -> int:
                 "NO API KEYS CONFIGURED: every request is the shared local principal; "
                 "this server is not an isolation boundary. Use --api-key or WERK_API_KEYS."
             )
+        raise_descriptor_limit(config.limits.connection_limit + 256)  # + backends, files, backlog
         server = make_server(host.app, config.host, config.port, config.limits)
         bound = server.getsockname() if hasattr(server, "getsockname") else (config.host, config.port)
         log.info("serving Werk Protocol 1.0 on http://%s:%s", bound[0], bound[1])

@@ -102,6 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             connection_limit=args.connection_limit,
             channel_timeout=args.channel_timeout,
             cleanup_interval=args.cleanup_interval,
+            request_read_timeout=args.request_read_timeout,
             inference_max=args.inference_max,
             inference_per_key=args.inference_per_key,
             inference_slots=args.inference_slots,
@@ -142,6 +143,12 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument(
         "--cleanup-interval", type=_positive, default=limits.cleanup_interval, help="seconds between idle sweeps"
+    )
+    p.add_argument(
+        "--request-read-timeout",
+        type=_positive,
+        default=limits.request_read_timeout,
+        help="seconds a request may take to arrive whole (headers and body), however steadily it trickles",
     )
     # docs/operations.md, "Inference concurrency"
     p.add_argument(
