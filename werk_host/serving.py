@@ -7,11 +7,12 @@ limit, the server) forever. :class:`Server` and :class:`Channel` add, without pa
 
 * **Request read deadline.** A request must be received whole (headers and body) within
   ``request_read_timeout`` seconds of its first byte, however steadily its bytes trickle in. The
-  check runs every ``cleanup_interval`` seconds, so a late request is closed at most
-  ``request_read_timeout + cleanup_interval`` seconds after its first byte, answered ``408`` in
-  its API's error shape (best effort: the connection is closed whatever the send does). The clock
-  only runs while no request of that connection is in service: a running request or stream is
-  never affected, and a request pipelined behind it starts its clock once it is done.
+  check runs with waitress's sweep, every ``cleanup_interval`` seconds and up to one poll
+  timeout (1 s) late, so a late request is closed at most ``request_read_timeout +
+  cleanup_interval + 1`` seconds after its first byte, answered ``408`` in its API's error shape
+  (best effort: the connection is closed whatever the send does). The clock only runs while no
+  request of that connection is in service: a running request or stream is never affected, and
+  the clock of a request pipelined behind it restarts at each sweep until it is done.
 * **Headroom.** When the open connections reach ``connection_limit``, instead of no longer
   accepting, the server closes a tenth of the limit (at least one) of the connections that hold
   nothing in service and have no answer pending: first those still receiving a request, slowest
