@@ -74,6 +74,23 @@ class BackendBounds:
 
 
 @dataclass(frozen=True)
+class StoreBounds:
+    """How much the runtime-state store may hold (docs/states.md, "Quotas"; ``werk serve
+    --store-max-states``, ``--store-max-bytes``, ``--store-max-states-per-key``,
+    ``--store-max-bytes-per-key``).
+
+    States and bytes (payload plus metadata) store-wide, and per API key; ``None`` is the
+    store's default: 4096 states and 64 GiB store-wide, and per key a quarter of the
+    store-wide bound. A commit over a bound is a retryable 429 ``resource_exhausted``.
+    """
+
+    max_states: int | None = None
+    max_bytes: int | None = None
+    max_states_per_key: int | None = None
+    max_bytes_per_key: int | None = None
+
+
+@dataclass(frozen=True)
 class HostConfig:
     home: Path
     api_keys: tuple[str, ...] = ()
@@ -92,6 +109,7 @@ class HostConfig:
     #: a positive value enables it where the runtime offers it (docs/chat.md, "Warmup").
     warmup_tokens: int = 0
     backend_bounds: BackendBounds = field(default_factory=BackendBounds)
+    store_bounds: StoreBounds = field(default_factory=StoreBounds)
 
     def served_models(self) -> tuple[str, ...]:
         """``model`` then ``models``, without repeats: the ``--model`` shorthand's instances."""

@@ -65,7 +65,14 @@ def build_host(
     auth = Authenticator(config.api_keys, secret)
     runtime = BackendRuntime(plugins, config)
     memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
-    store = StateStore(config.home / "runtime-state" / "v1")
+    bounds = config.store_bounds  # docs/states.md, "Quotas"
+    store = StateStore(
+        config.home / "runtime-state" / "v1",
+        max_states=bounds.max_states,
+        max_bytes=bounds.max_bytes,
+        max_states_per_key=bounds.max_states_per_key,
+        max_bytes_per_key=bounds.max_bytes_per_key,
+    )
     service = LocalControlService(runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret)
     gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
     inference = InferenceService(runtime, service.chat_stats, gate)

@@ -12,7 +12,7 @@ from typing import Any
 
 from werk_host import __version__
 from werk_host.cli import cache, chat, deployments, run, runtime
-from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits
+from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits, StoreBounds
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
 from werk_host.models import ModelManifest, ModelRegistry, parse_param
@@ -117,6 +117,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         backend_bounds=BackendBounds(
             call_s=args.backend_timeout, first_byte_s=args.backend_first_byte_timeout, idle_s=args.backend_idle_timeout
         ),
+        store_bounds=StoreBounds(
+            max_states=args.store_max_states,
+            max_bytes=args.store_max_bytes,
+            max_states_per_key=args.store_max_states_per_key,
+            max_bytes_per_key=args.store_max_bytes_per_key,
+        ),
     )
     try:
         gate_limits(config.limits)  # refused before anything starts
@@ -218,6 +224,19 @@ def add_serve(sub: Any) -> None:
         type=_seconds,
         default=bounds.idle_s,
         help="seconds a relayed answer may stay silent before it is ended with an error",
+    )
+    # docs/states.md, "Quotas"
+    p.add_argument("--store-max-states", type=_positive, help="named states the store holds (default: 4096)")
+    p.add_argument(
+        "--store-max-bytes",
+        type=_positive,
+        help="bytes the store's states occupy, payload and metadata (default: 64 GiB)",
+    )
+    p.add_argument(
+        "--store-max-states-per-key", type=_positive, help="named states one API key holds (default: a quarter)"
+    )
+    p.add_argument(
+        "--store-max-bytes-per-key", type=_positive, help="bytes one API key's states occupy (default: a quarter)"
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(handler=cmd_serve)

@@ -110,21 +110,32 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
 
 
 def write_new_file(name: str, dir_fd: int, data: bytes, *, durable: bool) -> None:
-    """Create ``name`` exclusively (0600, no-follow), write ``data`` and fsync it."""
+    """Create ``name`` exclusively (0600, no-follow), write ``data`` and fsync it.
+
+    On any failure after the create (``ENOSPC`` mid-write, a failed fsync) the new file is
+    unlinked before the error propagates: nothing half-written is left behind.
+    """
     fd = os.open(name, CREATE_FLAGS, FILE_MODE, dir_fd=dir_fd)
     try:
-        os.fchmod(fd, FILE_MODE)
-        write_all(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)  # we created it exclusively: it is ours
+        raise
 
 
 def replace_file(name: str, dir_fd: int, data: bytes, *, durable: bool) -> None:
     """Atomically replace ``name`` with ``data`` via a private temporary and ``rename``.
 
-    The rename replaces a planted link itself rather than writing through it.
+    The rename replaces a planted link itself rather than writing through it. The temporary
+    never outlives a failure (a full filesystem included): it is unlinked before the error
+    propagates.
     """
     tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     write_new_file(tmp, dir_fd, data, durable=durable)
@@ -137,13 +148,18 @@ def replace_file(name: str, dir_fd: int, data: bytes, *, durable: bool) -> None:
 
 
 def make_private_dir(name: str, dir_fd: int) -> None:
-    """``mkdir`` with owner-only mode (independent of the umask)."""
+    """``mkdir`` with owner-only mode (independent of the umask); removed again if that fails."""
     os.mkdir(name, DIR_MODE, dir_fd=dir_fd)
-    fd = open_dir(name, dir_fd)
     try:
-        os.fchmod(fd, DIR_MODE)
-    finally:
-        os.close(fd)
+        fd = open_dir(name, dir_fd)
+        try:
+            os.fchmod(fd, DIR_MODE)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=dir_fd)
+        raise
 
 
 def fsync_fd(fd: int) -> None:

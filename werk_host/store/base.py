@@ -33,7 +33,18 @@ import filelock
 from werk_host.errors import unavailable
 
 from . import _fs
-from .layout import LOCK_NAME, FpIndex, Listing, Look, PayloadKey, forbidden
+from .layout import (
+    LOCK_NAME,
+    MAX_BYTES,
+    MAX_STATES,
+    PER_KEY_SHARE,
+    FpIndex,
+    Listing,
+    Look,
+    PayloadKey,
+    Usage,
+    forbidden,
+)
 from .records import Metadata
 from .watch import Page
 
@@ -71,6 +82,10 @@ class StoreBase:
         quarantine_limit: int = 64,
         durable: bool = True,
         audit_batch: int = 32,
+        max_states: int | None = None,
+        max_bytes: int | None = None,
+        max_states_per_key: int | None = None,
+        max_bytes_per_key: int | None = None,
     ) -> None:
         self._root = Path(os.path.abspath(root))
         self._anchor = self._root.parent.parent
@@ -82,6 +97,17 @@ class StoreBase:
         self._quarantine_limit = max(0, int(quarantine_limit))
         self._durable = durable
         self._audit_batch = max(1, int(audit_batch))
+        # Storage bounds (quota.py): store-wide, and per principal (a share of the store-wide ones).
+        self._max_states = MAX_STATES if max_states is None else int(max_states)
+        self._max_bytes = MAX_BYTES if max_bytes is None else int(max_bytes)
+        self._max_states_per_key = (
+            max(1, self._max_states // PER_KEY_SHARE) if max_states_per_key is None else int(max_states_per_key)
+        )
+        self._max_bytes_per_key = (
+            max(1, self._max_bytes // PER_KEY_SHARE) if max_bytes_per_key is None else int(max_bytes_per_key)
+        )
+        if min(self._max_states, self._max_bytes, self._max_states_per_key, self._max_bytes_per_key) < 1:
+            raise ValueError("runtime-state storage bounds must be at least 1")
         self._rlock, self._flock = _locks_for(self._root)
         # Read-side caches (index.py, verify.py), shared by reader threads under this lock.
         self._cache_lock = threading.Lock()
@@ -99,6 +125,7 @@ class StoreBase:
         self._known: dict[str, dict[str, int | None]] = {}
         self._known_version: dict[str, int] = {}
         self._audit_pos: dict[str, int] = {}
+        self._usage: dict[str, Usage] = {}
 
     # ------------------------------------------------------------------ primitives
 

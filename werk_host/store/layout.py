@@ -48,6 +48,14 @@ STATE_FILES = frozenset({META, CHECKSUM, PAYLOAD, LAST_ACCESSED, PINNED})
 MAX_STATE_ENTRIES = 16
 #: Changes younger than this are not trusted to be visible in a directory's timestamps.
 RACY_MARGIN_NS = 100_000_000
+#: Store-wide bounds when none are configured (docs/states.md, "Quotas") ...
+MAX_STATES = 4096
+MAX_BYTES = 64 << 30
+#: ... and the share of each that one principal may hold unless configured: a quarter, so
+#: one key can never fill the store.
+PER_KEY_SHARE = 4
+#: Bytes ``metadata.sha256`` adds to a state's footprint (64 hex characters).
+CHECKSUM_BYTES = 64
 
 
 class Kind(enum.StrEnum):
@@ -91,6 +99,18 @@ class FpIndex:
     version: int
     fp_of: dict[str, str | None] = field(default_factory=dict)
     by_fp: dict[str, set[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Usage:
+    """What one principal's states occupy, valid for the listing ``version`` (quota.py).
+
+    ``sizes`` maps each listed state id to its footprint; ``bytes`` is their sum.
+    """
+
+    version: int
+    sizes: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
 
 
 #: What a payload verification is remembered by: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns).
