@@ -29,10 +29,12 @@ from pathlib import Path
 from werk_host.store import StateStore
 
 PRINCIPAL = "c0ffee" * 8
+#: One principal holds the whole large catalog: storage bounds above it (docs/states.md, "Quotas").
+MAX_STATES = 1_000_000
 
 
 def populate(root: Path, n: int, principal: str = PRINCIPAL) -> None:
-    store = StateStore(root, durable=False, audit_batch=1)
+    store = StateStore(root, durable=False, audit_batch=1, max_states=MAX_STATES, max_states_per_key=MAX_STATES)
     for i in range(n):
         store.commit(
             principal,
@@ -71,7 +73,9 @@ def main() -> None:
             print(f"populated {n:>6} states in {time.perf_counter() - t0:6.1f} s")
         time.sleep(0.3)  # let directory timestamps age past the index's racy margin
 
-        stores = {n: StateStore(root) for n, root in roots.items()}
+        stores = {
+            n: StateStore(root, max_states=MAX_STATES, max_states_per_key=MAX_STATES) for n, root in roots.items()
+        }
         middle: dict[int, str] = {}
         for n, store in stores.items():
             ids: list[str] = []

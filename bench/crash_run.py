@@ -202,7 +202,8 @@ class ServeRig:
     def _start(self, round_no: int) -> tuple[subprocess.Popen[bytes], int]:
         with open(self.work / "serve.log", "ab") as log:  # the child keeps its own descriptor
             proc = subprocess.Popen(
-                [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL, "--log-level", "warning"],
+                [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL, "--log-level", "warning"]
+                + ["--store-max-states", "1000000", "--store-max-states-per-key", "1000000"],  # one key, every round
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=self.env,
