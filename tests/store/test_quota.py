@@ -200,13 +200,17 @@ def prefill(api: Api, text: str) -> tuple[int, dict[str, object]]:
 
 
 def test_a_key_over_its_quota_gets_429_while_another_key_still_commits(tmp_path: Path) -> None:
-    host, _ = backend_host(tmp_path / "home", api_keys=(KEY_A, KEY_B), store_bounds=StoreBounds(max_states_per_key=2))
+    host, plugin = backend_host(
+        tmp_path / "home", api_keys=(KEY_A, KEY_B), store_bounds=StoreBounds(max_states_per_key=2)
+    )
     with running(host) as base:
         a, b = Api(base, KEY_A), Api(base, KEY_B)
         for i in range(2):
             status, body = prefill(a, f"a {i}")
             assert status == 200, body
             assert body["data"]["state_id"]  # type: ignore[index]
+        (adapter,) = plugin.adapters
+        prefills = adapter.calls.count("prefill")
         status, body = prefill(a, "a 2")
         assert status == 429, body
         error = body["error"]
@@ -214,10 +218,25 @@ def test_a_key_over_its_quota_gets_429_while_another_key_still_commits(tmp_path:
         assert error["code"] == "resource_exhausted" and error["retryable"] is True
         assert "this key already stores 2 states" in error["message"]
         assert KEY_A not in str(body) and str(tmp_path) not in str(body)
+        assert adapter.calls.count("prefill") == prefills  # refused before any backend work
+        status, body = prefill(a, "a 0")  # reusing a stored state commits nothing: still served
+        assert status == 200 and body["data"]["reused"] is True, body  # type: ignore[index]
         status, body = prefill(b, "b 0")
         assert status == 200, body
         status, listed = a.get("/werk/v1/states")
         assert status == 200 and len(listed["data"]["states"]) == 2
+
+
+def test_a_key_whose_states_expired_is_admitted_again(tmp_path: Path) -> None:
+    """The early refusal reconciles first, as a commit does: expired states do not hold the bound."""
+    clock = FakeClock()
+    store = StateStore(tmp_path / "home" / "runtime-state" / "v1", clock=clock, max_states_per_key=1)
+    commit(store, P1, b"a0", ttl_seconds=5)
+    refused(lambda: store.admit(P1))
+    store.admit(P2)  # another key, and a key with no directory yet, are admitted
+    clock.advance(6)
+    store.admit(P1)
+    assert commit(store, P1, b"a1").id
 
 
 def test_serve_options_reach_the_store_bounds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

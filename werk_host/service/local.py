@@ -454,6 +454,8 @@ class LocalControlService:
                     cleanup.pop_all()
                     return reused
             want_snapshot = mode in (PersistenceMode.DISK, PersistenceMode.AUTO)
+            if want_snapshot:
+                self.store.admit(principal.id)  # a key at its storage bound: 429 before backend work
             work = PrefillWork(model_id=request.model_id, input=request.input, want_snapshot=want_snapshot)
             memory = self.leases.reserve(adapter, MemoryOperation.LOAD, request.model_id)
             if memory is not None:

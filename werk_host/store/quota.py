@@ -12,6 +12,8 @@ Contract (docs/states.md, "Quotas"):
   immediately before the rename that publishes its state: two commits racing, in any thread or
   process, cannot both pass a bound. A refusal is a retryable ``resource_exhausted`` (429),
   like a full filesystem; deleting or pruning states, or their expiry, makes room.
+* :meth:`QuotaStore.admit` lets the service refuse a key at a bound before any backend work
+  (the commit still checks for itself).
 * Usage is kept in ``_usage``, per principal, for the listing version it was computed from
   (:mod:`.index`): an unchanged listing costs nothing, a changed one is brought up to date by
   difference (the footprint of a new id is read from its cached metadata once), and a commit
@@ -26,9 +28,9 @@ import os
 from werk_host.errors import WerkError, exhausted
 
 from . import _fs
-from .index import IndexedStore
-from .layout import CHECKSUM_BYTES, Usage
-from .records import PRINCIPAL_RE, Metadata
+from .layout import CHECKSUM_BYTES, Usage, os_error
+from .reconcile import ReconcilingStore
+from .records import PRINCIPAL_RE, Metadata, validate_principal
 
 
 def footprint(meta: Metadata, encoded: bytes | None = None) -> int:
@@ -36,7 +38,7 @@ def footprint(meta: Metadata, encoded: bytes | None = None) -> int:
     return meta.size + len(meta.encode() if encoded is None else encoded) + CHECKSUM_BYTES
 
 
-class QuotaStore(IndexedStore):
+class QuotaStore(ReconcilingStore):
     """Maintains ``_usage`` and enforces the storage bounds (module contract)."""
 
     def _principal_usage(self, principal: str, pfd: int) -> Usage:
@@ -70,9 +72,10 @@ class QuotaStore(IndexedStore):
             return footprint(meta)
         return _fs.tree_size(sid, pfd) or 0
 
-    def _store_usage(self, rootfd: int, principal: str, pfd: int) -> tuple[Usage, int, int]:
-        """Under the locks: (this principal's usage, states in the store, bytes in the store)."""
-        mine = self._principal_usage(principal, pfd)
+    def _store_usage(self, rootfd: int, principal: str, pfd: int | None) -> tuple[Usage, int, int]:
+        """Under the locks: (this principal's usage, states in the store, bytes in the store);
+        ``pfd`` ``None``: the principal has no directory yet."""
+        mine = Usage(-1) if pfd is None else self._principal_usage(principal, pfd)
         states, used = len(mine.sizes), mine.bytes
         seen = {principal}
         for name in os.listdir(rootfd):
@@ -96,7 +99,34 @@ class QuotaStore(IndexedStore):
             del self._usage[gone]
         return mine, states, used
 
-    def _admit_locked(self, rootfd: int, principal: str, pfd: int, adding: int) -> int:
+    def admit(self, principal: str) -> None:
+        """Refuse now, before any backend work, a commit that the storage bounds would refuse.
+
+        A key already at a bound is ``resource_exhausted`` (the commit's own message); expired
+        states are reconciled away first, exactly as a commit would, before it is refused. A
+        ``None`` answer promises nothing: the commit checks again.
+        """
+        validate_principal(principal)
+        try:
+            with self._mutating(create=False) as rootfd:
+                if rootfd is None:
+                    return
+                for attempt in range(2):
+                    pfd = self._principal_fd(rootfd, principal, create=False)
+                    try:
+                        self._admit_locked(rootfd, principal, pfd, 0)
+                        return
+                    except WerkError:
+                        if attempt:
+                            raise
+                    finally:
+                        if pfd is not None:
+                            os.close(pfd)
+                    self._reconcile_locked(rootfd)  # expired states make room
+        except OSError as exc:
+            raise os_error(exc) from exc
+
+    def _admit_locked(self, rootfd: int, principal: str, pfd: int | None, adding: int) -> int:
         """Under the locks: refuse one more state of ``adding`` bytes over a bound.
 
         Returns the bytes of footprint still free to this principal once ``adding`` is placed
