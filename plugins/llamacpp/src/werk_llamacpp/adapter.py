@@ -664,7 +664,7 @@ class LlamaCppAdapter:
         proc = self.current()
         if proc is None:
             return []
-        client = proc.new_client(timeout=5)
+        client = proc.new_client(timeout=self.config.backend_bounds.call_s)  # --backend-timeout
         try:
             slots = client.slots()
         except NativeError:
@@ -689,7 +689,9 @@ class LlamaCppAdapter:
         with self._life:
             pool = self._proxy_pools.get(proc.generation)
             if pool is None:
-                pool = ConnectionPool(proc.host, proc.port or 0, api_key=proc.api_key)
+                pool = ConnectionPool(
+                    proc.host, proc.port or 0, api_key=proc.api_key, bounds=self.config.backend_bounds
+                )
                 self._proxy_pools[proc.generation] = pool
             return pool
 

@@ -8,6 +8,7 @@ labelled ``llama-server`` in errors and tuned to llama-server's keep-alive timeo
 from __future__ import annotations
 
 from werk_host.backends.relay import ConnectionPool
+from werk_host.config import BackendBounds
 
 LABEL = "llama-server"
 #: llama-server closes keep-alive connections idle for 5 s (``Keep-Alive: timeout=5``); the pool
@@ -19,8 +20,22 @@ class LlamaConnectionPool(ConnectionPool):
     """The host's :class:`~werk_host.backends.relay.ConnectionPool` for one llama-server child."""
 
     def __init__(
-        self, host: str, port: int, *, size: int = 16, timeout: float = 600.0, api_key: str | None = None
+        self,
+        host: str,
+        port: int,
+        *,
+        size: int = 16,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+        bounds: BackendBounds | None = None,
     ) -> None:
         super().__init__(
-            host, port, size=size, timeout=timeout, api_key=api_key, label=LABEL, idle_reuse_s=IDLE_REUSE_S
+            host,
+            port,
+            size=size,
+            timeout=timeout,
+            api_key=api_key,
+            label=LABEL,
+            idle_reuse_s=IDLE_REUSE_S,
+            bounds=bounds,
         )
