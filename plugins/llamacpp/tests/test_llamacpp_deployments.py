@@ -20,7 +20,7 @@ import pytest
 from werk_llamacpp import plugin as llama_plugin
 from werk_llamacpp.testmodel import generate_model
 
-from werk_host.config import HostConfig
+from werk_host.config import HostConfig, ServerLimits
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.plugins import PluginHost
 from werk_host.server import Host, build_host
@@ -141,6 +141,8 @@ def env(tmp_path_factory: pytest.TempPathFactory, llama_server_path: Path) -> It
         api_keys=(KEY,),
         profile=profile,
         backend_options={"llamacpp": {"llama_server": str(llama_server_path)}},
+        # one key's 16-request burst is admitted whole (docs/operations.md, "Inference concurrency")
+        limits=ServerLimits(threads=40, inference_per_key=16),
     )
     host = build_host(config, plugins=plugins)
     with running(host) as url:
@@ -216,7 +218,8 @@ def test_limits_of_an_alias_are_the_minimum_across_replicas(env: Env) -> None:
     limits = doc["data"]
     assert (limits["model"], limits["context_tokens"], limits["max_concurrent_requests"]) == ("chat", 1024, 1)
     status, _, doc = env.call("GET", "/werk/v1/chat/limits?model=a1")
-    assert (doc["data"]["context_tokens"], doc["data"]["max_concurrent_requests"]) == (2048, 2)
+    # two slots, one of them the state slot: one ordinary request at a time (werk_llamacpp.slots)
+    assert (doc["data"]["context_tokens"], doc["data"]["max_concurrent_requests"]) == (2048, 1)
     count = {"model": "chat", "messages": [{"role": "user", "content": "count me"}]}
     status, _, doc = env.call("POST", "/werk/v1/chat/count_tokens", count)
     assert status == 200 and doc["data"]["model"] == "chat" and doc["data"]["input_tokens"] > 0

@@ -325,7 +325,7 @@ def test_a_restore_llama_server_does_not_acknowledge_exactly_is_condemned(
         image = snapshot.read_image(fd, len(raw))
     finally:
         os.close(fd)
-    lying = snapshot.SlotImage([*image.tokens, image.tokens[-1]], image.n_saved + 1, image.n_written)
+    lying = snapshot.SlotImage([*image.tokens, image.tokens[-1]], image.n_saved + 1, image.n_written, image.tokens_hmac)
     _rewrite_payload(home, written["state_id"], raw[: image.n_written] + lying.trailer())
 
     with hosted(home, llama_server_path) as second:

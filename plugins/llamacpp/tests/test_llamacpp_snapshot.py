@@ -15,11 +15,12 @@ from werk_llamacpp.snapshot import SlotImage, presented, read_image
 from werk_host.errors import ErrorCode, WerkError
 
 SLOT = bytes(range(256)) * 40  # stands in for llama-server's slot file
+DIGEST = "d" * 64  # stands in for the tokens' keyed digest
 
 
 @pytest.fixture
 def payload(tmp_path: Path) -> Iterator[tuple[int, int]]:
-    image = SlotImage([5, 6, 7], 3, len(SLOT))
+    image = SlotImage([5, 6, 7], 3, len(SLOT), DIGEST)
     path = tmp_path / "payload.bin"
     path.write_bytes(SLOT + image.trailer())
     fd = os.open(path, os.O_RDONLY)
@@ -45,7 +46,7 @@ def corrupt_image(tmp_path: Path, data: bytes) -> str:
 def test_trailer_round_trip(payload: tuple[int, int]) -> None:
     fd, size = payload
     image = read_image(fd, size)
-    assert image == SlotImage([5, 6, 7], 3, len(SLOT))
+    assert image == SlotImage([5, 6, 7], 3, len(SLOT), DIGEST)
     assert image.size() == size
 
 
@@ -56,9 +57,9 @@ def test_trailer_round_trip(payload: tuple[int, int]) -> None:
         (SLOT + b"no trailer at all", "not a llama.cpp Werk snapshot"),
         (SLOT + b"{}" + (10**6).to_bytes(4, "big") + snapshot.MAGIC, "out of bounds"),
         (SLOT + b"{[" + (2).to_bytes(4, "big") + snapshot.MAGIC, "malformed"),
-        (SLOT + SlotImage([1, 2], 3, len(SLOT)).trailer(), "does not match"),  # n_saved != tokens
-        (SLOT + SlotImage([1], 1, len(SLOT) + 1).trailer(), "does not match"),  # sizes do not add up
-        (SlotImage([], 0, 0).trailer(), "does not match"),  # no slot bytes at all
+        (SLOT + SlotImage([1, 2], 3, len(SLOT), DIGEST).trailer(), "does not match"),  # n_saved != tokens
+        (SLOT + SlotImage([1], 1, len(SLOT) + 1, DIGEST).trailer(), "does not match"),  # sizes do not add up
+        (SlotImage([], 0, 0, DIGEST).trailer(), "does not match"),  # no slot bytes at all
     ],
 )
 def test_malformed_trailers_are_corrupt_state(tmp_path: Path, data: bytes, why: str) -> None:

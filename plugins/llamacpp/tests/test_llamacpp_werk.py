@@ -246,7 +246,7 @@ def test_chat_planning_routes(env: Env) -> None:
         "model": "tiny",
         "context_tokens": 2048,
         "max_output_tokens": 256,
-        "max_concurrent_requests": 2,
+        "max_concurrent_requests": 1,  # the ordinary slot; the state slot serves no /v1 traffic
     }
     obs = ok(env.api.get("/werk/v1/observability"))
     (worker,) = obs["workers"]

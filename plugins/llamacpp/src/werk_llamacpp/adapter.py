@@ -3,14 +3,21 @@
 State model (docs/architecture.md, "llama.cpp slot use" and "Snapshot format of llama.cpp states"):
 
 * One slot, the last one (``state_slot``), is where Werk prefills, restores and decodes
-  named states; the functional probe runs there too. A lock serializes that work.
-* A prefilled state's live copy is whatever the state slot holds. Because ``/v1`` traffic may
-  land on any idle slot, the adapter remembers which handle the slot holds (``_slot_owner``)
-  and forgets it whenever anything else may have used the slot; decode then restores the
-  state from its snapshot before generating, so correctness never depends on luck.
+  named states; the functional probe runs there too. A lock (``slot_lock``) serializes that
+  work. Ordinary ``/v1`` traffic never reaches that slot while it runs (:mod:`.slots`: every
+  relayed request is pinned to a free ordinary slot; with one slot only it holds the lock).
+* A prefilled state's live copy is whatever the state slot holds. The adapter remembers which
+  handle the slot holds (``_slot_owner``) and forgets it whenever anything else may have used
+  the slot; decode then restores the state from its snapshot before generating.
 * A snapshot is the llama-server slot file followed by Werk's trailer (:mod:`.snapshot`): the
-  exact prompt tokens and the acknowledged save counters. Restore requires ``n_restored`` and
-  ``n_read`` to equal them; the host verified the payload's size and SHA-256 before.
+  exact prompt tokens, the acknowledged save counters and the tokens' keyed digest
+  (:mod:`.integrity`). A save is kept only when the slot file's own token ids are exactly the
+  prompt Werk evaluated (else a retryable ``unavailable``, nothing stored); a restore requires
+  the slot file's token ids to equal the trailer's, the digest to verify under this adapter's
+  key, and ``n_restored``/``n_read`` to equal the counters (``corrupt_state`` otherwise); the
+  host verified the payload's size and SHA-256 before.
+* Before state work the child must answer ``/health`` within :data:`HEALTH_TIMEOUT_S` (a
+  stopped child is a retryable ``unavailable``, and is never probed).
 * Compatibility (docs/states.md): a state's envelope is :meth:`LlamaCppAdapter.envelope`
   (executable and help SHA-256, the KV-relevant effective arguments, model identity and files,
   cache layout). The process generation is not part of it: a state written by an earlier
@@ -50,7 +57,6 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
 from werk_host.protocol import (
     CapabilityId,
-    CapabilityStatus,
     ChatLimits,
     ChatRequest,
     DeploymentPlan,
@@ -60,11 +66,14 @@ from werk_host.protocol import (
 )
 
 from .binary import LlamaServerNotFound, find_llama_server
-from .native import LlamaServerClient, NativeConnectionError, NativeError
+from .capabilities import capability_reports
+from .integrity import key_id, load_key, path_tokens, tokens_digest, tokens_equal
+from .native import LlamaServerClient, NativeConnectionError, NativeError, NativeHTTPError
 from .probe import ProbeResult, run_probe
 from .process import LlamaServerProcess, LlamaServerStartupError, last_flag_value
 from .proxy import LlamaConnectionPool as ConnectionPool
-from .snapshot import SlotImage, presented, read_image
+from .slots import SlotRouter, ordinary_capacity
+from .snapshot import SlotImage, presented, read_image, verify_tokens
 
 #: ChatRequest fields that do not reach the template: left out of a counted body.
 _NOT_COUNTED: set[str] = {"werk", "stream", "model"}
@@ -73,51 +82,31 @@ log = logging.getLogger(__name__)
 
 BACKEND_ID = "llama.cpp"
 PLUGIN_NAME = "llamacpp"
-CACHE_LAYOUT = "werk-llamacpp-slot-v2"
+CACHE_LAYOUT = "werk-llamacpp-slot-v3"
 CHUNK = 1 << 20
 #: Bound on one prefill or decode completion on the state slot: a long document on a CPU takes
 #: minutes, far beyond the native client's default request timeout.
 STATE_WORK_TIMEOUT_S = 3600.0
+#: Bound on the ``/health`` answer required before state work (a stopped child never answers).
+HEALTH_TIMEOUT_S = 5.0
+#: Default bound on waiting for a free ordinary slot (backend option ``slot_wait_s``).
+SLOT_WAIT_S = 30.0
 _CTX_FLAGS = ("-c", "--ctx-size")
 _MEDIA_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 _SECRET_FLAGS = ("--api-key", "--api-key-file", "--ssl-key-file", "--hf-token", "-hft")
 
-STATE_CAPABILITIES = (
-    CapabilityId.PREFIX_CACHE,
-    CapabilityId.PERSISTENCE,
-    CapabilityId.RESTORE,
-    CapabilityId.TIER_DISK,
-    CapabilityId.PD_PREFILL,
-    CapabilityId.PD_DECODE,
-    CapabilityId.PD_HANDOFF,
-)
-CHAT_CAPABILITIES = (
-    (CapabilityId.TOKEN_COUNT, "exact count from llama-server's /apply-template and /tokenize"),
-    (CapabilityId.ADMISSION, "native count from llama-server, estimate when it is unavailable"),
-    (CapabilityId.CHAT_LIMITS, "from the manifest and the child's launch arguments"),
-    (CapabilityId.REASONING, "verified only from running launch configuration"),
-)
-#: Every id :meth:`LlamaCppAdapter.capabilities` reports on (declared on the adapter factory).
-REPORTED_CAPABILITIES = (
-    CapabilityId.MODEL_RESIDENCY,
-    *STATE_CAPABILITIES,
-    CapabilityId.CROSS_RESTART,
-    CapabilityId.TIER_RAM,
-    CapabilityId.TIER_VRAM,
-    CapabilityId.EXPERTS,
-    *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
-)
-
 
 @dataclass
 class LlamaHandle:
-    """A prefilled state: its exact prompt tokens, producing generation and local snapshot."""
+    """A prefilled state: its exact prompt tokens (and their keyed digest), producing generation
+    and local snapshot."""
 
     token: str
     tokens: list[int]
     generation: str
     n_saved: int
     n_written: int
+    tokens_hmac: str
     snapshot: Path | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
@@ -171,6 +160,8 @@ class LlamaCppAdapter:
         self.work_dir = config.home / "backends" / "llamacpp"
         self._life = threading.RLock()
         self.slot_lock = threading.Lock()  # held by every user of the state slot: named states, session snapshots
+        self.router = SlotRouter(self.slot_lock, float(opts.get("slot_wait_s", SLOT_WAIT_S)))
+        self._token_key: bytes | None = None
         self._process: LlamaServerProcess | None = None
         self._probes: dict[str, ProbeResult] = {}
         self._model_files: dict[str, str] = {}
@@ -270,6 +261,8 @@ class LlamaCppAdapter:
         if isinstance(err, NativeConnectionError) or self.current() is None:
             self._slot_owner = None
             return _unavailable(f"llama-server stopped answering during {what}")
+        if isinstance(err, NativeHTTPError) and err.status == 503:
+            return _unavailable(f"llama-server is busy or loading; {what} did not run")
         return WerkError(ErrorCode.INTERNAL, f"llama-server {what} failed")
 
     # -- evidence ------------------------------------------------------------------------
@@ -285,7 +278,25 @@ class LlamaCppAdapter:
             "model_identity": self.manifest.identity,
             "model_files": self._model_files[proc.generation],
             "cache_layout": CACHE_LAYOUT,
+            "tokens_key": key_id(self.token_key),
         }
+
+    @property
+    def token_key(self) -> bytes:
+        """This adapter's key for token digests (:func:`.integrity.load_key`)."""
+        with self._life:
+            if self._token_key is None:
+                self._token_key = load_key(self.work_dir)
+            return self._token_key
+
+    def check_answering(self, proc: LlamaServerProcess) -> None:
+        """``unavailable`` (retryable) unless ``proc`` answers ``/health`` within the bound."""
+        try:
+            ready = self.client(proc).health(timeout=HEALTH_TIMEOUT_S)
+        except NativeError as err:
+            raise self.native_failure(err, "health check") from err
+        if not ready:
+            raise _unavailable("llama-server is not ready")
 
     def producer_envelope(self, model_id: str) -> dict[str, str]:
         """:meth:`envelope` of the live process, unless none runs for ``model_id`` or its
@@ -305,54 +316,7 @@ class LlamaCppAdapter:
 
     def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
         proc = self.current()
-        probe = self._probes.get(proc.generation) if proc else None
-        reports: dict[CapabilityId, CapabilityReport] = {}
-        if proc is not None:
-            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
-                CapabilityStatus.SUPPORTED, "weights stay loaded in the managed llama-server while werk serve runs"
-            )
-        else:
-            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
-                CapabilityStatus.UNAVAILABLE, "no live llama-server child; the next request starts one"
-            )
-        if probe is not None and probe.passed:
-            state = CapabilityReport(
-                CapabilityStatus.EXPERIMENTAL,
-                "functional slot probe (prefill, save, erase, restore in Werk's snapshot format, replay) "
-                "passed for this llama-server generation",
-            )
-            cross = CapabilityReport(
-                CapabilityStatus.EXPERIMENTAL,
-                "functional slot probe passed for this llama-server generation; a state an earlier generation "
-                "wrote is restored only when its compatibility envelope (executable and help SHA-256, "
-                "KV-relevant arguments, model identity and files, cache layout) is equal, its payload's size "
-                "and SHA-256 verify and llama-server acknowledges exactly the saved tokens and bytes",
-            )
-        elif probe is not None:
-            state = CapabilityReport(
-                CapabilityStatus.UNAVAILABLE, f"functional slot probe failed for this generation: {probe.reason}"
-            )
-            cross = state
-        else:
-            state = CapabilityReport(
-                CapabilityStatus.UNAVAILABLE,
-                "the functional slot probe has not run for this llama-server generation; an opted-in prefill runs it",
-                probe_on_use=True,
-            )
-            cross = state
-        for cap_id in STATE_CAPABILITIES:
-            reports[cap_id] = state
-        reports[CapabilityId.CROSS_RESTART] = cross
-        for tier in (CapabilityId.TIER_RAM, CapabilityId.TIER_VRAM):
-            reports[tier] = CapabilityReport(
-                CapabilityStatus.UNSUPPORTED, "llama.cpp named states persist to disk only"
-            )
-        reports[CapabilityId.EXPERTS] = CapabilityReport(
-            CapabilityStatus.UNSUPPORTED, "llama.cpp exposes no expert residency control"
-        )
-        for cap_id, detail in CHAT_CAPABILITIES:
-            reports[cap_id] = CapabilityReport(CapabilityStatus.SUPPORTED, detail)
-        return reports
+        return capability_reports(proc is not None, self._probes.get(proc.generation) if proc else None)
 
     def ensure_probed(self, proc: LlamaServerProcess) -> None:
         """Run the functional probe once per generation (caller holds the slot lock)."""
@@ -383,6 +347,7 @@ class LlamaCppAdapter:
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served by this adapter")
         with self.slot_lock:
             proc = self.process()
+            self.check_answering(proc)
             self.ensure_probed(proc)
             client, slot = self.client(proc), self.state_slot
             try:
@@ -398,7 +363,7 @@ class LlamaCppAdapter:
                     tokens, id_slot=slot, n_predict=0, cache_prompt=True, timeout=STATE_WORK_TIMEOUT_S
                 )
                 if done.tokens_evaluated != len(tokens):
-                    raise WerkError(ErrorCode.INTERNAL, "llama-server evaluated a different prompt length")
+                    raise _unavailable("llama-server evaluated a different prompt length; retry")
                 token = secrets.token_hex(16)
                 filename = f"werk-state-{token}.bin"
                 saved = client.slot_save(slot, filename)
@@ -408,10 +373,18 @@ class LlamaCppAdapter:
             self._slot_owner = token
             assert proc.slot_dir is not None
             path = proc.slot_dir / filename
-            if saved.n_saved != len(tokens) or os.lstat(path).st_size != saved.n_written:
+            try:
+                held = path_tokens(path, saved.n_written) if os.lstat(path).st_size == saved.n_written else None
+            except (OSError, WerkError):
+                held = None
+            if saved.n_saved != len(tokens) or held != tokens:
+                # Never stored: the slot file does not hold exactly the prompt Werk evaluated.
                 path.unlink(missing_ok=True)
-                raise WerkError(ErrorCode.INTERNAL, "llama-server's save acknowledgement does not match the slot")
-            handle = LlamaHandle(token, tokens, proc.generation, saved.n_saved, saved.n_written, path)
+                self._slot_owner = None
+                log.error("llama-server saved a slot that does not hold the prefilled prompt; nothing is stored")
+                raise _unavailable("the state slot did not hold the prefilled prompt when it was saved; retry")
+            digest = tokens_digest(self.token_key, tokens)
+            handle = LlamaHandle(token, tokens, proc.generation, saved.n_saved, saved.n_written, digest, path)
             return PrefilledState(
                 handle=handle,
                 prompt_tokens=len(tokens),
@@ -422,6 +395,7 @@ class LlamaCppAdapter:
                     "n_tokens": saved.n_saved,
                     "n_bytes": saved.n_written,
                     "producer_generation": proc.generation,
+                    "tokens_hmac": digest,
                 },
             )
 
@@ -430,7 +404,7 @@ class LlamaCppAdapter:
         handle = own_handle(state.handle)
         if handle.snapshot is None:
             raise WerkError(ErrorCode.UNAVAILABLE, "the state's local snapshot is gone", retryable=False)
-        trailer = SlotImage(handle.tokens, handle.n_saved, handle.n_written).trailer()
+        trailer = SlotImage(handle.tokens, handle.n_saved, handle.n_written, handle.tokens_hmac).trailer()
         path = handle.snapshot
 
         def chunks() -> Iterator[bytes]:
@@ -479,7 +453,9 @@ class LlamaCppAdapter:
         with ``mismatch_fields`` otherwise); the payload arrives size- and SHA-256-verified from
         the store; its trailer must add up and llama-server's acknowledgement must be exact
         (``corrupt_state`` otherwise). The verified bytes are handed over without a copy where
-        the platform allows (:func:`.snapshot.presented`)."""
+        the platform allows (:func:`.snapshot.presented`). Before llama-server reads it, the slot
+        file's token ids must equal the trailer's, the trailer's digest must verify under this
+        adapter's key and equal the one recorded at commit (``corrupt_state`` otherwise)."""
         expected = self.envelope(proc)
         if stored.envelope != expected:
             raise WerkError(
@@ -491,13 +467,30 @@ class LlamaCppAdapter:
         with stored.open_payload() as payload:
             fd = payload.fileno()
             image = read_image(fd, os.fstat(fd).st_size)
+            verify_tokens(fd, image, self.token_key)
+            recorded = stored.adapter_meta.get("tokens_hmac")
+            if recorded is not None and recorded != image.tokens_hmac:
+                raise WerkError(
+                    ErrorCode.CORRUPT_STATE, "the snapshot's token digest is not the one recorded at commit"
+                )
             with presented(proc.slot_dir, fd, image.n_written) as name:
                 token = self.restore_slot_file(proc, name, image.n_saved, image.n_written)
-        return LlamaHandle(token, image.tokens, proc.generation, image.n_saved, image.n_written)
+        return LlamaHandle(token, image.tokens, proc.generation, image.n_saved, image.n_written, image.tokens_hmac)
+
+    def _check_local(self, handle: LlamaHandle, path: Path) -> None:
+        """``corrupt_state`` unless the local slot file holds exactly the handle's tokens, whose
+        digest is the one recorded when it was saved."""
+        try:
+            held = path_tokens(path, handle.n_written)
+        except OSError as err:
+            raise _unavailable("the state's local snapshot is gone") from err
+        if held != handle.tokens or not tokens_equal(self.token_key, handle.tokens, handle.tokens_hmac):
+            raise WerkError(ErrorCode.CORRUPT_STATE, "the local slot file holds other tokens than the state")
 
     def restore(self, stored: StoredStateRef) -> PrefilledState:
         with self.slot_lock:
             proc = self.process()
+            self.check_answering(proc)
             self.ensure_probed(proc)
             handle = self._restore_stored(proc, stored)
             return PrefilledState(handle, len(handle.tokens), self.envelope(proc), True, bytes=handle.n_written)
@@ -508,14 +501,18 @@ class LlamaCppAdapter:
         with an equal envelope, after this generation's probe passed)."""
         with self.slot_lock:
             proc = self.process()
+            self.check_answering(proc)
             self.ensure_probed(proc)
             given = own_handle(work.handle) if work.handle is not None else None
             handle = given
             source = "live"
             if handle is None or handle.generation != proc.generation or handle.token != self._slot_owner:
                 if handle is not None and handle.snapshot is not None and handle.generation == proc.generation:
+                    self._check_local(handle, handle.snapshot)
                     token = self.restore_slot_file(proc, handle.snapshot.name, handle.n_saved, handle.n_written)
-                    handle = LlamaHandle(token, handle.tokens, proc.generation, handle.n_saved, handle.n_written)
+                    handle = LlamaHandle(
+                        token, handle.tokens, proc.generation, handle.n_saved, handle.n_written, handle.tokens_hmac
+                    )
                     source = "local"
                 elif work.stored is not None:
                     handle = self._restore_stored(proc, work.stored)
@@ -619,7 +616,8 @@ class LlamaCppAdapter:
             model=model or self.manifest.name,
             context_tokens=context,
             max_output_tokens=min(ceilings) if ceilings else None,
-            max_concurrent_requests=parallel if parallel > 0 else None,
+            # the ordinary slots (:mod:`.slots`): the state slot never serves ordinary traffic
+            max_concurrent_requests=ordinary_capacity(parallel) if parallel > 0 else None,
         )
         self._limits = (key, limits)
         return limits

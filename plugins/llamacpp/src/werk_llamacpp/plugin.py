@@ -22,7 +22,6 @@ from werk_host.backend import (
     Snapshot,
     StoredStateRef,
 )
-from werk_host.backends.relay import forward
 from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import (
@@ -35,8 +34,11 @@ from werk_host.protocol import (
 )
 
 from . import reasoning
-from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, LlamaCppAdapter, accepts, create_adapter
+from .adapter import BACKEND_ID, PLUGIN_NAME, LlamaCppAdapter, accepts, create_adapter
+from .capabilities import REPORTED_CAPABILITIES
+from .options import validate_options
 from .session import LlamaSessionSnapshots, session_snapshots
+from .slots import forward_ordinary
 
 
 @hookimpl
@@ -49,6 +51,7 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
             create_adapter,
             "managed llama-server (GGUF)",
             capabilities=REPORTED_CAPABILITIES,
+            validate_options=validate_options,
         )
     ]
 
@@ -111,12 +114,9 @@ def werk_reasoning_profile(adapter: LlamaCppAdapter, model: str | None, max_outp
 
 
 def _proxy(adapter: LlamaCppAdapter, path: str, body: JsonObject) -> InferenceResponse:
-    """Forward ``body`` (already without ``werk``) to the live llama-server."""
-    proc = adapter.process()
-    pool = adapter.proxy_pool(proc)
-    adapter.forget_slot()
-    body["cache_prompt"] = True
-    return forward(pool, path, body)
+    """Forward ``body`` (already without ``werk``) to the live llama-server, on an ordinary slot
+    chosen and held by :func:`.slots.forward_ordinary` (never the client's, never the state slot)."""
+    return forward_ordinary(adapter, path, body)
 
 
 @hookimpl

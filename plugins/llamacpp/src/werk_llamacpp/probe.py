@@ -14,7 +14,9 @@ replay, and checks the counters the server acknowledges (see
   every other cache): ``tokens_evaluated`` = N > 1 and
   ``prompt_n`` + ``cache_n`` = N;
 * save: ``n_saved`` ≥ N, ``n_written`` > 0, and the snapshot file in the
-  private directory has exactly ``n_written`` bytes;
+  private directory has exactly ``n_written`` bytes; ``slot_file_tokens``: the file's header
+  (:mod:`werk_llamacpp.integrity`) lists exactly ``n_saved`` token ids, so the token
+  verification of every save and restore reads this server's files as they are;
 * erase: ``n_erased`` = ``n_saved``;
 * restore of that snapshot in Werk's stored format (the slot file followed by Werk's trailer,
   handed over by :func:`werk_llamacpp.snapshot.presented`, as every stored state is):
@@ -42,6 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from werk_host.errors import WerkError
+
+from .integrity import path_tokens
 from .native import Completion, LlamaServerClient, NativeError
 from .process import LlamaServerProcess
 from .snapshot import SlotImage, presented
@@ -166,6 +171,11 @@ def run_probe(
             raise _ProbeFailed(f"snapshot_file: not found in the private directory ({exc.strerror})") from exc
         evidence["snapshot_bytes"] = size
         check("snapshot_size", size == saved.n_written, f"file has {size} bytes, server wrote {saved.n_written}")
+        try:
+            listed = len(path_tokens(snapshot, saved.n_written))
+        except WerkError as exc:
+            raise _ProbeFailed(f"slot_file_tokens: {exc.message}") from exc
+        check("slot_file_tokens", listed == saved.n_saved, f"file lists {listed} tokens, server saved {saved.n_saved}")
 
         # 3. erase
         erased = client.slot_erase(slot)
@@ -173,10 +183,10 @@ def run_probe(
         check("erase_counts", erased.n_erased == saved.n_saved, f"n_erased={erased.n_erased} n_saved={saved.n_saved}")
 
         # 4. restore, exactly as a stored state is restored: the slot file followed by Werk's
-        # trailer (snapshot format v2), handed over through snapshot.presented. The trailer's
+        # trailer (snapshot format v3), handed over through snapshot.presented. The trailer's
         # content is Werk's own and never read by llama-server; the acknowledgement must show
         # that llama-server read the slot file's bytes and not one more.
-        trailer = SlotImage([0] * saved.n_saved, saved.n_saved, saved.n_written).trailer()
+        trailer = SlotImage([0] * saved.n_saved, saved.n_saved, saved.n_written, "0" * 64).trailer()
         with open(snapshot, "ab") as extend:
             extend.write(trailer)
         fd = os.open(snapshot, os.O_RDONLY | os.O_NOFOLLOW)

@@ -6,8 +6,11 @@ and the rules (envelope equality, private paths, size, SHA-256, receipts, observ
 :mod:`werk_host.chat.native`); this module only touches the process:
 
 * **Session slot**: the adapter's state slot (the last one). Session chat requests are the
-  adapter's ``/v1/chat/completions`` relay pinned to it with ``id_slot`` and ``cache_prompt``;
-  anything a named state held there is forgotten (:meth:`LlamaCppAdapter.forget_slot`).
+  adapter's ``/v1/chat/completions`` relay pinned to it with ``id_slot`` and ``cache_prompt``
+  (any slot the request names is dropped), holding the adapter's ``slot_lock`` from before it is
+  sent until its response is closed (waiting at most the adapter's ``router.wait_s``, then a
+  retryable ``unavailable``), so no named-state work meets it there; anything a named state held
+  there is forgotten (:meth:`LlamaCppAdapter.forget_slot`).
 * **Envelope**: the adapter's compatibility envelope of named states (executable and help
   SHA-256, KV-relevant arguments, model identity and files, cache layout), plus what docs/chat.md
   adds for sessions: the *complete* effective arguments (so a session saved with native warmup
@@ -49,6 +52,7 @@ from werk_host.models import sha256_file
 from .adapter import LlamaCppAdapter, mismatch_fields
 from .native import NativeError
 from .process import LlamaServerProcess
+from .slots import held_for_life, strip_slot_fields
 from .snapshot import presented
 
 __all__ = ["RUNTIME_ENV_PREFIXES", "SESSION_LAYOUT", "LlamaSessionSnapshots", "session_snapshots"]
@@ -162,11 +166,17 @@ class LlamaSessionSnapshots:
 
     def chat(self, request: JsonObject) -> InferenceResponse:
         proc = self._live()
-        body = {k: v for k, v in request.items() if k != "werk"}
+        body = {k: v for k, v in strip_slot_fields(request).items() if k != "werk"}
         body["cache_prompt"] = True
-        body["id_slot"] = self.adapter.state_slot
-        self.adapter.forget_slot()
-        return forward(self.adapter.proxy_pool(proc), "/v1/chat/completions", body)
+        lease = self.adapter.router.hold_state_slot()
+        try:
+            body["id_slot"] = self.adapter.state_slot
+            self.adapter.forget_slot()
+            response = forward(self.adapter.proxy_pool(proc), "/v1/chat/completions", body)
+        except BaseException:
+            lease.release()
+            raise
+        return held_for_life(response, lease)
 
     def save(self) -> Snapshot:
         proc = self._live()

@@ -1,11 +1,14 @@
 """Werk's llama.cpp snapshot format and how a verified payload reaches ``llama-server``.
 
-Format (cache layout ``werk-llamacpp-slot-v2``, docs/states.md)::
+Format (cache layout ``werk-llamacpp-slot-v3``, docs/states.md)::
 
     llama-server slot file (n_written bytes) | JSON header | u32 big-endian header length | MAGIC
 
-The JSON header holds the exact prompt ``tokens`` and the save acknowledgement
-(``n_saved`` tokens, ``n_written`` bytes). The slot file comes first so that ``llama-server``
+The JSON header holds the exact prompt ``tokens``, the save acknowledgement (``n_saved``
+tokens, ``n_written`` bytes) and ``tokens_hmac``, the keyed digest of the tokens
+(:func:`.integrity.tokens_digest`). :func:`verify_tokens` requires the token ids at the head of
+the slot file to equal ``tokens`` and the digest to be theirs under the adapter's key, before
+any restore. The slot file comes first so that ``llama-server``
 can restore the stored payload file itself: it reads exactly the ``n_written`` bytes its save
 acknowledged and stops there. That is verified, never assumed: every restore must be
 acknowledged with ``n_read == n_written`` and ``n_restored == n_saved``, and the functional
@@ -31,9 +34,11 @@ from pathlib import Path
 
 from werk_host.errors import ErrorCode, WerkError
 
-__all__ = ["MAGIC", "MAX_HEADER_BYTES", "SlotImage", "presented", "read_image"]
+from .integrity import slot_file_tokens, tokens_equal
 
-MAGIC = b"\nWERKLCPP2\n"
+__all__ = ["MAGIC", "MAX_HEADER_BYTES", "SlotImage", "presented", "read_image", "verify_tokens"]
+
+MAGIC = b"\nWERKLCPP3\n"
 MAX_HEADER_BYTES = 16 << 20
 _LENGTH = struct.Struct(">I")
 _TAIL = _LENGTH.size + len(MAGIC)
@@ -46,16 +51,24 @@ def _corrupt(message: str) -> WerkError:
 
 @dataclass(frozen=True)
 class SlotImage:
-    """What a snapshot says about its slot file: the prompt tokens and the save acknowledgement."""
+    """What a snapshot says about its slot file: the prompt tokens, the save acknowledgement and
+    the tokens' keyed digest."""
 
     tokens: list[int]
     n_saved: int
     n_written: int
+    tokens_hmac: str
 
     def trailer(self) -> bytes:
         """``JSON header | u32 length | MAGIC``, written after the slot file's bytes."""
         header = json.dumps(
-            {"tokens": self.tokens, "n_saved": self.n_saved, "n_written": self.n_written}, separators=(",", ":")
+            {
+                "tokens": self.tokens,
+                "n_saved": self.n_saved,
+                "n_written": self.n_written,
+                "tokens_hmac": self.tokens_hmac,
+            },
+            separators=(",", ":"),
         ).encode()
         return header + _LENGTH.pack(len(header)) + MAGIC
 
@@ -83,11 +96,21 @@ def read_image(fd: int, size: int) -> SlotImage:
         header = json.loads(raw)
         tokens = [int(t) for t in header["tokens"]]
         n_saved, n_written = int(header["n_saved"]), int(header["n_written"])
+        digest = header["tokens_hmac"]
     except (ValueError, KeyError, TypeError) as err:
         raise _corrupt("snapshot header is malformed") from err
-    if n_written + length + _TAIL != size or n_saved != len(tokens) or n_written <= 0:
+    if not isinstance(digest, str) or n_written + length + _TAIL != size or n_saved != len(tokens) or n_written <= 0:
         raise _corrupt("snapshot header does not match the snapshot")
-    return SlotImage(tokens, n_saved, n_written)
+    return SlotImage(tokens, n_saved, n_written, digest)
+
+
+def verify_tokens(fd: int, image: SlotImage, key: bytes) -> None:
+    """``corrupt_state`` unless the slot file open at ``fd`` holds exactly ``image.tokens`` and
+    ``image.tokens_hmac`` is their digest under ``key``."""
+    if slot_file_tokens(fd, image.n_written) != image.tokens:
+        raise _corrupt("the slot file holds other tokens than the snapshot claims")
+    if not tokens_equal(key, image.tokens, image.tokens_hmac):
+        raise _corrupt("the snapshot's token digest does not verify")
 
 
 def _fd_link(fd: int) -> str | None:
