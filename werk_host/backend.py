@@ -6,7 +6,7 @@ plus an opaque byte snapshot the host stores and streams back verbatim.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -79,6 +79,10 @@ class AdapterFactory:
     ``capabilities`` declares the capability ids this backend's adapters report on (their
     statuses come from ``werk_capabilities`` at run time); ``werk plugins`` flags a declared
     or reported id that is not a :class:`~werk_host.protocol.CapabilityId`.
+    ``validate_options(options)``, when given, checks a deployment instance's profile
+    ``options`` when ``werk serve`` starts, before anything runs: it raises :class:`ValueError`
+    with a one-line message naming the option at fault (an unknown name, a bad value);
+    without it the options are handed to ``create`` unchecked (docs/plugin-hooks.md).
     """
 
     backend: str
@@ -87,6 +91,7 @@ class AdapterFactory:
     create: Callable[[HostConfig, ModelManifest | None], Adapter]
     description: str = ""
     capabilities: tuple[CapabilityId, ...] = ()
+    validate_options: Callable[[Mapping[str, JsonValue]], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ class ServerLimits:
     #: Inference concurrency (docs/operations.md, "Inference concurrency"): generation requests
     #: running or queued host-wide (``None``: ``threads - max(2, threads // 4)``; it must stay
     #: below ``threads``) and per key (``None``: half of the host-wide bound); per instance, the
-    #: capacity when the backend reports none, the queue (``None``: 4 × capacity), the longest
+    #: capacity when the backend reports none, the queue (``None``: the per-key bound), the longest
     #: wait in it, and the ``Retry-After`` of a refusal.
     inference_max: int | None = None
     inference_per_key: int | None = None
@@ -94,6 +94,9 @@ class StoreBounds:
 class HostConfig:
     home: Path
     api_keys: tuple[str, ...] = ()
+    #: keys of operators: accepted like ``api_keys``, and they may change residency
+    #: (werk_host/service/principals.py)
+    operator_api_keys: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 11434
     limits: ServerLimits = field(default_factory=ServerLimits)
@@ -118,5 +121,6 @@ class HostConfig:
     def __repr__(self) -> str:  # never show keys
         return (
             f"HostConfig(home={str(self.home)!r}, api_keys=<{len(self.api_keys)} configured>, "
+            f"operator_api_keys=<{len(self.operator_api_keys)} configured>, "
             f"host={self.host!r}, port={self.port}, models={self.served_models()!r}, profile={self.profile!r})"
         )

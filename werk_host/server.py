@@ -62,7 +62,7 @@ def build_host(
         if load_entry_points:
             plugins.load_entry_points()
     secret = load_or_create_namespace_secret(config.home)
-    auth = Authenticator(config.api_keys, secret)
+    auth = Authenticator(config.api_keys, secret, config.operator_api_keys)
     runtime = BackendRuntime(plugins, config)
     memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
     bounds = config.store_bounds  # docs/states.md, "Quotas"
@@ -184,7 +184,7 @@ def serve(config: HostConfig) -> int:
         if not host.auth.enabled:
             log.warning(
                 "NO API KEYS CONFIGURED: every request is the shared local principal; "
-                "this server is not an isolation boundary. Use --api-key or WERK_API_KEYS."
+                "this server is not an isolation boundary. Use --api-key-file or WERK_API_KEYS."
             )
         raise_descriptor_limit(config.limits.connection_limit + 256)  # + backends, files, backlog
         server = make_server(host.app, config.host, config.port, config.limits)

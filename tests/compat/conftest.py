@@ -1,4 +1,6 @@
-"""A host around the reference backend, keyed, for the compatibility routes."""
+"""A host around the reference backend, keyed, for the compatibility routes. The key is an
+operator's (werk_host/service/principals.py), so Ollama's residency idioms act as in Ollama;
+tests/test_residency_rules.py covers keys that are not."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ KEY = "sk-werk-compat-test-0123456789"
 def host(tmp_path: Path) -> Iterator[tuple[Host, MemoryBackendPlugin]]:
     home = tmp_path / "home"
     home.mkdir()
-    built, plugin = backend_host(home, api_keys=(KEY,))
+    built, plugin = backend_host(home, operator_api_keys=(KEY,))
     try:
         yield built, plugin
     finally:
@@ -37,6 +39,6 @@ def served(tmp_path: Path) -> Iterator[str]:
     """The same kind of host on a real waitress server; yields its base URL."""
     home = tmp_path / "served"
     home.mkdir()
-    built, _ = backend_host(home, api_keys=(KEY,))
+    built, _ = backend_host(home, operator_api_keys=(KEY,))
     with running(built) as url:
         yield url

@@ -1,6 +1,7 @@
 """Ollama's per-request ``keep_alive`` on deployment residency (docs/compat.md, "keep_alive and
 residency"), over the reference backend: a request's value replaces the profile's idle time of
-the instance that served it, until the instance stops or another Ollama request asks again.
+the instance that served it, until the instance stops or another Ollama request asks again. The
+key is an operator's; tests/test_residency_rules.py covers clients that are not operators.
 
 Idle time is judged at chosen instants (``Instance.stop_if_idle(now=...)``, a monotonic clock
 reading), so no test waits for the profile's minute to pass; the keep-alive sweeper itself is
@@ -37,7 +38,7 @@ def host(tmp_path: Path) -> Iterator[Host]:
     home.mkdir()
     profile = tmp_path / "deployments.toml"
     profile.write_text('[[instance]]\nid = "tiny"\nmodel = "tiny"\npreload = true\nkeep_alive = "1m"\n')
-    built, _ = backend_host(home, api_keys=(KEY,), profile=profile)
+    built, _ = backend_host(home, operator_api_keys=(KEY,), profile=profile)
     try:
         yield built
     finally:

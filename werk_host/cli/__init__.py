@@ -54,14 +54,30 @@ def _seconds(text: str) -> float:
     return value
 
 
-def collect_api_keys(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str, ...]:
-    keys: list[str] = list(args.api_key or [])
-    keys += [k.strip() for k in environ.get("WERK_API_KEYS", "").split(",") if k.strip()]
-    if args.api_key_file:
+#: Where ``werk serve`` takes keys from instead of argv (which every local user can read in
+#: ``/proc/PID/cmdline``): ``--api-key`` is refused with this pointer.
+KEY_SOURCES = "put the key in a file given with --api-key-file FILE (one key a line) or in WERK_API_KEYS"
+OPERATOR_KEY_SOURCES = "put the key in a file given with --operator-api-key-file FILE or in WERK_OPERATOR_API_KEYS"
+
+
+def _keys_from(environ: dict[str, str], variable: str, key_file: str | None) -> tuple[str, ...]:
+    keys = [k.strip() for k in environ.get(variable, "").split(",") if k.strip()]
+    if key_file:
         from werk_host.service.principals import read_key_file
 
-        keys += read_key_file(Path(args.api_key_file))
+        keys += read_key_file(Path(key_file))
     return tuple(dict.fromkeys(keys))
+
+
+def collect_api_keys(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str, ...]:
+    """The accepted keys: ``WERK_API_KEYS`` (comma-separated) and ``--api-key-file``."""
+    return _keys_from(environ, "WERK_API_KEYS", args.api_key_file)
+
+
+def collect_operator_keys(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str, ...]:
+    """The operator keys (docs/deployments.md, "Residency"): ``WERK_OPERATOR_API_KEYS`` and
+    ``--operator-api-key-file``."""
+    return _keys_from(environ, "WERK_OPERATOR_API_KEYS", args.operator_api_key_file)
 
 
 def persistence_defaults(args: argparse.Namespace) -> PersistenceDefaults | None:
@@ -91,10 +107,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from werk_host.service.gate import gate_limits
 
     keys = collect_api_keys(args, dict(os.environ))
-    configure_logging(args.log_level, keys)
+    operator_keys = collect_operator_keys(args, dict(os.environ))
+    configure_logging(args.log_level, (*keys, *operator_keys))
     config = HostConfig(
         home=werk_home(args.home),
         api_keys=keys,
+        operator_api_keys=operator_keys,
         host=args.host,
         port=args.port,
         limits=ServerLimits(
@@ -172,7 +190,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument(
         "--inference-queue",
         type=run.non_negative,
-        help="requests waiting per instance beyond its capacity (default: 4 x capacity)",
+        help="requests waiting per instance beyond its capacity (default: the per-key bound)",
     )
     p.add_argument(
         "--inference-wait",
@@ -180,8 +198,16 @@ def add_serve(sub: Any) -> None:
         default=limits.inference_wait_s,
         help="seconds a queued request waits for its instance before a 503",
     )
-    p.add_argument("--api-key", action="append", help="accepted API key (repeatable)")
-    p.add_argument("--api-key-file", help="file with one API key per line")
+    p.add_argument("--api-key", action=runtime.RefuseKeyOnArgv, const=KEY_SOURCES, help=argparse.SUPPRESS)
+    p.add_argument("--api-key-file", help="file with one API key per line (or WERK_API_KEYS=a,b)")
+    p.add_argument(
+        "--operator-api-key", action=runtime.RefuseKeyOnArgv, const=OPERATOR_KEY_SOURCES, help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--operator-api-key-file",
+        help="file with one operator key per line (or WERK_OPERATOR_API_KEYS=a,b): keys that may load, unload "
+        "and pin models",
+    )
     p.add_argument(
         "--model",
         action="append",

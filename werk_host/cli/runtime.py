@@ -631,8 +631,10 @@ def _timeout(text: str) -> float:
     return value
 
 
-class _RefuseKeyOnArgv(argparse.Action):
-    """``--api-key`` exists only to refuse it without echoing the value (argv lands in shell history)."""
+class RefuseKeyOnArgv(argparse.Action):
+    """A key option (``--api-key``) that exists only to refuse it without echoing the value (argv
+    lands in shell history and in ``/proc/PID/cmdline``, readable by every local user). ``const``
+    says where the key goes instead (default: this client's environment variable or prompt)."""
 
     def __call__(
         self,
@@ -641,12 +643,13 @@ class _RefuseKeyOnArgv(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        parser.error(f"the API key is never read from the command line; set {KEY_ENV} or answer the prompt")
+        instead = self.const or f"set {KEY_ENV} or answer the prompt"
+        parser.error(f"the API key is never read from the command line; {instead}")
 
 
 def connection_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--api-key", action=_RefuseKeyOnArgv, help=argparse.SUPPRESS)
+    common.add_argument("--api-key", action=RefuseKeyOnArgv, help=argparse.SUPPRESS)
     group = common.add_argument_group("connection")
     group.add_argument("--server", help=f"http://HOST:PORT (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
     group.add_argument("--timeout", type=_timeout, default=DEFAULT_TIMEOUT, help="seconds per request (default 30)")

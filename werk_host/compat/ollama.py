@@ -34,6 +34,7 @@ from pydantic import AfterValidator, Field, JsonValue, model_validator
 
 from werk_host.backend import JsonObject
 from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, Usage, as_object, first_choice, text_of, unreadable
+from werk_host.deployments.durations import MAX_DURATION_TEXT, too_long
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import StrictModel
 from werk_host.protocol.base import JsonBool, JsonFloat, JsonInt, NonNegativeJsonInt, PositiveJsonInt
@@ -78,7 +79,8 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 def keep_alive_seconds(value: str | float) -> float:
     """Seconds of an Ollama ``keep_alive``: a number of seconds or a Go duration string
-    (``"5m"``, ``"1h30m"``, ``"0"``); negative means forever (``inf``)."""
+    (``"5m"``, ``"1h30m"``, ``"0"``); negative means forever (``inf``). A finite value above
+    :data:`~werk_host.deployments.durations.MAX_DURATION_S` (one year) is refused."""
     if isinstance(value, str):
         if _DURATION.fullmatch(value) is None:
             raise ValueError('keep_alive must be seconds or a duration such as "5m", "1h30m" or "0"')
@@ -86,7 +88,11 @@ def keep_alive_seconds(value: str | float) -> float:
         seconds = -seconds if value.startswith("-") else seconds
     else:
         seconds = float(value)
-    return float("inf") if seconds < 0 else seconds
+    if seconds < 0:
+        return float("inf")
+    if too_long(seconds):
+        raise ValueError(f"keep_alive must be at most {MAX_DURATION_TEXT} (one year); negative keeps the model forever")
+    return seconds
 
 
 KeepAlive = Annotated[str | JsonFloat, AfterValidator(keep_alive_seconds)]

@@ -60,8 +60,14 @@ def tags(deployments: DeploymentSet | None) -> JsonObject:
     return {"models": models}
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _iso(seconds: float) -> str | None:
+    """``seconds`` since the epoch as an ISO 8601 instant; ``None`` (reported as never) for an
+    instant no timestamp can hold. Stored idle times are bounded (werk_host/deployments/
+    durations.py), so this is a guard, not a rule."""
+    try:
+        return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def running(deployments: DeploymentSet | None, context_of: ContextOf) -> JsonObject:

@@ -5,7 +5,10 @@ factory is creating it; concurrent first requests wait for this one start) → `
 ``stopping`` → ``cold`` again after ``keep_alive`` idle time. That idle time is the profile's,
 unless a request asked for another one (:meth:`Instance.hold`, Ollama's per-request
 ``keep_alive``, docs/compat.md): then the requested time decides until the instance stops or
-another request asks again. A start that raises leaves the
+another request asks again. Residency is the operator's (docs/deployments.md, "Residency"): a
+request of a principal that is not an operator is clamped into the profile's bounds
+(:meth:`~werk_host.deployments.profile.InstanceSpec.client_hold`), so it never shortens the
+profile's ``keep_alive``, and it never replaces an operator's setting. A start that raises leaves the
 instance ``failed`` with a public, redacted reason; requests within :data:`RETRY_AFTER_S` get
 that reason as a retryable 503 at once, later ones try again. One instance's failure never
 touches another's.
@@ -29,6 +32,7 @@ import psutil  # type: ignore[import-untyped]
 
 from werk_host.backend import Adapter, AdapterFactory
 from werk_host.config import HostConfig
+from werk_host.deployments.durations import too_long
 from werk_host.deployments.profile import InstanceSpec
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
@@ -66,6 +70,8 @@ class InstanceView:
         ``None`` when it is not ready, or never expires."""
         if self.state is not InstanceStateName.READY or self.keep_alive_s is None or self.last_used_unix_ms is None:
             return None
+        if too_long(self.keep_alive_s):  # never stored (hold refuses it); an expiry must fit a timestamp
+            return None
         return self.last_used_unix_ms + round(self.keep_alive_s * 1000)
 
 
@@ -102,6 +108,7 @@ class Instance:
         self._last_used_ms: int | None = None
         self._last_used_mono = time.monotonic()
         self._held_s: float | None = None
+        self._held_by_operator = False
 
     @property
     def id(self) -> str:
@@ -234,18 +241,29 @@ class Instance:
             return self._in_flight
 
     # -- residency -----------------------------------------------------------------------
-    def hold(self, seconds: float | None) -> None:
+    def hold(self, seconds: float | None, *, operator: bool = True) -> None:
         """Keep the ready instance for ``seconds`` of idle time from now on, instead of the
         profile's ``keep_alive`` (``math.inf``: never stop it for idleness); ``None`` returns to
         the profile's. The idle clock restarts now. The request's setting lasts until the
         instance stops (a later start uses the profile's again) or another call replaces it.
-        Nothing happens to an instance that is not ready."""
-        if seconds is not None and (math.isnan(seconds) or seconds < 0):
-            raise ValueError("a keep_alive is a non-negative number of seconds or math.inf")
+        Nothing happens to an instance that is not ready.
+
+        Without ``operator`` (a client's request) ``seconds`` is clamped into the profile's
+        bounds (:meth:`InstanceSpec.client_hold`), and nothing changes while an operator's
+        setting is in effect. Raises :class:`ValueError` for a negative, ``nan`` or finite value
+        above :data:`~werk_host.deployments.durations.MAX_DURATION_S`."""
+        if seconds is not None and (math.isnan(seconds) or seconds < 0 or too_long(seconds)):
+            raise ValueError("a keep_alive is 0 to MAX_DURATION_S seconds, or math.inf")
         with self._cond:
             if self._state is not InstanceStateName.READY:
                 return
+            if not operator:
+                if self._held_by_operator:
+                    self._touch_locked()
+                    return
+                seconds = None if seconds is None else self.spec.client_hold(seconds)
             self._held_s = seconds
+            self._held_by_operator = operator and seconds is not None
             self._touch_locked()
 
     @property
@@ -295,6 +313,7 @@ class Instance:
                 self._state = InstanceStateName.COLD
                 self._started_ms = None
                 self._held_s = None
+                self._held_by_operator = False
                 self._cond.notify_all()
         log.info("instance %s stopped: %s", self.id, why)
         return True
@@ -305,6 +324,7 @@ class Instance:
             adapter, self._adapter = self._adapter, None
             self._state = InstanceStateName.COLD
             self._held_s = None
+            self._held_by_operator = False
             self._cond.notify_all()
         if adapter is not None:
             adapter.close()

@@ -28,6 +28,9 @@ from typing import NoReturn
 
 from pydantic import JsonValue
 
+from werk_host.deployments.durations import DURATION_HINT, MAX_DURATION_S, bound_message
+from werk_host.deployments.durations import parse_duration as parse_duration
+from werk_host.deployments.toml_lines import DocPath, statement_lines
 from werk_host.models import NAME_RE as MODEL_NAME_RE
 
 #: The profile ``werk serve`` reads from ``WERK_HOME`` when neither --profile nor --model is given.
@@ -38,19 +41,26 @@ PROFILE_FILENAME = "deployments.toml"
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ID_MAX_LEN = 64
 
-INSTANCE_KEYS = ("id", "model", "backend", "options", "preload", "keep_alive", "default", "endpoint", "api_key_env")
+INSTANCE_KEYS = (
+    "id",
+    "model",
+    "backend",
+    "options",
+    "preload",
+    "keep_alive",
+    "keep_alive_max",
+    "default",
+    "endpoint",
+    "api_key_env",
+)
 _ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIAS_KEYS = ("replicas",)
 TOP_LEVEL_KEYS = ("instance", "alias")
 
-DURATION_HINT = '(use 45s, 30m, 2h, 1h30m, "0" or "forever")'
-_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
-_DURATION_RE = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m)?(?:{_NUMBER}s)?")
 _ID_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
-#: A position in the parsed document: table keys and array indexes from the root.
-_DocPath = tuple[str | int, ...]
+_DocPath = DocPath
 
 
 class ProfileError(ValueError):
@@ -64,28 +74,6 @@ class ProfileError(ValueError):
         self.field = field
 
 
-def parse_duration(text: str) -> float | None:
-    """Seconds for a ``keep_alive`` duration; ``None`` means forever.
-
-    Grammar: ``"forever"``; ``"0"``; or one to three ``<number><unit>`` parts with units ``h``,
-    ``m``, ``s`` in that order, each at most once (``45s``, ``30m``, ``2h``, ``1h30m``,
-    ``1h0m30s``, ``90m``). A number is digits with an optional decimal fraction (``1.5h``,
-    ``0.5s``). No signs, spaces, exponents or other units. Raises :class:`ValueError` otherwise.
-    """
-    if text == "forever":
-        return None
-    if text == "0":
-        return 0.0
-    match = _DURATION_RE.fullmatch(text)
-    if match is None or not any(match.groups()):
-        raise ValueError(f"{_quote(text)} is not a duration {DURATION_HINT}")
-    hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if not math.isfinite(total):
-        raise ValueError(f"{_quote(text)} is too long a duration {DURATION_HINT}")
-    return total
-
-
 @dataclass(frozen=True)
 class InstanceSpec:
     """One ``[[instance]]``: a model on a backend, with its options and lifecycle settings.
@@ -94,7 +82,9 @@ class InstanceSpec:
     are made absolute against the file's directory). ``backend`` ``None`` lets the manifest or
     the installed plugins choose. ``options`` is a read-only copy (nested values are copies, not
     shared with the caller). ``keep_alive_s`` ``None`` means never stopped for idleness; ``0``
-    means stopped right after each request.
+    means stopped right after each request. ``keep_alive_max_s`` is the longest idle time a
+    client's request may ask for (:meth:`client_hold`; ``math.inf``: forever, ``None``: the
+    instance's ``keep_alive_s``).
     """
 
     id: str
@@ -109,9 +99,21 @@ class InstanceSpec:
     #: the environment variable holding the remote endpoint's API key (the key itself never
     #: appears in a profile, a log or a response)
     api_key_env: str | None = None
+    keep_alive_max_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
+
+    def client_hold(self, seconds: float) -> float | None:
+        """The idle time a request of a client that is not an operator gets when it asks for
+        ``seconds`` (``math.inf``: forever; docs/deployments.md, "Residency"): the request is
+        clamped into ``[keep_alive, keep_alive_max]``, so a client never shortens the profile's
+        ``keep_alive`` (never stops a shared instance sooner than the operator chose) and never
+        extends it past ``keep_alive_max``. ``None``: the profile's own ``keep_alive``."""
+        floor = math.inf if self.keep_alive_s is None else self.keep_alive_s
+        ceiling = floor if self.keep_alive_max_s is None else self.keep_alive_max_s
+        held = min(max(seconds, floor), ceiling)
+        return None if held == floor else held
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,7 @@ class _Checker:
 
     def fail(self, path: _DocPath, detail: str) -> NoReturn:
         if self._lines is None:
-            self._lines = _statement_lines(self.text)
+            self._lines = statement_lines(self.text)
         line = next((self._lines[path[:k]] for k in range(len(path), 0, -1) if path[:k] in self._lines), None)
         name = _field_name(path) or None
         where = self.source if line is None else f"{self.source}:{line}"
@@ -291,6 +293,7 @@ class _Checker:
             self.fail((*at, "api_key_env"), f"{_quote(api_key_env)} is not an environment variable name")
         if endpoint is not None and self.string(raw, at, "backend") is None:
             self.fail(at, 'a remote instance (with endpoint) needs "backend"')
+        keep_alive = self.keep_alive((*at, "keep_alive"), raw.get("keep_alive", "forever"))
         return InstanceSpec(
             id=instance_id,
             model=model if endpoint is not None else self.model((*at, "model"), model),
@@ -299,9 +302,19 @@ class _Checker:
             backend=self.string(raw, at, "backend"),
             options=self.options((*at, "options"), raw.get("options", {})),
             preload=self.boolean(raw, at, "preload"),
-            keep_alive_s=self.keep_alive((*at, "keep_alive"), raw.get("keep_alive", "forever")),
+            keep_alive_s=keep_alive,
+            keep_alive_max_s=self.keep_alive_max(at, raw, keep_alive),
             default=self.boolean(raw, at, "default"),
         )
+
+    def keep_alive_max(self, at: _DocPath, raw: dict[str, object], keep_alive: float | None) -> float | None:
+        if "keep_alive_max" not in raw:
+            return None
+        value = self.keep_alive((*at, "keep_alive_max"), raw["keep_alive_max"])
+        ceiling = math.inf if value is None else value
+        if ceiling < (math.inf if keep_alive is None else keep_alive):
+            self.fail((*at, "keep_alive_max"), "is shorter than keep_alive: it bounds how far a client may extend it")
+        return ceiling
 
     def string(self, raw: dict[str, object], at: _DocPath, key: str) -> str | None:
         value = raw.get(key)
@@ -354,10 +367,9 @@ class _Checker:
         if isinstance(value, int) and not isinstance(value, bool):
             if value < 0:
                 self.fail(at, f"{value} is negative: a keep_alive in seconds must be 0 or more")
-            try:
-                return float(value)
-            except OverflowError:
-                self.fail(at, f"{value} seconds is too long {DURATION_HINT}")
+            if value > MAX_DURATION_S:
+                self.fail(at, bound_message(f"{value}s"))
+            return float(value)
         self.fail(at, f"must be a duration string {DURATION_HINT} or whole seconds, not {_toml_type(value)}")
 
     def aliases(self, value: object, ids: Mapping[str, int]) -> dict[str, tuple[str, ...]]:
@@ -475,153 +487,3 @@ def _syntax_error(source: str, err: tomllib.TOMLDecodeError) -> ProfileError:
         return ProfileError(f"{source}: invalid TOML: {message}")
     line = int(match.group(1))
     return ProfileError(f"{source}:{line}:{match.group(2)}: invalid TOML: {message[: match.start()]}", line=line)
-
-
-# -- where things are in the text ------------------------------------------------------------------
-
-
-def _statement_lines(text: str) -> dict[_DocPath, int]:
-    """The first line of each table header and ``key =`` statement of valid TOML ``text``, by
-    document path (``("instance", 1, "keep_alive")``); each prefix of a path maps to the first
-    line that mentions it. Multi-line strings and arrays are skipped, so text inside them never
-    counts as a statement."""
-    lines: dict[_DocPath, int] = {}
-    array_tables: dict[_DocPath, int] = {}
-    table: _DocPath = ()
-    i, n, line = 0, len(text), 1
-
-    def record(path: _DocPath, at: int) -> None:
-        for k in range(1, len(path) + 1):
-            lines.setdefault(path[:k], at)
-
-    while i < n:
-        char = text[i]
-        if char in " \t\r":
-            i += 1
-        elif char == "\n":
-            line += 1
-            i += 1
-        elif char == "#":
-            i = _line_end(text, i)
-        elif char == "[":
-            end = _line_end(text, i)
-            header = text[i:end]
-            keys = _key_parts(header)
-            if keys is not None:
-                table = _table_path(keys, header.startswith("[["), array_tables)
-                record(table, line)
-            i = end
-        else:
-            equals = _key_end(text, i)
-            if equals is None:  # not valid TOML; nothing more to find
-                break
-            keys = _key_parts(text[i:equals] + "= 0")
-            if keys is not None:
-                record((*table, *keys), line)
-            i, line = _skip_value(text, equals + 1, line)
-    return lines
-
-
-def _table_path(keys: list[str], array: bool, array_tables: dict[_DocPath, int]) -> _DocPath:
-    """The document path of a ``[a.b]`` / ``[[a.b]]`` header, with the current index of each
-    array of tables it passes through."""
-    path: list[str | int] = []
-    for position, key in enumerate(keys):
-        path.append(key)
-        so_far = tuple(path)
-        if array and position == len(keys) - 1:
-            array_tables[so_far] = array_tables.get(so_far, -1) + 1
-            path.append(array_tables[so_far])
-        elif so_far in array_tables:
-            path.append(array_tables[so_far])
-    return tuple(path)
-
-
-def _key_parts(snippet: str) -> list[str] | None:
-    """The dotted key of a header or ``key = 0`` snippet, as TOML reads it."""
-    try:
-        node: object = tomllib.loads(snippet)
-    except tomllib.TOMLDecodeError:
-        return None
-    keys: list[str] = []
-    while True:
-        if isinstance(node, dict) and len(node) == 1:
-            key, node = next(iter(node.items()))
-            keys.append(key)
-        elif isinstance(node, list) and len(node) == 1:
-            node = node[0]
-        else:
-            return keys or None
-
-
-def _line_end(text: str, i: int) -> int:
-    end = text.find("\n", i)
-    return len(text) if end < 0 else end
-
-
-def _key_end(text: str, i: int) -> int | None:
-    """The index of the ``=`` ending the key that starts at ``i``."""
-    n = len(text)
-    while i < n:
-        char = text[i]
-        if char in "\"'":
-            i = _string_end(text, i)
-        elif char == "=":
-            return i
-        elif char == "\n":
-            return None
-        else:
-            i += 1
-    return None
-
-
-def _string_end(text: str, i: int) -> int:
-    """The index just past the string literal that starts at ``i``."""
-    quote = text[i]
-    n = len(text)
-    if text.startswith(quote * 3, i):
-        j = i + 3
-        while j < n:
-            if quote == '"' and text[j] == "\\":
-                j += 2
-            elif text.startswith(quote * 3, j):
-                j += 3
-                extra = 0
-                while j < n and text[j] == quote and extra < 2:  # up to two quotes end the content
-                    j += 1
-                    extra += 1
-                return j
-            else:
-                j += 1
-        return n
-    j = i + 1
-    while j < n and text[j] != quote and text[j] != "\n":
-        j += 2 if quote == '"' and text[j] == "\\" else 1
-    return j + 1
-
-
-def _skip_value(text: str, i: int, line: int) -> tuple[int, int]:
-    """Past the value starting at ``i``: to the newline that ends its statement. Returns that
-    index and the line number there."""
-    depth = 0
-    n = len(text)
-    while i < n:
-        char = text[i]
-        if char == "\n":
-            if depth <= 0:
-                return i, line
-            line += 1
-            i += 1
-        elif char == "#":
-            i = _line_end(text, i)
-        elif char in "\"'":
-            end = _string_end(text, i)
-            line += text.count("\n", i, end)
-            i = end
-        else:
-            if char in "[{":
-                depth += 1
-            elif char in "]}":
-                depth -= 1
-            i += 1
-    return i, line

@@ -13,7 +13,10 @@ value sets how long the serving instance stays loaded once idle (negative: forev
 the profile's ``keep_alive`` (:meth:`~werk_host.deployments.instances.Instance.hold`); a request
 without it returns the instance to the profile's. A request without messages or prompt loads the
 instance(s) its model names, with the same ``keep_alive`` rule, or with ``keep_alive: 0`` stops
-them.
+them. That is an operator's request (docs/deployments.md, "Residency"): a client that is not an
+operator has its ``keep_alive`` clamped into the profile's bounds (never shorter than the
+profile's, never past its ``keep_alive_max``, never replacing an operator's setting), so it can
+neither stop nor pin a shared instance; its unload request is 403.
 """
 
 from __future__ import annotations
@@ -143,26 +146,33 @@ class _Generation(_Resource):
         if options is not None and options.num_ctx is not None:
             check_num_ctx(options, self.context_of(req, served_name(model)))
 
-    def _residency(self, resp: falcon.Response, shape: Shape, model: str, keep_alive: float | None) -> None:
+    def _residency(
+        self, req: falcon.Request, resp: falcon.Response, shape: Shape, model: str, keep_alive: float | None
+    ) -> None:
         """Ollama's load/unload idiom: start every instance ``model`` names and hold it for
-        ``keep_alive`` (or stop them, for ``0``)."""
+        ``keep_alive`` (or stop them, for ``0``: operators only; a client's load is what its
+        first request would do anyway, held within the profile's bounds)."""
         replicas = self.replicas(model)
         unload = keep_alive == 0
+        operator = principal(req).operator
+        if unload and not operator:
+            raise WerkError(ErrorCode.FORBIDDEN, "unloading a shared model needs an operator key")
         for instance in replicas:
             if unload:
-                instance.stop("unloaded by an Ollama client (keep_alive 0)")
+                instance.stop("unloaded by an operator (keep_alive 0)")
             else:
                 instance.use()
-                instance.hold(keep_alive)
+                instance.hold(keep_alive, operator=operator)
         _json(resp, 200, residency_answer(shape, model, "unload" if unload else "load"))
 
-    def _keep(self, served_by: str | None, keep_alive: float | None) -> None:
-        """Apply ``keep_alive`` to the instance that served the request (:meth:`Instance.hold`):
-        ``0`` stops it once this request and any other on it are done."""
+    def _keep(self, req: falcon.Request, served_by: str | None, keep_alive: float | None) -> None:
+        """Apply ``keep_alive`` to the instance that served the request (:meth:`Instance.hold`,
+        clamped for a client that is not an operator): ``0`` stops it once this request and any
+        other on it are done."""
         deployments = self.runtime.deployments
         instance = deployments.instances.get(served_by) if deployments is not None and served_by else None
         if instance is not None:
-            instance.hold(keep_alive)
+            instance.hold(keep_alive, operator=principal(req).operator)
 
     def _serve(
         self,
@@ -182,7 +192,7 @@ class _Generation(_Resource):
             status, text = relay.failure(response)
             _json(resp, status, error_document(text))
             return
-        self._keep(response.headers.get(DEPLOYMENT_HEADER), keep_alive)
+        self._keep(req, response.headers.get(DEPLOYMENT_HEADER), keep_alive)
         if stream:
             resp.content_type = "application/x-ndjson"
             translated = answer_stream(sse_events(response.body), shape, model, started_ns)
@@ -196,7 +206,7 @@ class Chat(_Generation):
         started = time.monotonic_ns()
         request = parse_body(req, OllamaChatRequest)
         if not request.messages:
-            self._residency(resp, Shape.CHAT, request.model, request.keep_alive_s)
+            self._residency(req, resp, Shape.CHAT, request.model, request.keep_alive_s)
             return
         self._check_options(req, request.model, request.options)
         body = chat_body(request)
@@ -219,7 +229,7 @@ class Generate(_Generation):
         started = time.monotonic_ns()
         request = parse_body(req, OllamaGenerateRequest)
         if not request.prompt:
-            self._residency(resp, Shape.GENERATE, request.model, request.keep_alive_s)
+            self._residency(req, resp, Shape.GENERATE, request.model, request.keep_alive_s)
             return
         self._check_options(req, request.model, request.options)
         chat, body = generate_body(request)

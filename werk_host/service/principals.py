@@ -3,6 +3,12 @@
 An accepted key becomes ``Principal(id=HMAC-SHA-256(namespace_secret, key))``; the raw
 key never leaves this module. The namespace secret lives at
 ``WERK_HOME/auth/runtime-namespace.key``: created atomically, owner-only, never served.
+
+Operators (docs/deployments.md, "Residency"): a principal is an operator when its key is one of
+the operator keys (``--operator-api-key-file``, ``WERK_OPERATOR_API_KEYS``), or when no key at
+all is configured (the shared local principal: the local user runs the server). Operator keys
+are accepted keys; a key given both ways is an operator's. Only operators change residency
+(load, unload, pin, a ``keep_alive`` outside the profile's bounds).
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ _SECRET_BYTES = 32
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated caller. ``id`` is opaque lowercase hex; never the key itself."""
+    """An authenticated caller. ``id`` is opaque lowercase hex; never the key itself.
+    ``operator``: the caller may change residency (see the module docstring)."""
 
     id: str
+    operator: bool = False
 
     def __repr__(self) -> str:
-        return f"Principal({self.id[:8]}…)"
+        return f"Principal({self.id[:8]}…{', operator' if self.operator else ''})"
 
 
 def load_or_create_namespace_secret(home: Path) -> bytes:
@@ -72,12 +80,15 @@ def _read_secret(path: Path) -> bytes:
 class Authenticator:
     """Checks presented keys in constant time and maps them to principals."""
 
-    def __init__(self, api_keys: tuple[str, ...], namespace_secret: bytes) -> None:
-        self._keys = tuple(k.encode() for k in api_keys if k)
+    def __init__(self, api_keys: tuple[str, ...], namespace_secret: bytes, operator_keys: tuple[str, ...] = ()) -> None:
+        operators = {k.encode() for k in operator_keys if k}
+        keys = dict.fromkeys(k.encode() for k in (*api_keys, *operator_keys) if k)
+        self._keys = tuple(keys)
         self._secret = namespace_secret
         # Derived once per configured key: a request pays the key comparisons, not an HMAC.
-        self._principals = tuple(self._derive(key) for key in self._keys)
-        self._local = Principal(hmac.new(namespace_secret, b"local-principal", hashlib.sha256).hexdigest())
+        self._principals = tuple(self._derive(key, key in operators) for key in self._keys)
+        local_id = hmac.new(namespace_secret, b"local-principal", hashlib.sha256).hexdigest()
+        self._local = Principal(local_id, operator=True)
 
     @property
     def enabled(self) -> bool:
@@ -96,8 +107,8 @@ class Authenticator:
                 found = principal
         return found
 
-    def _derive(self, key: bytes) -> Principal:
-        return Principal(hmac.new(self._secret, b"principal:" + key, hashlib.sha256).hexdigest())
+    def _derive(self, key: bytes, operator: bool) -> Principal:
+        return Principal(hmac.new(self._secret, b"principal:" + key, hashlib.sha256).hexdigest(), operator)
 
     def prompt_fingerprint(self, principal: Principal, material: bytes) -> str:
         """A principal-keyed fingerprint: identical prompts of two principals never collide."""
