@@ -211,6 +211,8 @@ _MESSAGES: Final[tuple[Any, ...]] = _lines(
 [{"role": "user", "content": "hi", "tool_calls": [{"function": {"name": "f", "arguments": "x"}}]}]
 [{"role": "user", "content": "hi", "thinking": 1}]
 [{"role": "user", "content": "hi", "name": {"a": 1}}]
+[{"role": "user", "content": "hi", "name": 1}]
+[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":1,"content":"x"}]
 [{"role": "user", "content": "\u0000\u0001\u001b[31m\u007f\u2028\ufeff"}]
 {"role": "user", "content": "hi"}
 """
