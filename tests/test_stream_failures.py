@@ -46,6 +46,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         self.send_response(200)
+        if not body.get("stream"):  # a document announced whole, of which only the start comes
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b'{"id": "c", "object": "chat.completion", ')
+            self.wfile.flush()
+            time.sleep(3600)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
@@ -241,6 +248,26 @@ def test_ollama_stream_ends_with_an_error_line_without_a_traceback(
     assert ended
     assert "error" in json.loads(body.strip().split(b"\n")[-1])
     no_traceback(caplog)
+
+
+def test_a_v1_document_whose_backend_is_killed_arrives_short_and_counts_as_failed(
+    live: tuple[LiveHost, RelayPlugin], backend: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    host, _ = live
+    document = {**CHAT, "stream": False}
+    raw = post_raw(
+        host.url, "/v1/chat/completions", document, after_first=b"chat.completion", then=lambda: kill(backend)
+    )
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"200" and b"content-length: 4096" in head.lower()
+    assert body == b'{"id": "c", "object": "chat.completion", '  # short, and the connection closed
+    no_traceback(caplog)
+    for _ in range(100):  # the answer is counted once the server has closed it
+        status, doc = host.api.get("/werk/v1/observability")
+        assert status == 200 and isinstance(doc, dict)
+        if doc["data"]["chat"]["requests_active"] == 0:
+            break
+    assert doc["data"]["chat"]["requests_failed"] == 1
 
 
 def test_a_hung_backend_answers_v1_with_a_retryable_503_within_the_first_byte_bound(
