@@ -253,6 +253,17 @@ def test_a_full_instance_queues_then_seats_in_order(home: Path) -> None:
         assert second.answer() == 200
 
 
+def test_by_default_one_keys_whole_allowance_waits_on_a_one_slot_instance(home: Path) -> None:
+    """The default queue is the per-key bound (3 here): a key's three streams on a one-slot
+    instance run one after the other, none refused."""
+    with live_host(home, capacity=1) as live:
+        streams = [live.chat(KEYS[0]) for _ in range(3)]
+        assert streams[0].answer() == 200
+        assert [s.answer(timeout=0.5) for s in streams[1:]] == [None, None]  # both queued
+        live.plugin.release.set()
+        assert [s.answer() for s in streams[1:]] == [200, 200]
+
+
 def test_a_queued_request_is_refused_when_its_wait_runs_out(home: Path) -> None:
     with live_host(home, capacity=1, inference_queue=4, inference_wait_s=0.3) as live:
         assert live.chat(KEYS[0]).answer() == 200
@@ -287,7 +298,7 @@ def test_a_client_that_leaves_gives_its_place_back(home: Path) -> None:
 def test_default_bounds_leave_a_reserve_below_the_thread_count() -> None:
     limits = gate_limits(ServerLimits())
     assert ServerLimits().threads == 32
-    assert (limits.host, limits.per_key) == (24, 12)
+    assert (limits.host, limits.per_key, limits.queue_bound) == (24, 12, 12)
     assert gate_limits(ServerLimits(threads=8)).host == 6
     assert gate_limits(ServerLimits(threads=3)).host == 1
     explicit = gate_limits(ServerLimits(threads=8, inference_max=7, inference_per_key=9))

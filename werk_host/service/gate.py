@@ -14,8 +14,9 @@ concurrency"):
   request is the shared local principal: one key.
 * **per instance**: at most its capacity run at once (the backend's
   ``ChatLimits.max_concurrent_requests``, e.g. llama.cpp's ordinary slots, else
-  :attr:`GateLimits.slots`); up to :attr:`GateLimits.queue` more (default
-  :data:`QUEUE_FACTOR` times the capacity) wait, first come first served, at most
+  :attr:`GateLimits.slots`); up to :attr:`GateLimits.queue` more (default: the per-key bound,
+  so that one key's whole allowance waits on an instance rather than being refused, while an
+  instance still holds well under the host-wide bound) wait, first come first served, at most
   :attr:`GateLimits.wait_s` seconds each.
 
 The host-wide and per-key bounds never wait: a request over them is refused at once, since a
@@ -45,15 +46,13 @@ from werk_host.errors import ErrorCode, WerkError
 
 #: The detail key of a refusal: seconds the client should wait before retrying.
 RETRY_AFTER: Final = "retry_after"
-#: The per-instance queue, in multiples of its capacity, when not configured.
-QUEUE_FACTOR: Final = 4
 #: How often a queued request checks that its client is still there.
 POLL_S: Final = 0.25
 
 
 @dataclass(frozen=True)
 class GateLimits:
-    """The gate's bounds (module docstring); ``queue`` ``None``: :data:`QUEUE_FACTOR` × capacity."""
+    """The gate's bounds (module docstring); ``queue`` ``None``: ``per_key``."""
 
     host: int
     per_key: int
@@ -70,8 +69,9 @@ class GateLimits:
         if not 0 < self.wait_s < math.inf or self.retry_after_s < 1:
             raise ValueError("the inference wait and retry-after must be positive")
 
-    def queue_for(self, capacity: int) -> int:
-        return self.queue if self.queue is not None else QUEUE_FACTOR * capacity
+    @property
+    def queue_bound(self) -> int:
+        return self.queue if self.queue is not None else self.per_key
 
 
 def _refusal(code: ErrorCode, message: str, openai_code: str, retry_after_s: int) -> WerkError:
@@ -137,7 +137,7 @@ class InferenceGate:
             if not seats.waiting and seats.running < capacity:
                 seats.running += 1
                 return
-            if len(seats.waiting) >= limits.queue_for(capacity):
+            if len(seats.waiting) >= limits.queue_bound:
                 raise self._busy()
             seats.waiting.append(ticket)
             try:
