@@ -10,6 +10,7 @@ A bounded Hypothesis part sends generated bodies; ``WERK_FUZZ_EXAMPLES`` raises 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,3 +76,29 @@ def test_hostile_corpus_gets_typed_client_errors(target: Target, path: str) -> N
 @given(case=hostile.strategies(MODEL))
 def test_generated_bodies_get_typed_client_errors(target: Target, case: hostile.Case) -> None:
     assert not target.check(case)
+
+
+def test_the_checker_sees_every_kind_of_defect() -> None:
+    """The checker itself: each defect it exists for is reported, and a clean reply is not."""
+    leaks = hostile.Leaks(secrets=(KEY,), paths=("/srv/werk-home",), pids=(4242,))
+    ollama, anthropic, openai = _route("/api/chat"), _route("/v1/messages"), _route("/v1/chat/completions")
+    refused = hostile.Case("refused", openai, b"{", refuse=True)
+
+    def seen(case: hostile.Case, status: int, body: bytes, content_type: str = "application/json") -> list[str]:
+        return hostile.problems(case, hostile.Reply(status, content_type, body), leaks)
+
+    assert seen(hostile.Case("ok", ollama, b"{}"), 400, b'{"error": "bad model"}') == []
+    assert (
+        seen(hostile.Case("ok", anthropic, b"{}"), 400, b'{"type": "error", "error": {"type": "x", "message": "m"}}')
+        == []
+    )
+    assert seen(refused, 400, b'{"error": {"message": "m", "type": "invalid_request_error"}}') == []
+    assert seen(refused, 200, b"{}") == ["an invalid request was accepted (200)"]
+    assert seen(hostile.Case("5xx", ollama, b"{}"), 502, b'{"error": "x"}') == ["server error 502"]
+    assert seen(hostile.Case("shape", ollama, b"{}"), 400, b'{"error": {"message": "m"}}')
+    assert seen(hostile.Case("shape", anthropic, b"{}"), 400, b'{"error": {"message": "m", "type": "t"}}')
+    assert seen(hostile.Case("text", openai, b"{}"), 400, b"Bad Request", "text/plain")
+    for leaked in (KEY, "/srv/werk-home/states", "pid 4242", 'File "x.py", line 3', "[json.exception.type_error.302]"):
+        body = json.dumps({"error": f"failed: {leaked}"}).encode()
+        assert seen(hostile.Case("leak", ollama, b"{}"), 400, body), leaked
+    assert seen(hostile.Case("no pid", ollama, b"{}"), 400, b'{"error": "req_42420 took 14242 ms"}') == []

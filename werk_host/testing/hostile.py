@@ -473,6 +473,25 @@ def _error_shape(family: Family, document: Any) -> str | None:
     return None
 
 
+def _readable(text: str) -> str:
+    """``text`` plus, when it is JSON, every string in it decoded (a leak may hide behind escapes)."""
+    try:
+        stack: list[Any] = [json.loads(text)]
+    except ValueError:
+        return text
+    strings = [text]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            strings.extend(str(key) for key in value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            strings.append(value)
+    return "\n".join(strings)
+
+
 def problems(case: Case, reply: Reply, leaks: Leaks, *, allowed_5xx: Iterable[int] = ()) -> list[str]:
     """Everything wrong with ``reply`` to ``case`` (an empty list: nothing)."""
     found: list[str] = []
@@ -480,7 +499,7 @@ def problems(case: Case, reply: Reply, leaks: Leaks, *, allowed_5xx: Iterable[in
         found.append(f"server error {reply.status}")
     elif case.refuse and reply.status < 400:
         found.append(f"an invalid request was accepted ({reply.status})")
-    text = reply.body.decode("utf-8", "replace")
+    text = _readable(reply.body.decode("utf-8", "replace"))
     for secret in leaks.secrets:
         if secret and secret in text:
             found.append("an API key in the body")
@@ -498,7 +517,7 @@ def problems(case: Case, reply: Reply, leaks: Leaks, *, allowed_5xx: Iterable[in
         found.append(f"error content type {reply.content_type!r}")
         return found
     try:
-        document = json.loads(text)
+        document = json.loads(reply.body)
     except ValueError:
         found.append("the error body is not JSON")
         return found
