@@ -23,8 +23,9 @@ from werk_host import hookimpl
 from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.cli import main
 from werk_host.config import ServerLimits
+from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import ChatLimits
-from werk_host.service.gate import GateLimits, InferenceGate, gate_limits
+from werk_host.service.gate import RETRY_AFTER, GateLimits, InferenceGate, gate_limits
 from werk_host.testing.hosts import MODEL, make_host, running
 from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin
 
@@ -331,10 +332,17 @@ def test_serve_options_reach_the_limits() -> None:
 
 
 def test_tickets_release_once() -> None:
-    gate = InferenceGate(GateLimits(host=1, per_key=1))
+    """A second release frees nothing more: the bounds hold exactly afterwards."""
+    gate = InferenceGate(GateLimits(host=2, per_key=2, queue=0))
     ticket = gate.enter("p")
     ticket.seat("i", 1)
     ticket.release()
     ticket.release()
-    assert gate.in_use() == (0, {"i": (0, 0)})
-    gate.enter("p").release()
+    first, second = gate.enter("p"), gate.enter("p")
+    with pytest.raises(WerkError) as refused:
+        gate.enter("p")
+    assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED and refused.value.details[RETRY_AFTER] >= 1
+    first.seat("i", 1)
+    with pytest.raises(WerkError) as busy:
+        second.seat("i", 1)  # capacity 1, no queue: one seat, not two
+    assert busy.value.code is ErrorCode.UNAVAILABLE and busy.value.retryable

@@ -120,11 +120,6 @@ class InferenceGate:
             self._per_key[principal_id] = held + 1
         return Ticket(self, principal_id)
 
-    def in_use(self) -> tuple[int, dict[str, tuple[int, int]]]:
-        """``(inside, {instance: (running, waiting)})``, for observation."""
-        with self._cond:
-            return self._inside, {k: (s.running, len(s.waiting)) for k, s in self._seats.items()}
-
     def _seat(self, ticket: Ticket, instance: str, capacity: int | None, gone: Callable[[], bool] | None) -> None:
         limits = self.limits
         capacity = capacity if capacity is not None and capacity > 0 else limits.slots
