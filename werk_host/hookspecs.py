@@ -61,7 +61,10 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:  # type:
 
     Each :class:`~werk_host.backend.AdapterFactory` names its backend id and owning plugin,
     says which models it ``accepts`` and builds adapters in ``create``. Must not start
-    processes: factories are cheap descriptions; work happens in ``create``.
+    processes: factories are cheap descriptions; work happens in ``create``. A factory may
+    give ``validate_options``: the host calls it with each deployment instance's profile
+    ``options`` when ``werk serve`` starts, and a :class:`ValueError` it raises refuses the
+    profile (docs/plugin-kit.md, "Options").
     """
 
 

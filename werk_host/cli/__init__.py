@@ -13,6 +13,7 @@ from typing import Any
 from werk_host import __version__
 from werk_host.cli import cache, chat, deployments, run, runtime
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits, StoreBounds
+from werk_host.deployments.durations import MAX_DURATION_S
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
 from werk_host.models import ModelManifest, ModelRegistry, parse_param
@@ -45,12 +46,22 @@ def _positive(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
+    """A positive number of seconds, at most the host's duration bound (a year,
+    werk_host/deployments/durations.py)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    if not 0 < value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, at most {MAX_DURATION_S:.0f}")
+    return value
+
+
+def _whole_seconds(text: str) -> int:
+    """A positive whole number of seconds, at most the host's duration bound."""
+    value = _positive(text)
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DURATION_S:.0f} seconds (a year)")
     return value
 
 
@@ -161,16 +172,16 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument(
         "--channel-timeout",
-        type=_positive,
+        type=_whole_seconds,
         default=limits.channel_timeout,
         help="seconds before a connection with no request in progress is closed",
     )
     p.add_argument(
-        "--cleanup-interval", type=_positive, default=limits.cleanup_interval, help="seconds between idle sweeps"
+        "--cleanup-interval", type=_whole_seconds, default=limits.cleanup_interval, help="seconds between idle sweeps"
     )
     p.add_argument(
         "--request-read-timeout",
-        type=_positive,
+        type=_whole_seconds,
         default=limits.request_read_timeout,
         help="seconds a request may take to arrive whole (headers and body), however steadily it trickles",
     )
@@ -194,7 +205,7 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument(
         "--inference-wait",
-        type=float,
+        type=_seconds,
         default=limits.inference_wait_s,
         help="seconds a queued request waits for its instance before a 503",
     )

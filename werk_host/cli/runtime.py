@@ -123,6 +123,7 @@ from werk_host.client import (
     WerkClientError,
     WerkProtocolClient,
 )
+from werk_host.deployments.durations import MAX_DURATION_S
 from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
     MAX_HANDOFF_BYTES,
@@ -626,8 +627,8 @@ def _timeout(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError("expected a positive number of seconds")
+    if not 0 < value <= MAX_DURATION_S:  # the host's duration bound: a year
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, at most {MAX_DURATION_S:.0f}")
     return value
 
 
