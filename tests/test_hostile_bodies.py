@@ -16,12 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from falcon.inspect import inspect_routes
 from hypothesis import HealthCheck, given, settings
 
 import werk_host
 from tests.conftest import KEY
+from werk_host.server import Host
 from werk_host.testing import hostile
 from werk_host.testing.hosts import MODEL, backend_host, running
+from werk_host.testing.reference import MemoryBackendPlugin
 
 EXAMPLES = int(os.environ.get("WERK_FUZZ_EXAMPLES", "25")) * 8
 REPO = str(Path(werk_host.__file__).resolve().parent.parent)
@@ -102,3 +105,9 @@ def test_the_checker_sees_every_kind_of_defect() -> None:
         body = json.dumps({"error": f"failed: {leaked}"}).encode()
         assert seen(hostile.Case("leak", ollama, b"{}"), 400, body), leaked
     assert seen(hostile.Case("no pid", ollama, b"{}"), 400, b'{"error": "req_42420 took 14242 ms"}') == []
+
+
+def test_the_corpus_covers_every_compat_route(test_host: tuple[Host, MemoryBackendPlugin]) -> None:
+    served = {route.path for route in inspect_routes(test_host[0].app)}
+    compat = {path for path in served if path.startswith(("/v1/", "/api/"))}
+    assert compat == {route.path for route in hostile.routes(MODEL)}
