@@ -130,16 +130,16 @@ class DeploymentSet:
                 f"{self.profile.source}: instance {spec.id}: no installed backend plugin serves "
                 f"model {manifest.name} ({wanted})"
             )
-        if factory.validate_options is not None:  # docs/deployments.md, "Validation"
-            try:
-                factory.validate_options(spec.options)
-            except ValueError as err:
-                raise ProfileError(f"{self.profile.source}: instance {spec.id}: options: {err}") from err
         options = dict(spec.options)
         if spec.endpoint is not None:
             options["endpoint"] = spec.endpoint
             if spec.api_key_env is not None:
                 options["api_key_env"] = spec.api_key_env
+        if factory.validate_options is not None:  # docs/deployments.md, "Validation"
+            try:
+                factory.validate_options(options)
+            except ValueError as err:
+                raise ProfileError(f"{self.profile.source}: instance {spec.id}: options: {err}") from err
         return Instance(spec, manifest, factory, instance_config(config, factory, options))
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -86,15 +86,23 @@ def _option_int(options: Mapping[str, object], name: str, low: int) -> int | Non
     return value
 
 
-def engine_settings(config: HostConfig) -> EngineSettings:
-    """The engine settings of ``config``: ``max_seqs`` (default 1) and ``prefix_cache_n``
-    (default 0; :data:`PERSISTENT_PREFIX_CACHE_N` under ``--persistence`` with reuse enabled)."""
-    options = dict(config.backend_options.get(PLUGIN_NAME, {}))
+def check_options(options: Mapping[str, object]) -> None:
+    """``invalid_request`` for an option the engine does not take or a bad value: what
+    :func:`engine_settings` refuses, asked of a profile's options when ``werk serve`` starts."""
     unknown = sorted(k for k in options if k not in OPTIONS)
     if unknown:
         raise WerkError(
             ErrorCode.INVALID_REQUEST, f"unknown backend option candle.{unknown[0]} (known: {', '.join(OPTIONS)})"
         )
+    _option_int(options, "max_seqs", 1)
+    _option_int(options, "prefix_cache_n", 0)
+
+
+def engine_settings(config: HostConfig) -> EngineSettings:
+    """The engine settings of ``config``: ``max_seqs`` (default 1) and ``prefix_cache_n``
+    (default 0; :data:`PERSISTENT_PREFIX_CACHE_N` under ``--persistence`` with reuse enabled)."""
+    options = dict(config.backend_options.get(PLUGIN_NAME, {}))
+    check_options(options)
     persistence = config.persistence
     reuse = persistence is not None and persistence.reuse is not ReusePolicy.DISABLED
     prefix = _option_int(options, "prefix_cache_n", 0)

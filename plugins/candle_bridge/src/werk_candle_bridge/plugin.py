@@ -9,9 +9,14 @@ Importing this module never imports the engine, so the plugin loads on every pla
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from pydantic import JsonValue
+
 from werk_host import hookimpl
 from werk_host.backend import AdapterFactory, CapabilityReport, InferenceResponse, JsonObject
 from werk_host.config import HostConfig
+from werk_host.errors import WerkError
 from werk_host.protocol import (
     CapabilityId,
     ChatLimits,
@@ -22,7 +27,15 @@ from werk_host.protocol import (
 )
 from werk_host.service.reasoning import unsupported_profile
 
-from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, CandleAdapter, accepts, create_adapter
+from .adapter import (
+    BACKEND_ID,
+    PLUGIN_NAME,
+    REPORTED_CAPABILITIES,
+    CandleAdapter,
+    accepts,
+    check_options,
+    create_adapter,
+)
 
 
 @hookimpl
@@ -35,8 +48,18 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
             create_adapter,
             "in-process mistral.rs (Candle) engine for GGUF models",
             capabilities=REPORTED_CAPABILITIES,
+            validate_options=_validate_options,
         )
     ]
+
+
+def _validate_options(options: Mapping[str, JsonValue]) -> None:
+    """An instance's profile options, checked when ``werk serve`` starts by the rules the engine
+    settings apply (docs/plugin-kit.md, "Options")."""
+    try:
+        check_options(options)
+    except WerkError as err:
+        raise ValueError(err.message) from err
 
 
 @hookimpl

@@ -8,9 +8,14 @@ those hooks are deliberately not implemented (the host answers them ``unsupporte
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from pydantic import JsonValue
+
 from werk_host import hookimpl
 from werk_host.backend import AdapterFactory, CapabilityReport, InferenceResponse, JsonObject
 from werk_host.config import HostConfig
+from werk_host.errors import WerkError
 from werk_host.protocol import (
     CapabilityId,
     ChatLimits,
@@ -22,6 +27,7 @@ from werk_host.protocol import (
 from werk_host.service.reasoning import unsupported_profile
 
 from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, VllmAdapter, accepts, create_adapter
+from .launch import parse_options
 
 
 @hookimpl
@@ -34,8 +40,18 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
             create_adapter,
             "vLLM: a Werk-started vllm serve (Hugging Face model directory) or a remote endpoint",
             capabilities=REPORTED_CAPABILITIES,
+            validate_options=_validate_options,
         )
     ]
+
+
+def _validate_options(options: Mapping[str, JsonValue]) -> None:
+    """An instance's profile options (``endpoint`` and ``api_key_env`` included), checked when
+    ``werk serve`` starts by the rules the adapter applies (docs/plugin-kit.md, "Options")."""
+    try:
+        parse_options(options)
+    except WerkError as err:
+        raise ValueError(err.message) from err
 
 
 @hookimpl
