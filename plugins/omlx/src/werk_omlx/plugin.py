@@ -8,9 +8,14 @@ not implemented: the host answers them ``unsupported``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from pydantic import JsonValue
+
 from werk_host import hookimpl
 from werk_host.backend import AdapterFactory, CapabilityReport, InferenceResponse, JsonObject
 from werk_host.config import HostConfig
+from werk_host.errors import WerkError
 from werk_host.protocol import (
     CapabilityId,
     ChatLimits,
@@ -24,7 +29,7 @@ from werk_host.protocol import (
 )
 from werk_host.service.reasoning import unsupported_profile
 
-from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, OmlxAdapter, accepts, create_adapter
+from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, OmlxAdapter, Settings, accepts, create_adapter
 
 
 @hookimpl
@@ -37,8 +42,18 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
             create_adapter,
             "MLX checkpoints in a Werk-owned mlx-lm worker with MoE expert offload (or omlx serve on Apple silicon)",
             capabilities=REPORTED_CAPABILITIES,
+            validate_options=_validate_options,
         )
     ]
+
+
+def _validate_options(options: Mapping[str, JsonValue]) -> None:
+    """An instance's profile options, checked when ``werk serve`` starts by the rules the worker
+    settings apply (docs/plugin-kit.md, "Options")."""
+    try:
+        Settings.parse(dict(options))
+    except WerkError as err:
+        raise ValueError(err.message) from err
 
 
 @hookimpl
