@@ -120,7 +120,8 @@ class TrafficB:
     def loop(self, i: int, state_slot: int) -> None:
         n = 0
         while not self.stop.is_set():
-            body: dict[str, Any] = {"model": "tiny", "prompt": text_of("B", 1000 * i + n), "max_tokens": 4}
+            # as long as A's prompts: a token count alone cannot tell B's KV from A's
+            body: dict[str, Any] = {"model": "tiny", "prompt": text_of("B", (n + 20 * i) % 40), "max_tokens": 4}
             if n % 3 == 1:
                 body["id_slot"] = state_slot  # the client asks for Werk's slot: never honoured
             elif n % 3 == 2:
@@ -156,7 +157,7 @@ def test_v1_traffic_never_reaches_a_state_being_prefilled_saved_or_decoded(env: 
     with TrafficB(env, threads=2, state_slot=state_slot) as traffic:
         deadline = time.monotonic() + PHASE_S
         n = 0
-        while n < 40 and time.monotonic() < deadline:
+        while n < 100 and time.monotonic() < deadline:
             text = text_of("A", n)
             status, body = env.prefill(text)
             if status == 200:
@@ -284,14 +285,13 @@ def test_prefill_and_decode_on_a_stopped_child_are_retryable_unavailable(env: En
 def test_v1_right_after_the_child_is_killed_waits_for_the_restart(env: Env) -> None:
     body = {"model": "tiny", "prompt": text_of("B", 1), "max_tokens": 2}
     assert env.b.post("/v1/completions", body)[0] == 200
-    answers = []
-    for _ in range(8):
+    for trial in range(8):
         proc = env.adapter.current()
-        assert proc is not None and proc.pid is not None
+        assert proc is not None and proc.pid is not None, f"trial {trial}: no child was restarted"
         os.kill(proc.pid, signal.SIGKILL)
-        answers.append(env.b.post("/v1/completions", body))
+        status, answer = env.b.post("/v1/completions", body)  # no pause: the death may not be seen yet
+        assert status == 200, (trial, answer)
         assert env.adapter.current() is not proc
-    assert [status for status, _ in answers] == [200] * 8, answers
 
 
 def test_router_hands_each_ordinary_slot_to_one_request_and_never_the_state_slot() -> None:
