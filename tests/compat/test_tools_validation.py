@@ -60,6 +60,10 @@ def _bodies() -> dict[str, dict[str, Any]]:
         bodies[f"tool_calls {name}"] = {"messages": messages}
     for name, choice in BAD_CHOICES.items():
         bodies[f"tool_choice {name}"] = {"messages": QUESTION, "tools": [TOOL], "tool_choice": choice}
+    for name, value in {"an object": {"a": 1}, "a number": 1}.items():
+        bodies[f"message name {name}"] = {"messages": [{"role": "user", "content": "hi", "name": value}]}
+    answered = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    bodies["tool_call_id a number"] = {"messages": [*answered, {"role": "tool", "tool_call_id": 1, "content": "x"}]}
     return bodies
 
 
@@ -85,7 +89,7 @@ def test_malformed_tools_are_400_on_chat(
     assert result.status_code == 400, result.text
     error = result.json["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request", error
-    assert "tool" in error["message"], error
+    assert "tool" in error["message"] or ".name" in error["message"], error
     assert _chat_total(client) == before  # refused before the backend
 
 

@@ -19,6 +19,7 @@ from pydantic import (
     JsonValue,
     PlainValidator,
     StrictInt,
+    StrictStr,
     TypeAdapter,
     ValidationError,
     model_validator,
@@ -211,6 +212,8 @@ class ChatMessage(BaseModel):
     role: ChatRole
     content: str | list[ContentPart] | None = None
     tool_calls: ToolCalls | None = None
+    name: StrictStr | None = None
+    tool_call_id: StrictStr | None = None
 
     @model_validator(mode="after")
     def _content_present(self) -> Self:
