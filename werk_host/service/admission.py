@@ -167,7 +167,8 @@ def plain_shape(request: ChatRequest) -> PlainShape | None:
     roles: list[ChatRole] = []
     sizes: list[int] = []
     for message in request.messages:
-        if message.model_extra or message.tool_calls is not None or not isinstance(message.content, str):
+        named = message.name is not None or message.tool_call_id is not None
+        if message.model_extra or named or message.tool_calls is not None or not isinstance(message.content, str):
             return None
         roles.append(message.role)
         sizes.append(len(message.content.encode("utf-8", "surrogatepass")))
