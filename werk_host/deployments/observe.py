@@ -8,7 +8,9 @@ backend's ``werk_workers`` hook, which may ask the backend itself (llama.cpp rea
 * Each instance has at most one observation call running, on its own daemon thread, never on
   the request's; the call's own bound is the backend's (``werk serve --backend-timeout``).
 * A request waits for that call at most ``wait_s`` (:data:`WAIT_S`); an observation younger
-  than ``fresh_s`` (:data:`FRESH_S`) is answered without a call.
+  than ``fresh_s`` (:data:`FRESH_S`) is answered without a call, unless a process it names has
+  exited since (a backend that replaces its own child keeps its adapter: the dead pid is the
+  evidence that the observation is stale).
 * A call that has not finished (or that failed) leaves the last completed observation of the
   same adapter in place, which is what the request gets; with none, ``None`` (the inventory's
   worker fields are then null: unknown, never guessed). A new adapter on the instance (a
@@ -22,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import psutil
 
 from werk_host.backend import Adapter
 from werk_host.protocol.telemetry import WorkerObservation
@@ -61,7 +65,7 @@ class WorkerWatch:
             if entry is None or entry.adapter is not adapter:
                 entry = self._entries[key] = _Entry(adapter)
         with entry.lock:
-            if time.monotonic() - entry.observed < self.fresh_s:
+            if time.monotonic() - entry.observed < self.fresh_s and _all_alive(entry.latest):
                 return entry.latest
             pending = entry.pending
             if pending is None:
@@ -85,3 +89,16 @@ class WorkerWatch:
                 entry.latest, entry.observed = latest, time.monotonic()
             entry.pending = None
         done.set()
+
+
+def _all_alive(observed: list[WorkerObservation] | None) -> bool:
+    """Whether every process an observation names still runs (a zombie has exited)."""
+    for worker in observed or ():
+        if worker.pid is None:
+            continue
+        try:
+            if psutil.Process(worker.pid).status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            return False
+    return True
