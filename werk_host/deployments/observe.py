@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 from werk_host.backend import Adapter
 from werk_host.protocol.telemetry import WorkerObservation
