@@ -1,5 +1,4 @@
-"""``werk plugins`` and ``werk models``: the plugin inventory and the model manifests under
-``WERK_HOME``."""
+"""``werk models``: the model manifests under ``WERK_HOME``."""
 
 from __future__ import annotations
 
@@ -8,25 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry, parse_param
 from werk_host.paths import werk_home
 
 
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True))
-
-
-# -- plugins -----------------------------------------------------------------------------
-def cmd_plugins(args: argparse.Namespace) -> int:
-    """The plugin inventory; offering the factories flags declared capability ids that are unknown."""
-    from werk_host.plugins import PluginHost
-
-    host = PluginHost()
-    host.load_entry_points()
-    host.adapter_factories(HostConfig(home=werk_home(None)))  # cheap by contract: starts nothing
-    print_json(host.inventory())
-    return 0
 
 
 # -- models ------------------------------------------------------------------------------
@@ -53,7 +39,6 @@ def cmd_models_rm(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    sub.add_parser("plugins", help="list discovered plugins").set_defaults(handler=cmd_plugins)
     p = sub.add_parser("models", help="manage model manifests")
     msub = p.add_subparsers(dest="models_command", required=True)
     add = msub.add_parser("add", help="register a model file (or a model directory's files) under NAME")
