@@ -38,8 +38,9 @@ class Run:
         return body
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> Run:
-    rc = main(["runtime", *argv])
+def run(capsys: pytest.CaptureFixture[str], *argv: str, json_output: bool = True) -> Run:
+    """``werk runtime ARGV`` (with ``--json`` unless ``json_output`` is false)."""
+    rc = main(["runtime", *argv, *(["--json"] if json_output else [])])
     captured = capsys.readouterr()
     return Run(rc, captured.out, captured.err)
 
@@ -556,10 +557,11 @@ def test_exit_code_table_is_distinct_and_documented() -> None:
     codes = list(runtime_cli.EXIT_CODES.values())
     assert len(codes) == len(set(codes))
     assert set(API_ERRORS.values()) <= set(runtime_cli.EXIT_CODES)
-    doc = runtime_cli.__doc__ or ""
+    doc = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
     for cls, code in runtime_cli.EXIT_CODES.items():
-        if code not in (1, 19):  # unreachable fallbacks
-            assert f"{code:<6}{cls.__name__}" in doc, cls
+        assert f"| {code:<4} | {cls.__name__:<32} |" in doc, cls
+    for code, what in ((0, "—"), (2, "(argparse)"), (130, "KeyboardInterrupt")):
+        assert f"| {code:<4} | {what:<32} |" in doc
 
 
 def test_no_key_or_handoff_in_any_output_or_log(

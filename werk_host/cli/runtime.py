@@ -1,133 +1,62 @@
-"""``werk runtime …``: a thin pretty-JSON interface over :class:`WerkProtocolClient`.
+"""``werk runtime …``: the Werk Protocol control plane of a running ``werk serve`` through
+:class:`~werk_host.client.WerkProtocolClient` (docs/cli.md, "werk runtime").
 
 Commands (every ``/werk/v1`` route)::
 
     werk runtime info | capabilities | memory | observability | deployments
-    werk runtime states list   [--model-id M] [--tier T] [--limit N] [--cursor C]
-    werk runtime states action STATE_ID {pin,unpin,promote,demote,evict} [--target-tier T]
-                               [--allow-experimental] [--execute]
-    werk runtime states prune  (--id ID ... | --all | --model-id/--tier/--older-than-unix-ms)
-                               [--execute]
-    werk runtime experts list  [--model-id M] [--tier T] [--limit N] [--cursor C] [--allow-experimental]
-    werk runtime experts action {prefetch,pin,unpin,evict} --model-id M --expert-id E ...
-                               [--target-tier T] [--allow-experimental] [--execute]
-    werk runtime prefill --model M (--text T | --messages-file F) --handoff-file PATH
-                         [--mode …] [--reuse …] [--ttl-seconds N] [--pin] [--[no-]allow-experimental]
-    werk runtime decode --handoff-file PATH [--next-handoff-file PATH] [--max-tokens N]
-                        [--temperature X] [--top-p X] [--seed N] [--stop S ...] [--allow-experimental]
-    werk runtime count-tokens | admission (--request-file F | --text T | --messages-file F)
-                        [--model M] [--max-tokens N]
-    werk runtime limits [--model M]
-    werk runtime reasoning [--model M] [--max-output-tokens N]
+    werk runtime states list | action | prune
+    werk runtime experts list | action
+    werk runtime prefill | decode
+    werk runtime count-tokens | admission | limits | reasoning
 
-Every command takes ``--server URL`` (default ``$WERK_SERVER``, else
-``http://127.0.0.1:11434``), ``--timeout SECONDS`` and ``--deployment ID``. The API key
-comes from ``WERK_API_KEY`` or, only when stdin is a terminal, a hidden prompt; it is never
-accepted on the command line.
-
-Mutations (``states action``, ``states prune``, ``experts action``) are previews
-(``dry_run: true``) unless ``--execute`` is given: check the preview, then repeat with
-``--execute``.
-
-Handoffs never reach the terminal: ``prefill`` creates ``--handoff-file`` (it must not exist;
-created 0600 with ``O_EXCL|O_NOFOLLOW``), writes the handoff there and prints the result with
-the handoff replaced by a note. ``decode`` reads the handoff from an owner-only regular file;
-a next handoff goes to ``--next-handoff-file`` (created like prefill's) or, when that is not
-given, atomically replaces the consumed handoff in ``--handoff-file``.
-
-Success prints pretty JSON on stdout and exits 0. A failure prints
-``{"error": {"type", "code", "message", "retryable", "request_id", "status"}}`` on stderr and
-exits with the code for its class (the most specific row wins):
-
-====  ===============================  ==================================================
-exit  error class                      meaning
-====  ===============================  ==================================================
-0     —                                success
-2     (argparse)                       command-line usage error
-3     TransportError                   cannot connect, or the connection failed
-4     ClientTimeoutError               the request deadline passed
-5     ProtocolViolationError           the answer is not a Werk Protocol 1.x envelope
-6     FramingError                     lying Content-Length, broken chunked framing
-7     ResponseTooLargeError            response body over 8 MiB
-8     RedirectError                    the server answered 3xx (never followed)
-9     VersionHeaderMismatchError       version header disagrees with the envelope
-10    IncompatibleVersionError         the envelope's protocol version is not consumable
-11    RequestTooLargeError             the encoded request exceeds 1 MiB (not sent)
-12    InvalidBaseUrlError              ``--server``/``WERK_SERVER`` is not http://HOST:PORT
-13    ClientConfigError                bad key, timeout, deployment or state id; unencodable
-14    InputError                       invalid local input (values, JSON files)
-15    HandoffFileError                 the handoff file cannot be created/read safely
-20    InvalidRequestError              server: invalid_request
-21    IncompatibleProtocolError        server: incompatible_protocol
-22    UnauthorizedError                server: unauthorized
-23    ForbiddenError                   server: forbidden
-24    NotFoundError                    server: not_found
-25    ConflictError                    server: conflict
-26    IncompatibleStateError           server: incompatible_state
-27    ExpiredHandoffError              server: expired_handoff
-28    ExperimentalOptInRequiredError   server: experimental_opt_in_required
-29    ResourceExhaustedError           server: resource_exhausted
-30    UnsupportedError                 server: unsupported
-31    UnavailableError                 server: unavailable
-32    CorruptStateError                server: corrupt_state
-33    InternalServerError              server: internal
-130   KeyboardInterrupt                interrupted
-====  ===============================  ==================================================
+Contracts: every command takes the connection options of :mod:`werk_host.cli.connection`
+(``--server``, ``--timeout``, ``--deployment``; the key from ``WERK_API_KEY`` or a prompt, never
+argv) and ``--json``. Success prints text on stdout (tables for ``states list``,
+``experts list`` and ``capabilities``, ``key: value`` lines otherwise) or, with ``--json``, the
+result as pretty JSON; exit 0. A failure prints one line ``werk: <problem> (<fix>)`` on stderr
+(the JSON error object under ``--json``) and exits with the code for its class
+(:data:`EXIT_CODES`, documented in docs/cli.md, "Output and exit codes"). Mutations are
+previews (``dry_run: true``) unless ``--execute``. Handoffs never reach the terminal: they live
+only in owner-only files (:mod:`werk_host.cli.handoffs`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import getpass
-import json
-import os
-import secrets
-import stat
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from werk_host.client import (
-    DEFAULT_SERVER,
-    DEFAULT_TIMEOUT,
-    ClientConfigError,
-    ClientTimeoutError,
-    ConflictError,
-    CorruptStateError,
-    ExperimentalOptInRequiredError,
-    ExpiredHandoffError,
-    ForbiddenError,
-    FramingError,
-    IncompatibleProtocolError,
-    IncompatibleStateError,
-    IncompatibleVersionError,
-    InternalServerError,
-    InvalidBaseUrlError,
-    InvalidRequestError,
-    NotFoundError,
-    ProtocolViolationError,
-    RedirectError,
-    RequestTooLargeError,
-    ResourceExhaustedError,
-    ResponseTooLargeError,
-    TransportError,
-    UnauthorizedError,
-    UnavailableError,
-    UnsupportedError,
-    VersionHeaderMismatchError,
-    WerkApiError,
-    WerkClientError,
-    WerkProtocolClient,
+from werk_host.cli.connection import (
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    KEY_ENV,
+    SERVER_ENV,
+    HandoffFileError,
+    InputError,
+    RefuseKeyOnArgv,
+    client_for,
+    connection_options,
+    describe_error,
+    emit_error,
+    exit_code_for,
+    server_of,
+    with_scheme,
 )
-from werk_host.deployments.durations import MAX_DURATION_S
+from werk_host.cli.handoffs import (
+    SecretFile,
+    handoff_note,
+    read_handoff_file,
+    read_input_file,
+    replace_secret_file,
+)
+from werk_host.cli.output import add_json_flag, emit, table
+from werk_host.client import WerkClientError
 from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
-    MAX_HANDOFF_BYTES,
-    MAX_REQUEST_BYTES,
     AllSelector,
     ChatRequest,
     DecodeRequest,
@@ -150,85 +79,27 @@ from werk_host.protocol import (
     Tier,
 )
 
-SERVER_ENV = "WERK_SERVER"
-KEY_ENV = "WERK_API_KEY"
-
-
-class InputError(Exception):
-    """Invalid local input (flag values, JSON files). Its message never echoes file contents."""
-
-    code = "invalid_input"
-
-
-class HandoffFileError(Exception):
-    """A handoff file could not be created, written or read safely."""
-
-    code = "handoff_file"
-
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-
-#: Error class -> exit code; the most specific class in an error's MRO wins.
-EXIT_CODES: dict[type[BaseException], int] = {
-    WerkClientError: 1,
-    TransportError: 3,
-    ClientTimeoutError: 4,
-    ProtocolViolationError: 5,
-    FramingError: 6,
-    ResponseTooLargeError: 7,
-    RedirectError: 8,
-    VersionHeaderMismatchError: 9,
-    IncompatibleVersionError: 10,
-    RequestTooLargeError: 11,
-    InvalidBaseUrlError: 12,
-    ClientConfigError: 13,
-    InputError: 14,
-    HandoffFileError: 15,
-    WerkApiError: 19,
-    InvalidRequestError: 20,
-    IncompatibleProtocolError: 21,
-    UnauthorizedError: 22,
-    ForbiddenError: 23,
-    NotFoundError: 24,
-    ConflictError: 25,
-    IncompatibleStateError: 26,
-    ExpiredHandoffError: 27,
-    ExperimentalOptInRequiredError: 28,
-    ResourceExhaustedError: 29,
-    UnsupportedError: 30,
-    UnavailableError: 31,
-    CorruptStateError: 32,
-    InternalServerError: 33,
-}
-
-
-def exit_code_for(error: BaseException) -> int:
-    for cls in type(error).__mro__:
-        if cls in EXIT_CODES:
-            return EXIT_CODES[cls]
-    return 1
-
-
-# -- output ------------------------------------------------------------------------------
-def _emit(value: Any) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True), flush=True)
-
-
-def emit_error(error: BaseException) -> None:
-    if isinstance(error, WerkClientError):
-        body = error.as_dict()
-    else:
-        body = {
-            "type": type(error).__name__,
-            "code": getattr(error, "code", "error"),
-            "message": str(error),
-            "retryable": False,
-            "request_id": None,
-            "status": None,
-        }
-    print(json.dumps({"error": body}, indent=2, sort_keys=True), file=sys.stderr, flush=True)
+#: Names other modules import from here (the connection layer lives in its own module).
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "KEY_ENV",
+    "SERVER_ENV",
+    "HandoffFileError",
+    "InputError",
+    "RefuseKeyOnArgv",
+    "client_for",
+    "connection_options",
+    "describe_error",
+    "emit_error",
+    "exit_code_for",
+    "read_handoff_file",
+    "register",
+    "server_of",
+    "with_scheme",
+]
 
 
 def _dump(value: BaseModel | list[Any]) -> Any:
@@ -251,158 +122,6 @@ def _build(factory: Callable[[], Any]) -> Any:
         return factory()
     except ValidationError as err:
         raise InputError(f"invalid input: {_validation_summary(err)}") from None
-
-
-# -- connection --------------------------------------------------------------------------
-def _api_key() -> str | None:
-    key = os.environ.get(KEY_ENV, "").strip()
-    if key:
-        return key
-    stdin = sys.stdin
-    if stdin is not None and stdin.isatty():
-        entered = getpass.getpass("Werk API key (empty for none): ").strip()
-        return entered or None
-    return None
-
-
-def client_for(args: argparse.Namespace) -> WerkProtocolClient:
-    server = args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER
-    return WerkProtocolClient(server, _api_key(), timeout=args.timeout, deployment=args.deployment)
-
-
-# -- files -------------------------------------------------------------------------------
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def _read_input_file(path: str, what: str) -> Any:
-    """Read a JSON file (``-`` = stdin), bounded at the protocol's 1 MiB request size."""
-    try:
-        if path == "-":
-            raw = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
-        else:
-            with open(path, "rb") as handle:
-                raw = handle.read(MAX_REQUEST_BYTES + 1)
-    except OSError as err:
-        raise InputError(f"cannot read the {what}: {err.strerror or type(err).__name__}") from None
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise InputError(f"the {what} exceeds {MAX_REQUEST_BYTES} bytes")
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise InputError(f"the {what} is not valid UTF-8 JSON") from None
-
-
-class _SecretFile:
-    """A new owner-only file: created 0600 with O_EXCL|O_NOFOLLOW, removed again if unused."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-        try:
-            self.fd: int | None = os.open(path, flags, 0o600)
-        except FileExistsError:
-            raise HandoffFileError(f"{path} already exists; refusing to overwrite a handoff file") from None
-        except OSError as err:
-            raise HandoffFileError(f"cannot create {path}: {err.strerror or type(err).__name__}") from None
-        try:
-            os.fchmod(self.fd, 0o600)
-            info = os.fstat(self.fd)
-        except OSError as err:
-            self.discard()
-            raise HandoffFileError(f"cannot secure {path}: {err.strerror or type(err).__name__}") from None
-        self._identity = (info.st_dev, info.st_ino)
-
-    def write(self, secret: str) -> None:
-        assert self.fd is not None
-        data = (secret + "\n").encode("utf-8")
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(self.fd, view)
-                view = view[written:]
-            os.fsync(self.fd)
-        except OSError as err:
-            self.discard()
-            raise HandoffFileError(
-                f"cannot write {self.path}: {err.strerror or type(err).__name__}; the handoff is lost"
-            ) from None
-        os.close(self.fd)
-        self.fd = None
-
-    def discard(self) -> None:
-        """Close and remove the file if it is still the one this object created."""
-        if self.fd is None:
-            return
-        try:
-            current = os.lstat(self.path)
-            if (current.st_dev, current.st_ino) == self._identity:
-                os.unlink(self.path)
-        except OSError:
-            pass
-        finally:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _replace_secret_file(path: str, secret: str) -> None:
-    """Atomically replace ``path`` with a new owner-only file holding ``secret``."""
-    target = Path(path)
-    temp = str(target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp"))
-    holder = _SecretFile(temp)
-    holder.write(secret)
-    try:
-        os.replace(temp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise HandoffFileError(
-            f"cannot replace {path}: {err.strerror or type(err).__name__}; the next handoff is lost"
-        ) from None
-
-
-def read_handoff_file(path: str) -> str:
-    """Read a handoff from an owner-only regular file that is not a symbolic link."""
-    flags = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as err:
-        raise HandoffFileError(f"cannot open {path}: {err.strerror or type(err).__name__}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise HandoffFileError(f"{path} is not a regular file")
-        if hasattr(os, "getuid") and info.st_uid != os.getuid():
-            raise HandoffFileError(f"{path} is not owned by the current user")
-        if info.st_mode & 0o077:
-            raise HandoffFileError(f"{path} is readable by others; it must be owner-only (chmod 600)")
-        limit = MAX_HANDOFF_BYTES + 2
-        raw = os.read(fd, limit + 1)
-    except OSError as err:
-        raise HandoffFileError(f"cannot read {path}: {err.strerror or type(err).__name__}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > limit:
-        raise HandoffFileError(f"{path} is larger than a handoff can be")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HandoffFileError(f"{path} is not UTF-8 text") from None
-    if text.endswith("\r\n"):
-        text = text[:-2]
-    elif text.endswith("\n"):
-        text = text[:-1]
-    if not text:
-        raise HandoffFileError(f"{path} is empty")
-    return text
-
-
-def _handoff_note(path: str) -> str:
-    return f"[secret handoff written to {path}; not shown]"
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -481,7 +200,7 @@ def cmd_experts_action(args: argparse.Namespace) -> Any:
 
 
 def _messages(path: str) -> list[Any]:
-    loaded = _read_input_file(path, "messages file")
+    loaded = read_input_file(path, "messages file")
     if isinstance(loaded, dict) and set(loaded) == {"messages"}:
         loaded = loaded["messages"]
     if not isinstance(loaded, list):
@@ -512,7 +231,7 @@ def cmd_prefill(args: argparse.Namespace) -> Any:
         )
     )
     client = client_for(args)
-    holder = _SecretFile(args.handoff_file)
+    holder = SecretFile(args.handoff_file)
     try:
         result = client.prefill(request)
     except BaseException:
@@ -520,7 +239,7 @@ def cmd_prefill(args: argparse.Namespace) -> Any:
         raise
     holder.write(result.handoff.get_secret_value())
     out = result.model_dump(mode="json", exclude={"handoff"})
-    out["handoff"] = _handoff_note(args.handoff_file)
+    out["handoff"] = handoff_note(args.handoff_file)
     return out
 
 
@@ -538,7 +257,7 @@ def cmd_decode(args: argparse.Namespace) -> Any:
         )
     )
     client = client_for(args)
-    holder = _SecretFile(args.next_handoff_file) if args.next_handoff_file else None
+    holder = SecretFile(args.next_handoff_file) if args.next_handoff_file else None
     try:
         result = client.decode(request)
     except BaseException:
@@ -552,16 +271,16 @@ def cmd_decode(args: argparse.Namespace) -> Any:
             holder.discard()
     elif holder is not None:
         holder.write(result.handoff.get_secret_value())
-        out["handoff"] = _handoff_note(args.next_handoff_file)
+        out["handoff"] = handoff_note(args.next_handoff_file)
     else:
-        _replace_secret_file(args.handoff_file, result.handoff.get_secret_value())
-        out["handoff"] = _handoff_note(args.handoff_file)
+        replace_secret_file(args.handoff_file, result.handoff.get_secret_value())
+        out["handoff"] = handoff_note(args.handoff_file)
     return out
 
 
 def _chat_request(args: argparse.Namespace) -> ChatRequest:
     if args.request_file is not None:
-        loaded = _read_input_file(args.request_file, "request file")
+        loaded = read_input_file(args.request_file, "request file")
         if not isinstance(loaded, dict):
             raise InputError("the request file must hold a JSON object (an OpenAI chat request)")
         if args.model is not None:
@@ -596,17 +315,94 @@ def cmd_reasoning(args: argparse.Namespace) -> Any:
     return _dump(client_for(args).reasoning(args.model, args.max_output_tokens))
 
 
+# -- text output -------------------------------------------------------------------------
+Text = Callable[[Any], str]
+
+
+def _size(value: object) -> str | None:
+    """Bytes as B/KiB/MiB/GiB (``None`` when unknown)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    if value < 1024:
+        return f"{value} B"
+    scaled, unit = float(value) / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if scaled < 1024:
+            break
+        scaled, unit = scaled / 1024, bigger
+    return f"{scaled:.1f} {unit}"
+
+
+def _yes(flag: object) -> str:
+    return "yes" if flag else "no"
+
+
+def _page(value: Any, key: str, columns: tuple[str, ...], row: Callable[[Any], list[object]]) -> str:
+    items = value.get(key) or []
+    lines = [table(columns, [row(item) for item in items]) if items else f"no {key}"]
+    if value.get("next_cursor"):
+        lines.append(f"more: repeat with --cursor {value['next_cursor']}")
+    return "\n".join(lines)
+
+
+def states_text(value: Any) -> str:
+    """``states list``: one row per state, then the next page's cursor."""
+    return _page(
+        value,
+        "states",
+        ("ID", "MODEL", "BACKEND", "TIER", "STATUS", "SIZE", "PINNED", "REUSABLE"),
+        lambda s: [
+            s.get("id"),
+            s.get("model_id"),
+            s.get("backend"),
+            s.get("tier"),
+            s.get("status"),
+            _size(s.get("bytes")),
+            _yes(s.get("pinned")),
+            _yes(s.get("reusable")),
+        ],
+    )
+
+
+def experts_text(value: Any) -> str:
+    """``experts list``: one row per expert, then the next page's cursor."""
+    return _page(
+        value,
+        "experts",
+        ("ID", "MODEL", "TIER", "SIZE", "HOTNESS", "PINNED"),
+        lambda e: [
+            e.get("id"),
+            e.get("model_id"),
+            e.get("tier"),
+            _size(e.get("bytes")),
+            e.get("hotness"),
+            _yes(e.get("pinned")),
+        ],
+    )
+
+
+def capabilities_text(value: Any) -> str:
+    """``capabilities``: id, status, operations and detail, one capability a row."""
+    if not value:
+        return "no capabilities"
+    rows = [
+        [c.get("id"), c.get("status"), ",".join(c.get("operations") or []) or None, c.get("detail") or None]
+        for c in value
+    ]
+    return table(("CAPABILITY", "STATUS", "OPERATIONS", "DETAIL"), rows)
+
+
 # -- parser ------------------------------------------------------------------------------
-def _dispatch(command: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
+def _dispatch(command: Callable[[argparse.Namespace], Any], text: Text | None) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         try:
             result = command(args)
         except (WerkClientError, InputError, HandoffFileError) as err:
-            emit_error(err)
+            emit_error(err, args)
             return exit_code_for(err)
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
-        _emit(result)
+        emit(args, result, None if text is None else text(result))
         return EXIT_OK
 
     return handler
@@ -622,42 +418,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected seconds") from None
-    if not 0 < value <= MAX_DURATION_S:  # the host's duration bound: a year
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, at most {MAX_DURATION_S:.0f}")
-    return value
-
-
-class RefuseKeyOnArgv(argparse.Action):
-    """A key option (``--api-key``) that exists only to refuse it without echoing the value (argv
-    lands in shell history and in ``/proc/PID/cmdline``, readable by every local user). ``const``
-    says where the key goes instead (default: this client's environment variable or prompt)."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        instead = self.const or f"set {KEY_ENV} or answer the prompt"
-        parser.error(f"the API key is never read from the command line; {instead}")
-
-
-def connection_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--api-key", action=RefuseKeyOnArgv, help=argparse.SUPPRESS)
-    group = common.add_argument_group("connection")
-    group.add_argument("--server", help=f"http://HOST:PORT (default: ${SERVER_ENV} or {DEFAULT_SERVER})")
-    group.add_argument("--timeout", type=_timeout, default=DEFAULT_TIMEOUT, help="seconds per request (default 30)")
-    group.add_argument("--deployment", help="deployment instance id sent as X-Werk-Deployment")
-    return common
-
-
 def _execute_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--execute", action="store_true", help="act for real; without it the server only previews (dry_run)"
@@ -671,31 +431,36 @@ def _experimental_flag(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add ``werk runtime …`` to the ``werk`` command's sub-parsers."""
     common = connection_options()
-    doc = (__doc__ or "").replace("``", "")
+    codes = "\n".join(f"  {code:<4} {cls.__name__}" for cls, code in sorted(EXIT_CODES.items(), key=lambda kv: kv[1]))
     runtime = subparsers.add_parser(
         "runtime",
         help="drive the Werk Protocol control plane of a running server",
         description="Drive the Werk Protocol 1.0 control plane of a running werk serve. Mutations are "
         "previews unless --execute is given; handoffs only ever live in owner-only files.",
-        epilog=doc[doc.find("Success prints") :] if "Success prints" in doc else None,
+        epilog="Success prints text (--json: the result as JSON) and exits 0; a failure prints one line "
+        "werk: <problem> (<fix>) on stderr (--json: a JSON error object) and exits with the code for its "
+        f"class (docs/cli.md, Output and exit codes):\n{codes}\n  130  interrupted",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = runtime.add_subparsers(dest="runtime_command", required=True, metavar="COMMAND")
 
-    def leaf(parent: Any, name: str, help_text: str, command: Callable[[argparse.Namespace], Any]) -> Any:
+    def leaf(
+        parent: Any, name: str, help_text: str, command: Callable[[argparse.Namespace], Any], text: Text | None = None
+    ) -> Any:
         parser = parent.add_parser(name, help=help_text, parents=[common])
-        parser.set_defaults(handler=_dispatch(command))
+        add_json_flag(parser)
+        parser.set_defaults(handler=_dispatch(command, text))
         return parser
 
     leaf(sub, "info", "runtime info and negotiated limits", _simple("info"))
-    leaf(sub, "capabilities", "capability statuses", _simple("capabilities"))
+    leaf(sub, "capabilities", "capability statuses", _simple("capabilities"), capabilities_text)
     leaf(sub, "memory", "memory telemetry and accounting", _simple("memory"))
     leaf(sub, "observability", "chat, worker and memory observations", _simple("observability"))
     leaf(sub, "deployments", "deployment inventory, plans and slots", _simple("deployments"))
 
     states = sub.add_parser("states", help="named runtime states")
     ssub = states.add_subparsers(dest="states_command", required=True, metavar="COMMAND")
-    p = leaf(ssub, "list", "one page of states", cmd_states_list)
+    p = leaf(ssub, "list", "one page of states", cmd_states_list, states_text)
     p.add_argument("--model-id")
     p.add_argument("--tier", choices=[t.value for t in Tier])
     p.add_argument("--limit", type=_positive_int, default=100)
@@ -718,7 +483,7 @@ def register(subparsers: Any) -> None:
 
     experts = sub.add_parser("experts", help="MoE expert residency")
     esub = experts.add_subparsers(dest="experts_command", required=True, metavar="COMMAND")
-    p = leaf(esub, "list", "one page of expert metadata", cmd_experts_list)
+    p = leaf(esub, "list", "one page of expert metadata", cmd_experts_list, experts_text)
     p.add_argument("--model-id")
     p.add_argument("--tier", choices=[t.value for t in ExpertTier])
     p.add_argument("--limit", type=_positive_int, default=100)
