@@ -328,11 +328,11 @@ def test_werk_runtime_selects_an_instance_with_deployment(
     host, _, _ = env
     with running(host) as url:
         monkeypatch.setenv("WERK_API_KEY", KEY)
-        assert main(["runtime", "limits", "--server", url, "--deployment", "b"]) == 0
+        assert main(["runtime", "limits", "--server", url, "--deployment", "b", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["model"] == "beta"
-        assert main(["runtime", "info", "--server", url, "--deployment", "pair"]) != 0
+        assert main(["runtime", "info", "--server", url, "--deployment", "pair", "--json"]) != 0
         assert json.loads(capsys.readouterr().err)["error"]["code"] == "invalid_request"
-        assert main(["runtime", "info", "--server", url, "--deployment", "nope"]) != 0
+        assert main(["runtime", "info", "--server", url, "--deployment", "nope", "--json"]) != 0
         assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
 
 

@@ -235,7 +235,7 @@ def test_werk_runtime_experts_cli(live: LiveHost) -> None:
     base = [sys.executable, "-m", "werk_host.cli", "runtime", "experts"]
 
     def run(*args: str) -> dict[str, Any]:
-        done = subprocess.run([*base, *args, "--server", live.url], env=env, capture_output=True, timeout=120)
+        done = subprocess.run([*base, *args, "--server", live.url, "--json"], env=env, capture_output=True, timeout=120)
         assert done.returncode == 0, done.stderr.decode()
         result: dict[str, Any] = json.loads(done.stdout)
         return result
