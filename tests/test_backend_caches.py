@@ -30,23 +30,23 @@ def test_list_marks_active_entries_and_purge_keeps_them(tmp_path: Path) -> None:
         canary.write_text("keep me")
         (dead / "link").symlink_to(canary)
         out = io.StringIO()
-        assert cmd_list(Namespace(home=str(home)), out=out) == 0
+        assert cmd_list(Namespace(home=str(home), json=True), out=out) == 0
         listed = {e["id"]: e for e in json.loads(out.getvalue())["backend_caches"]}
         assert listed["backend:llamacpp/gen-live"]["active"] is True
         assert listed["backend:llamacpp/gen-live"]["bytes"] == 100
         assert listed["backend:llamacpp/gen-dead"]["bytes"] == 50
         preview = io.StringIO()
-        assert cmd_purge(Namespace(home=str(home), id=None, purge_all=True, dry_run=True), out=preview) == 0
+        assert cmd_purge(Namespace(home=str(home), id=None, purge_all=True, dry_run=True, json=True), out=preview) == 0
         assert [b["id"] for b in json.loads(preview.getvalue())["backend_caches"]] == ["backend:llamacpp/gen-dead"]
         assert dead.exists()
         done = io.StringIO()
-        assert cmd_purge(Namespace(home=str(home), id=None, purge_all=True, dry_run=False), out=done) == 0
+        assert cmd_purge(Namespace(home=str(home), id=None, purge_all=True, dry_run=False, json=True), out=done) == 0
         assert not dead.exists() and live.exists()
         assert canary.read_text() == "keep me"  # the planted link was removed, not followed
         err = io.StringIO()
         assert (
             cmd_purge(
-                Namespace(home=str(home), id="backend:llamacpp/gen-live", purge_all=False, dry_run=False),
+                Namespace(home=str(home), id="backend:llamacpp/gen-live", purge_all=False, dry_run=False, json=True),
                 out=io.StringIO(),
                 err=err,
             )

@@ -74,6 +74,7 @@ def test_models_add_list_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                 "max_output_tokens=512",
                 "--home",
                 str(home),
+                "--json",
             ]
         )
         == 0
@@ -82,11 +83,11 @@ def test_models_add_list_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert added["files"][0]["bytes"] == 64
     assert added["params"] == {"max_output_tokens": 512}
     assert len(added["files"][0]["sha256"]) == 64
-    assert main(["models", "list", "--home", str(home)]) == 0
+    assert main(["models", "list", "--home", str(home), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [m["name"] for m in listed] == ["demo"] and listed[0]["identity"] == added["identity"]
     weights.write_bytes(b"GGUF" + b"\1" * 60)  # same name, new content: a new identity
-    assert main(["models", "add", "demo", str(weights), "--home", str(home)]) == 0
+    assert main(["models", "add", "demo", str(weights), "--home", str(home), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["identity"] != added["identity"]
     assert main(["models", "rm", "demo", "--home", str(home)]) == 0
     assert main(["models", "rm", "demo", "--home", str(home)]) == 1
@@ -97,7 +98,7 @@ def test_models_add_list_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (model_dir / name).write_text(name)
     (model_dir / ".cache").mkdir()
     capsys.readouterr()
-    assert main(["models", "add", "hf", str(model_dir), "--backend", "vllm", "--home", str(home)]) == 0
+    assert main(["models", "add", "hf", str(model_dir), "--backend", "vllm", "--home", str(home), "--json"]) == 0
     files = [Path(f["path"]).name for f in json.loads(capsys.readouterr().out)["files"]]
     assert files == ["config.json", "model.safetensors", "tokenizer.json"]  # every file of the directory
 

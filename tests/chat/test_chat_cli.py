@@ -106,7 +106,7 @@ def test_run_through_a_server_streams_the_answer_and_keeps_the_archive_on_the_cl
 @pytest.mark.parametrize(
     ("args", "env_change", "status", "text"),
     [
-        (["--server", "{url}"], {"WERK_API_KEY": "sk-wrong-key-000"}, 1, "werk run: error: "),
+        (["--server", "{url}"], {"WERK_API_KEY": "sk-wrong-key-000"}, 1, "did not accept the API key in WERK_API_KEY"),
         (["--server", "http://127.0.0.1:9"], {}, 1, "cannot reach werk serve"),
         (["--server", "https://example.com:1"], {}, 2, "only http://"),
         (["--server", "{url}", "--max-tokens", "5000"], {}, 2, "output tokens"),
@@ -184,7 +184,7 @@ def test_chat_in_a_terminal_through_a_server(served: LiveHost, client_env: dict[
 
 def cache(home: Path, capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
     capsys.readouterr()
-    assert main(["cache", *args, "--home", str(home)]) == 0
+    assert main(["cache", *args, "--home", str(home), "--json"]) == 0
     parsed: dict[str, object] = json.loads(capsys.readouterr().out)
     return parsed
 

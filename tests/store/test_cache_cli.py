@@ -40,7 +40,7 @@ with filelock.FileLock(sys.argv[1] + "/.lock"):
 def run_cli(capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> tuple[int, Any, str]:
     parser = argparse.ArgumentParser(prog="werk")
     cache_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args([*argv, "--home", str(home)])
+    args = parser.parse_args([*argv, "--home", str(home), "--json"])
     code = args.handler(args)
     captured = capsys.readouterr()
     return code, json.loads(captured.out) if captured.out.strip() else None, captured.err

@@ -256,8 +256,9 @@ class RemoteTransport:
                 raise _answer_error(resp.status, raw)
         except (OSError, http.client.HTTPException) as err:
             conn.close()
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else one_line(str(err), 120)
             raise WerkError(
-                ErrorCode.UNAVAILABLE, f"cannot reach werk serve at {self.endpoint.url} ({one_line(str(err), 120)})"
+                ErrorCode.UNAVAILABLE, f"cannot reach werk serve at {self.endpoint.url}: {reason.lower()}"
             ) from err
         except BaseException:
             conn.close()

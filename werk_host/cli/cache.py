@@ -8,8 +8,13 @@ chat sessions (archive and native snapshot listed apart) in ``WERK_HOME/chat-ses
 A purge of runtime states takes the same process mutex and ``.lock`` advisory lock as a running
 server, and the other parts honour their owner locks, so a purge is safe while one runs.
 ``list`` is strictly read-only. Purge skips pinned states and active ones (a payload currently
-open for use by any process). Output is JSON on stdout; errors are JSON on stderr with a
-non-zero exit status.
+open for use by any process).
+
+Output (docs/cli.md, "werk cache"): ``list`` prints a table (ID, OWNER, KIND, MODEL, SIZE,
+MARKS, TIER) and a totals line; ``purge`` one summary line of what went (or, with
+``--dry-run``, would go) and what was skipped. ``--json`` prints the full JSON documents for
+scripts. An error is one line ``werk: <problem> (<fix>)`` on stderr (the JSON error object
+under ``--json``); exit status 0 done, 1 no such (inactive) entry, 2 a usage error.
 """
 
 from __future__ import annotations
@@ -17,26 +22,125 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from werk_host import backend_caches
 from werk_host.chat import inventory as chat_sessions
+from werk_host.cli.output import add_json_flag, human_bytes, table, wants_json
 from werk_host.errors import WerkError, invalid, not_found
 from werk_host.paths import werk_home
 from werk_host.store import StateStore, runtime_state_root
+
+LIST_COLUMNS = ("ID", "OWNER", "KIND", "MODEL", "SIZE", "MARKS", "TIER")
+#: Where every entry ``werk cache`` manages lives (RAM/VRAM tiers belong to a running server:
+#: ``werk runtime states list``).
+DISK_TIER = "disk"
 
 
 def _store(args: argparse.Namespace) -> StateStore:
     return StateStore(runtime_state_root(werk_home(getattr(args, "home", None))))
 
 
-def _emit(value: Any, out: TextIO) -> None:
-    out.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+def _emit(args: argparse.Namespace, value: Any, out: TextIO, text: str) -> None:
+    out.write((json.dumps(value, indent=2, sort_keys=True) if wants_json(args) else text) + "\n")
+    out.flush()
 
 
-def _fail(err: WerkError, err_out: TextIO) -> int:
-    err_out.write(json.dumps({"error": {"code": err.code.value, "message": err.public_message()}}) + "\n")
+_FIXES = {
+    "invalid_request": "werk cache purge ID, or werk cache purge --all [--dry-run]",
+    "not_found": "see the ids with: werk cache list",
+}
+
+
+def _fail(args: argparse.Namespace, err: WerkError, err_out: TextIO) -> int:
+    if wants_json(args):
+        err_out.write(json.dumps({"error": {"code": err.code.value, "message": err.public_message()}}) + "\n")
+    else:
+        fix = _FIXES.get(err.code.value)
+        err_out.write(f"werk: {err.public_message().rstrip('.')}" + (f" ({fix})" if fix else "") + "\n")
+    err_out.flush()
     return 2 if err.code.value == "invalid_request" else 1
+
+
+def _marks(entry: Mapping[str, Any]) -> str:
+    names = ("pinned", "active", "expired", "invalid")
+    return ",".join(n for n in names if entry.get(n)) or "-"
+
+
+def _size(value: object) -> str:
+    return human_bytes(value) if isinstance(value, int) and not isinstance(value, bool) else "-"
+
+
+def list_text(doc: Mapping[str, Any]) -> str:
+    """``werk cache list`` as a table: runtime states (owner: the principal's prefix), backend
+    caches (owner: the plugin), chat sessions (a row per part), then the totals."""
+    rows: list[list[object]] = []
+    for e in doc["runtime_states"]:
+        owner = f"{e['principal_prefix']}…" if e.get("principal_prefix") else None
+        size = e.get("disk_bytes") if e.get("disk_bytes") is not None else e.get("bytes")
+        rows.append([e["id"], owner, e["kind"], e.get("model_id"), _size(size), _marks(e), DISK_TIER])
+    for b in doc["backend_caches"]:
+        rows.append([b["id"], b["plugin"], "backend_cache", None, _size(b["bytes"]), _marks(b), DISK_TIER])
+    for c in doc["chat_sessions"]:
+        archive, native = c.get("archive"), c.get("native_snapshot")
+        marks = _marks(c)
+        if archive is not None:
+            kind = f"chat archive ({archive.get('messages')} messages)"
+            rows.append([archive["id"], "chat", kind, archive.get("model"), _size(archive["bytes"]), marks, DISK_TIER])
+        if native is not None:
+            kind = "chat snapshot" + ("" if native.get("receipt") else " (no receipt)")
+            rows.append([native["id"], "chat", kind, None, _size(native["bytes"]), marks, DISK_TIER])
+    t = doc["totals"]
+    entries = t["entries"] + t["backend_caches"] + t["chat_sessions"]
+    totals = (
+        f"{entries} entries, {human_bytes(t['disk_bytes'])} on disk: {t['states']} states "
+        f"({t['pinned']} pinned, {t['active']} active, {t['expired']} expired, {t['invalid']} invalid), "
+        f"{t['quarantined']} quarantined, {t['backend_caches']} backend caches ({t['backend_caches_active']} active), "
+        f"{t['chat_sessions']} chat sessions ({t['chat_sessions_active']} active)"
+    )
+    if not rows:
+        return "nothing cached (" + totals + ")"
+    return table(LIST_COLUMNS, rows) + "\n" + totals
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def purge_text(doc: Mapping[str, Any]) -> str:
+    """One line: what a purge removed (``would remove`` for a dry run) and what it skipped."""
+    parts: list[str] = []
+    freed = 0
+    if "removed" in doc:  # runtime states
+        n = doc["matched"] - doc["skipped_pinned"] - doc["skipped_active"] if doc["dry_run"] else doc["removed"]
+        if n:
+            parts.append(_count(n, "runtime state"))
+        freed += doc.get("bytes") or 0
+    caches = doc.get("backend_caches") or []
+    if caches:
+        parts.append(_count(len(caches), "backend cache"))
+        freed += sum(int(b.get("bytes") or 0) for b in caches)
+    chats = doc.get("chat_sessions") or []
+    sessions = [c for c in chats if c.get("part") == "session"]
+    if sessions:
+        parts.append(_count(len(sessions), "chat session"))
+    if len(chats) - len(sessions):
+        parts.append(_count(len(chats) - len(sessions), "chat snapshot"))
+    freed += sum(int(c.get("bytes") or 0) for c in chats)
+    verb = "would remove" if doc.get("dry_run") else "removed"
+    line = f"{verb} {', '.join(parts)} ({human_bytes(freed)})" if parts else f"{verb} nothing"
+    skipped = []
+    if doc.get("skipped_pinned"):
+        skipped.append(f"{doc['skipped_pinned']} pinned")
+    active = (doc.get("skipped_active") or 0) + len(doc.get("chat_sessions_skipped_active") or [])
+    if active:
+        skipped.append(f"{active} active")
+    if skipped:
+        line += "; skipped " + ", ".join(skipped) + " (unpin, or stop what uses them, then purge again)"
+    if doc.get("dry_run"):
+        line += "; nothing was changed (run it again without --dry-run)"
+    return line
 
 
 def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
@@ -47,30 +151,28 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     home = werk_home(getattr(args, "home", None))
     backends = backend_caches.inventory(home)
     chats = chat_sessions.inventory(home)
-    _emit(
-        {
-            "runtime_states": [e.to_json() for e in entries],
-            "backend_caches": [b.to_json() for b in backends],
-            "chat_sessions": [c.to_json() for c in chats],
-            "totals": {
-                "entries": len(entries),
-                "states": len(states),
-                "pinned": sum(1 for e in states if e.pinned),
-                "active": sum(1 for e in entries if e.active),
-                "expired": sum(1 for e in states if e.expired),
-                "invalid": sum(1 for e in states if e.invalid),
-                "quarantined": sum(1 for e in entries if e.kind == "quarantine"),
-                "disk_bytes": sum(e.disk_bytes or 0 for e in entries)
-                + sum(b.bytes for b in backends)
-                + sum(c.disk_bytes for c in chats),
-                "backend_caches": len(backends),
-                "backend_caches_active": sum(1 for b in backends if b.active),
-                "chat_sessions": len(chats),
-                "chat_sessions_active": sum(1 for c in chats if c.active),
-            },
+    doc: dict[str, Any] = {
+        "runtime_states": [e.to_json() for e in entries],
+        "backend_caches": [b.to_json() for b in backends],
+        "chat_sessions": [c.to_json() for c in chats],
+        "totals": {
+            "entries": len(entries),
+            "states": len(states),
+            "pinned": sum(1 for e in states if e.pinned),
+            "active": sum(1 for e in entries if e.active),
+            "expired": sum(1 for e in states if e.expired),
+            "invalid": sum(1 for e in states if e.invalid),
+            "quarantined": sum(1 for e in entries if e.kind == "quarantine"),
+            "disk_bytes": sum(e.disk_bytes or 0 for e in entries)
+            + sum(b.bytes for b in backends)
+            + sum(c.disk_bytes for c in chats),
+            "backend_caches": len(backends),
+            "backend_caches_active": sum(1 for b in backends if b.active),
+            "chat_sessions": len(chats),
+            "chat_sessions_active": sum(1 for c in chats if c.active),
         },
-        out,
-    )
+    }
+    _emit(args, doc, out, list_text(doc))
     return 0
 
 
@@ -89,13 +191,15 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
             chats = chat_sessions.purge(home, cache_id=cache_id, dry_run=bool(args.dry_run))
             if not chats.removed:
                 raise not_found("no inactive chat-session entry with that id")
-            _emit({**chats.to_json(), "dry_run": bool(args.dry_run)}, out)
+            doc = {**chats.to_json(), "dry_run": bool(args.dry_run)}
+            _emit(args, doc, out, purge_text(doc))
             return 0
         if cache_id is not None and cache_id.startswith("backend:"):
             removed = backend_caches.purge(home, ids=backend_ids, dry_run=bool(args.dry_run))
             if not removed:
                 raise not_found("no inactive backend cache entry with that id")
-            _emit({"backend_caches": [b.to_json() for b in removed], "dry_run": bool(args.dry_run)}, out)
+            doc = {"backend_caches": [b.to_json() for b in removed], "dry_run": bool(args.dry_run)}
+            _emit(args, doc, out, purge_text(doc))
             return 0
         outcome = _store(args).purge(
             ids=[cache_id] if cache_id is not None else None,
@@ -111,17 +215,24 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
             chats = chat_sessions.purge(home, cache_id=None, include_sessions=include, dry_run=bool(args.dry_run))
             chat_part = chats.to_json()
     except WerkError as exc:
-        return _fail(exc, err)
-    _emit({**outcome.to_json(), "backend_caches": [b.to_json() for b in removed], **chat_part}, out)
+        return _fail(args, exc, err)
+    doc = {**outcome.to_json(), "backend_caches": [b.to_json() for b in removed], **chat_part}
+    _emit(args, doc, out, purge_text(doc))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``cache`` command group (``list``, ``purge``) to the ``werk`` parser."""
-    cache = subparsers.add_parser("cache", help="inspect and clean local runtime-state storage")
+    cache = subparsers.add_parser(
+        "cache",
+        help="inspect and clean local runtime-state storage",
+        description="Runtime states, backend caches and chat sessions under WERK_HOME.",
+        epilog="exit status: 0 done, 1 no such (inactive) entry, 2 usage error (docs/cli.md)",
+    )
     sub = cache.add_subparsers(dest="cache_command", required=True)
     lst = sub.add_parser("list", help="inventory runtime states with sizes, pinned and active marks")
     lst.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
+    add_json_flag(lst)
     lst.set_defaults(handler=cmd_list)
     purge = sub.add_parser("purge", help="remove a runtime state (or --all), skipping pinned/active")
     purge.add_argument("id", nargs="?", metavar="ID", help="state id or quarantine entry from `cache list`")
@@ -133,4 +244,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --all: remove inactive chat sessions' conversation archives too (kept otherwise)",
     )
     purge.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
+    add_json_flag(purge)
     purge.set_defaults(handler=cmd_purge)

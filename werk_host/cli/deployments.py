@@ -1,7 +1,11 @@
 """``werk deployments``: the inventory of a running ``werk serve`` as a table (or JSON).
 
 It reads ``GET /werk/v1/deployments`` through the bundled client, with the same connection
-options, key handling and exit codes as ``werk runtime`` (docs/deployments.md, "Inventory").
+options, key handling and exit codes as ``werk runtime`` (docs/deployments.md, "Inventory";
+docs/cli.md, "werk deployments"): the server is ``--server``, else ``$WERK_SERVER``, else
+``http://127.0.0.1:11434`` (``HOST:PORT`` alone means ``http://``), the key ``$WERK_API_KEY``.
+A failure is one line ``werk: <problem> (<fix>)`` on stderr (nothing listening, a key needed
+or refused, ...), the JSON error object under ``--json``; the exit code is its class's.
 """
 
 from __future__ import annotations
@@ -9,7 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from werk_host.cli.runtime import client_for, connection_options, emit_error, exit_code_for
+from werk_host.cli.connection import KEY_ENV, SERVER_ENV, client_for, connection_options, emit_error, exit_code_for
+from werk_host.cli.output import add_json_flag
 from werk_host.client import WerkClientError
 from werk_host.protocol import Deployments
 
@@ -52,7 +57,7 @@ def cmd_deployments(args: argparse.Namespace) -> int:
     try:
         doc = client_for(args).deployments()
     except WerkClientError as err:
-        emit_error(err)
+        emit_error(err, args)
         return exit_code_for(err)
     print(doc.model_dump_json(indent=2) if args.json else render_table(doc), flush=True)
     return 0
@@ -60,7 +65,13 @@ def cmd_deployments(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "deployments", help="the instances of a running werk serve, as a table", parents=[connection_options()]
+        "deployments",
+        help="the instances of a running werk serve, as a table",
+        description="The instances of a running werk serve, one row each (the default one marked *). "
+        f"The server is --server URL or ${SERVER_ENV}; a keyed server needs its key in ${KEY_ENV}.",
+        epilog="exit status: 0 listed; 3 nothing listens at the URL, 4 no answer in time, 12 a bad URL, "
+        "22 a key is needed or was refused, 23 the key may not do this (all codes: docs/cli.md)",
+        parents=[connection_options()],
     )
-    parser.add_argument("--json", action="store_true", help="print the whole document as JSON")
+    add_json_flag(parser)
     parser.set_defaults(handler=cmd_deployments)

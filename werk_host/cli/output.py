@@ -32,6 +32,16 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
+def human_bytes(count: int) -> str:
+    """A byte count in decimal units, as people read sizes (``98 MB``, ``1.2 GB``, ``512 B``)."""
+    size = float(count)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 999.5 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" or size >= 9.95 else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
 def _scalar(value: object) -> str:
     if value is None:
         return "-"

@@ -1,19 +1,23 @@
-"""``werk run MODEL [PROMPT]``: one streamed answer (docs/chat.md, "werk run").
+"""``werk run MODEL [PROMPT]``: one streamed answer (docs/chat.md, "werk run"; docs/cli.md).
 
 Also the options and startup that ``werk chat`` shares (:func:`add_session_options`,
 :func:`open_session`): where the model runs (local by default, ``--server URL``/``WERK_SERVER``
-with the key from ``WERK_API_KEY``), sampling, ``--persistence``/``--session`` and the startup
-lines saying whether native cache reuse is available, verified or unverified.
+with the key from ``WERK_API_KEY``; a URL without a scheme is taken as ``http://``), sampling
+(an answer is at most ``--max-tokens`` tokens, default :data:`DEFAULT_MAX_TOKENS` lowered to
+the model's output ceiling when that is smaller), ``--persistence``/``--session`` and the
+startup lines saying whether native cache reuse is available, verified or unverified.
 
-Output contract: the answer goes to stdout as it is generated; everything else (startup lines,
-warnings, ``--verbose`` diagnostics, errors) to stderr. A failure is one line
-``werk run: error: ...`` and a non-zero exit status (2 for a request or usage error, 1 for
-anything else, 130 after Ctrl-C).
+Output contract: the answer goes to stdout as it is generated (``--json``: one JSON object once
+it is complete); everything else (startup lines, warnings, ``--verbose`` diagnostics, errors)
+to stderr. PROMPT may come before or after the options. A failure is one line
+``werk: <problem> (<fix>)`` (the JSON error object under ``--json``) and a non-zero exit status
+(2 for a request or usage error, 1 for anything else, 130 after Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -26,6 +30,9 @@ from werk_host.chat.archive import DEFAULT_SESSION, SessionDir
 from werk_host.chat.session import ChatSession, Sampling
 from werk_host.chat.stream import one_line
 from werk_host.chat.transport import LocalTransport, RemoteTransport, Transport
+from werk_host.cli.connection import with_scheme
+from werk_host.cli.output import add_json_flag, fail, wants_json
+from werk_host.client import WerkClientError, WerkProtocolClient
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import parse_param
 from werk_host.paths import PrivateDirError, werk_home
@@ -33,6 +40,13 @@ from werk_host.paths import PrivateDirError, werk_home
 #: Environment variables naming the default server and its key.
 SERVER_ENV = "WERK_SERVER"
 KEY_ENV = "WERK_API_KEY"
+#: Tokens an answer may have when ``--max-tokens`` is not given (lowered to the model's output
+#: ceiling when that is smaller: a server refuses a request above it, docs/chat.md).
+DEFAULT_MAX_TOKENS = 512
+#: Seconds the startup question for the server's output ceiling may take.
+LIMITS_TIMEOUT_S = 10.0
+#: The fix printed with a server that cannot be reached (docs/cli.md).
+REACH_FIX = f"start it with `werk serve`, or pass --server URL or set {SERVER_ENV}"
 
 
 @dataclass
@@ -112,12 +126,18 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
         "--server",
         metavar="URL",
         default=os.environ.get(SERVER_ENV) or None,
-        help=f"use a running werk serve (http://HOST:PORT; default ${SERVER_ENV}); key from ${KEY_ENV}",
+        help=f"use a running werk serve (http://HOST:PORT, or HOST:PORT; default ${SERVER_ENV}); key from ${KEY_ENV}",
     )
     p.add_argument("--session", metavar="NAME", help="keep the conversation in session NAME (implies --persistence)")
     p.add_argument("--persistence", action="store_true", help=f"keep the conversation (session {DEFAULT_SESSION!r})")
     p.add_argument("--system", help="system message")
-    p.add_argument("--max-tokens", type=_positive, help="most tokens to generate per answer")
+    p.add_argument(
+        "--max-tokens",
+        type=_positive,
+        metavar="N",
+        help=f"most tokens per answer (default {DEFAULT_MAX_TOKENS}, or the model's output ceiling when smaller; "
+        "a larger N than the ceiling is refused)",
+    )
     p.add_argument("--temperature", type=_temperature)
     p.add_argument("--seed", type=_seed)
     p.add_argument(
@@ -141,6 +161,35 @@ def backend_options(items: list[str] | None) -> dict[str, dict[str, object]]:
     return options
 
 
+def _output_ceiling(transport: Transport) -> int | None:
+    """The model's output ceiling as the server (or the local backend) reports it; ``None``
+    when there is none or it cannot be learned (the request itself then says what is wrong)."""
+    try:
+        if isinstance(transport, LocalTransport):
+            limits = transport.runtime.hooks.chat_limits(transport.adapter, None)
+        elif isinstance(transport, RemoteTransport):
+            key = os.environ.get(KEY_ENV) or None
+            client = WerkProtocolClient(transport.endpoint.url, key, timeout=LIMITS_TIMEOUT_S)
+            limits = client.chat_limits(transport.model)
+        else:
+            return None
+    except (WerkError, WerkClientError, OSError):
+        return None
+    return None if limits is None else limits.max_output_tokens
+
+
+def answer_length(args: argparse.Namespace, transport: Transport, console: Console) -> int:
+    """``--max-tokens``, else :data:`DEFAULT_MAX_TOKENS` lowered to the model's output ceiling."""
+    if args.max_tokens is not None:
+        return int(args.max_tokens)
+    ceiling = _output_ceiling(transport)
+    if ceiling is not None and ceiling < DEFAULT_MAX_TOKENS:
+        console.note(f"answer length: at most {ceiling} tokens (the model's output ceiling)")
+        return ceiling
+    console.note(f"answer length: at most {DEFAULT_MAX_TOKENS} tokens (the default; --max-tokens N to change)")
+    return DEFAULT_MAX_TOKENS
+
+
 def open_session(args: argparse.Namespace, console: Console) -> ChatSession:
     """Lock the session (if any), start or reach the model, load the conversation and say what
     native cache reuse can do. Nothing is left running or locked when it raises."""
@@ -154,7 +203,8 @@ def open_session(args: argparse.Namespace, console: Console) -> ChatSession:
                 raise WerkError(
                     ErrorCode.INVALID_REQUEST, "--warmup-tokens, --backend and --backend-option belong to werk serve"
                 )
-            transport = RemoteTransport(args.server, args.model, api_key=os.environ.get(KEY_ENV) or None)
+            url = with_scheme(args.server)  # HOST:PORT alone means http://
+            transport = RemoteTransport(url, args.model, api_key=os.environ.get(KEY_ENV) or None)
         else:
             transport = LocalTransport(
                 home,
@@ -168,7 +218,7 @@ def open_session(args: argparse.Namespace, console: Console) -> ChatSession:
             store.close()
         raise
     try:
-        sampling = Sampling(args.max_tokens, args.temperature, args.seed)
+        sampling = Sampling(answer_length(args, transport, console), args.temperature, args.seed)
         session = ChatSession(
             transport, sampling, home=home, store=store, system=args.system, note=console.note, warn=console.warn
         )
@@ -187,15 +237,46 @@ def open_session(args: argparse.Namespace, console: Console) -> ChatSession:
     return session
 
 
-def failure(command: str, err: BaseException, console: Console) -> int:
-    """Report ``err`` on one line; the exit status (2: request/usage error, 1: anything else)."""
+def _fix(err: WerkError, server: str | None) -> tuple[str, str | None]:
+    """The one-line message for ``err`` (from a command talking to ``server``, if any) and what
+    to do about it; the same wording as the other commands' (docs/cli.md)."""
+    message = one_line(err.message)
+    if err.code is ErrorCode.UNAUTHORIZED:
+        the_server = f"the server at {server}" if server else "the server"
+        if os.environ.get(KEY_ENV, "").strip():
+            return f"{the_server} did not accept the API key in {KEY_ENV}", f"set {KEY_ENV} to one of its keys"
+        return f"{the_server} requires an API key", f"set {KEY_ENV}"
+    if err.code is ErrorCode.FORBIDDEN:
+        return message, "use a key the server allows this for"
+    if message.startswith("cannot reach werk serve"):
+        return message, REACH_FIX
+    if message.startswith("invalid server URL"):
+        return message, f"pass --server http://HOST:PORT or set {SERVER_ENV}"
+    if "output tokens" in message:
+        return message, "pass a smaller --max-tokens"
+    if message.startswith("give a PROMPT") or message == "the prompt is empty":
+        return message, 'e.g. werk run MODEL "Hello" or echo Hello | werk run MODEL'
+    return message, None
+
+
+def failure(command: str, err: BaseException, console: Console, args: argparse.Namespace | None = None) -> int:
+    """Report ``err`` on one line, ``werk: <problem> (<fix>)`` (the JSON error object under
+    ``--json``); the exit status (2: request/usage error, 1: anything else)."""
+    fix: str | None = None
+    code = "error"
     if isinstance(err, WerkError):
-        message, status = err.message, 2 if err.code is ErrorCode.INVALID_REQUEST else 1
+        server = with_scheme(args.server) if args is not None and getattr(args, "server", None) else None
+        message, fix = _fix(err, server)
+        status, code = 2 if err.code is ErrorCode.INVALID_REQUEST else 1, err.code.value
     elif isinstance(err, PrivateDirError):
         message, status = str(err), 1
     else:
         message, status = f"{type(err).__name__}: {err}", 1
-    console.say(f"werk {command}: error: {one_line(message)}")
+    if args is not None and wants_json(args):
+        fail(args, one_line(message), fix, code=code)
+    else:
+        line = f"werk: {one_line(message).rstrip('.')}" + (f" ({fix})" if fix else "")
+        console.say(line)
     return status
 
 
@@ -211,6 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(verbose=args.verbose)
     setup_process(args.verbose)
     out = sys.stdout
+    as_json = wants_json(args)
     try:
         prompt = _prompt(args)
         if not prompt.strip():
@@ -219,37 +301,71 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except (WerkError, OSError, PrivateDirError) as err:
-        return failure("run", err, console)
+        return failure("run", err, console, args)
     wrote: list[str] = []
 
     def emit(text: str) -> None:
         wrote.append(text)
-        out.write(text)
-        out.flush()
+        if not as_json:
+            out.write(text)
+            out.flush()
 
     try:
         result = session.ask(prompt, emit)
     except KeyboardInterrupt:
         return 130
     except (WerkError, OSError) as err:
-        return failure("run", err, console)
+        return failure("run", err, console, args)
     finally:
-        if wrote and not wrote[-1].endswith("\n"):
+        if not as_json and wrote and not wrote[-1].endswith("\n"):
             out.write("\n")
             out.flush()
         session.close()
     if result.interrupted:
         return 130
     if result.error is not None:
-        return failure("run", WerkError(ErrorCode.UNAVAILABLE, result.error), console)
+        return failure("run", WerkError(ErrorCode.UNAVAILABLE, result.error), console, args)
     if not result.complete:
-        return failure("run", WerkError(ErrorCode.UNAVAILABLE, "the response ended before it was complete"), console)
+        return failure(
+            "run", WerkError(ErrorCode.UNAVAILABLE, "the response ended before it was complete"), console, args
+        )
+    if as_json:
+        doc = {
+            "model": session.transport.model,
+            "text": result.text,
+            "finish_reason": result.finish_reason,
+            "usage": result.usage,
+        }
+        print(json.dumps(doc, indent=2, sort_keys=True), flush=True)
     return 0
+
+
+class _PromptAnywhere(argparse.ArgumentParser):
+    """``werk run``'s parser: PROMPT may also follow the options (``werk run MODEL --server URL
+    "hi"``). argparse fills the optional PROMPT (with nothing) as soon as it reads MODEL, so a
+    prompt after the options comes back as the one leftover word; it is taken as PROMPT."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if getattr(parsed, "prompt", None) is None and extras and (extras[0] == "-" or not extras[0].startswith("-")):
+            parsed.prompt = extras.pop(0)
+        return parsed, extras
 
 
 def register(subparsers: Any) -> None:
     """Add ``werk run`` to the ``werk`` parser."""
-    p = subparsers.add_parser("run", help="one answer to PROMPT (or stdin), streamed to stdout")
+    p = subparsers.add_parser(
+        "run",
+        help="one answer to PROMPT (or stdin), streamed to stdout",
+        description="One answer to PROMPT (before or after the options; '-' or none: stdin), streamed to "
+        f"stdout. With --server URL (or ${SERVER_ENV}) through a running werk serve, key from ${KEY_ENV}.",
+        epilog="exit status: 0 answered, 1 failed (server unreachable, key refused, backend failed), "
+        "2 request or usage error, 130 interrupted (docs/cli.md)",
+    )
+    p.__class__ = _PromptAnywhere  # PROMPT after the options, too
     add_session_options(p)
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt (default, or '-': read stdin)")
+    add_json_flag(p)
     p.set_defaults(handler=cmd_run)

@@ -251,7 +251,7 @@ def test_run_through_a_server_keeps_the_archive_on_the_client(
     assert [m["content"] for m in archive(tmp_path / "client", "r1")[::2]] == ["Name a color.", "Name another one."]
     assert not native(tmp_path / "client", "r1").exists()
     refused = run([MODEL, "Hi", "--server", werk_serve], {**client, "WERK_API_KEY": "sk-not-the-key-0000"})
-    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and refused.stderr.startswith("werk run: error:")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and refused.stderr.startswith("werk: ")
 
 
 def slots_idle(llama: psutil.Process) -> bool:

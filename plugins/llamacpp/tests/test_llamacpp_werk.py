@@ -331,7 +331,7 @@ def test_cache_list_shows_the_live_child_directory_as_active(env: Env) -> None:
     from werk_host.cli.cache import cmd_list
 
     out = io.StringIO()
-    assert cmd_list(Namespace(home=str(env.host.config.home)), out=out) == 0
+    assert cmd_list(Namespace(home=str(env.host.config.home), json=True), out=out) == 0
     backends = json.loads(out.getvalue())["backend_caches"]
     proc = env.adapter.current()
     assert proc is not None and proc.run_dir is not None
