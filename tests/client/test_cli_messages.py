@@ -90,6 +90,16 @@ def test_states_and_experts_lists_print_tables(env: Live, tmp_path: Path, capsys
     assert all(line.split()[1] == "tiny" for line in lines[1:4])
 
 
+def test_previews_say_so_and_deployments_print_their_table(env: Live, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = werk(capsys, "runtime", "states", "prune", "--all")
+    assert rc == 0 and "dry_run: yes" in out.splitlines()
+    assert out.splitlines()[-1] == "preview only: nothing changed; repeat with --execute to act"
+    rc, out, _ = werk(capsys, "runtime", "deployments")
+    header, row = out.splitlines()
+    assert header.split()[:4] == ["ID", "BACKEND", "MODEL", "STATE"]
+    assert row.split()[:4] == ["tiny*", "test-backend", "tiny", "ready"]
+
+
 def test_json_keeps_the_result_document(env: Live, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = werk(capsys, "runtime", "states", "list", "--json")
     assert rc == 0 and out == '{\n  "next_cursor": null,\n  "states": []\n}\n'

@@ -53,7 +53,15 @@ from werk_host.cli.handoffs import (
     read_input_file,
     replace_secret_file,
 )
-from werk_host.cli.output import add_json_flag, emit, table
+from werk_host.cli.output import add_json_flag, emit
+from werk_host.cli.runtime_text import (
+    Text,
+    capabilities_text,
+    deployments_text,
+    experts_text,
+    preview_text,
+    states_text,
+)
 from werk_host.client import WerkClientError
 from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
@@ -315,83 +323,6 @@ def cmd_reasoning(args: argparse.Namespace) -> Any:
     return _dump(client_for(args).reasoning(args.model, args.max_output_tokens))
 
 
-# -- text output -------------------------------------------------------------------------
-Text = Callable[[Any], str]
-
-
-def _size(value: object) -> str | None:
-    """Bytes as B/KiB/MiB/GiB (``None`` when unknown)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        return None
-    if value < 1024:
-        return f"{value} B"
-    scaled, unit = float(value) / 1024, "KiB"
-    for bigger in ("MiB", "GiB"):
-        if scaled < 1024:
-            break
-        scaled, unit = scaled / 1024, bigger
-    return f"{scaled:.1f} {unit}"
-
-
-def _yes(flag: object) -> str:
-    return "yes" if flag else "no"
-
-
-def _page(value: Any, key: str, columns: tuple[str, ...], row: Callable[[Any], list[object]]) -> str:
-    items = value.get(key) or []
-    lines = [table(columns, [row(item) for item in items]) if items else f"no {key}"]
-    if value.get("next_cursor"):
-        lines.append(f"more: repeat with --cursor {value['next_cursor']}")
-    return "\n".join(lines)
-
-
-def states_text(value: Any) -> str:
-    """``states list``: one row per state, then the next page's cursor."""
-    return _page(
-        value,
-        "states",
-        ("ID", "MODEL", "BACKEND", "TIER", "STATUS", "SIZE", "PINNED", "REUSABLE"),
-        lambda s: [
-            s.get("id"),
-            s.get("model_id"),
-            s.get("backend"),
-            s.get("tier"),
-            s.get("status"),
-            _size(s.get("bytes")),
-            _yes(s.get("pinned")),
-            _yes(s.get("reusable")),
-        ],
-    )
-
-
-def experts_text(value: Any) -> str:
-    """``experts list``: one row per expert, then the next page's cursor."""
-    return _page(
-        value,
-        "experts",
-        ("ID", "MODEL", "TIER", "SIZE", "HOTNESS", "PINNED"),
-        lambda e: [
-            e.get("id"),
-            e.get("model_id"),
-            e.get("tier"),
-            _size(e.get("bytes")),
-            e.get("hotness"),
-            _yes(e.get("pinned")),
-        ],
-    )
-
-
-def capabilities_text(value: Any) -> str:
-    """``capabilities``: id, status, operations and detail, one capability a row."""
-    if not value:
-        return "no capabilities"
-    rows = [
-        [c.get("id"), c.get("status"), ",".join(c.get("operations") or []) or None, c.get("detail") or None]
-        for c in value
-    ]
-    return table(("CAPABILITY", "STATUS", "OPERATIONS", "DETAIL"), rows)
-
-
 # -- parser ------------------------------------------------------------------------------
 def _dispatch(command: Callable[[argparse.Namespace], Any], text: Text | None) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
@@ -456,7 +387,7 @@ def register(subparsers: Any) -> None:
     leaf(sub, "capabilities", "capability statuses", _simple("capabilities"), capabilities_text)
     leaf(sub, "memory", "memory telemetry and accounting", _simple("memory"))
     leaf(sub, "observability", "chat, worker and memory observations", _simple("observability"))
-    leaf(sub, "deployments", "deployment inventory, plans and slots", _simple("deployments"))
+    leaf(sub, "deployments", "deployment inventory, plans and slots", _simple("deployments"), deployments_text)
 
     states = sub.add_parser("states", help="named runtime states")
     ssub = states.add_subparsers(dest="states_command", required=True, metavar="COMMAND")
@@ -466,14 +397,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--limit", type=_positive_int, default=100)
     p.add_argument("--cursor")
     p = leaf(
-        ssub, "action", "pin, unpin, promote, demote or evict one state (preview unless --execute)", cmd_states_action
+        ssub,
+        "action",
+        "pin, unpin, promote, demote or evict one state (preview unless --execute)",
+        cmd_states_action,
+        preview_text,
     )
     p.add_argument("state_id")
     p.add_argument("action", choices=[a.value for a in StateActionKind])
     p.add_argument("--target-tier", choices=[t.value for t in Tier])
     _experimental_flag(p)
     _execute_flag(p)
-    p = leaf(ssub, "prune", "remove selected states (preview unless --execute)", cmd_states_prune)
+    p = leaf(ssub, "prune", "remove selected states (preview unless --execute)", cmd_states_prune, preview_text)
     p.add_argument("--id", dest="ids", action="append", metavar="STATE_ID", help="a state id (repeatable)")
     p.add_argument("--all", action="store_true", help="select every visible state")
     p.add_argument("--model-id")
@@ -489,7 +424,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--limit", type=_positive_int, default=100)
     p.add_argument("--cursor")
     _experimental_flag(p)
-    p = leaf(esub, "action", "prefetch, pin, unpin or evict experts (preview unless --execute)", cmd_experts_action)
+    p = leaf(
+        esub,
+        "action",
+        "prefetch, pin, unpin or evict experts (preview unless --execute)",
+        cmd_experts_action,
+        preview_text,
+    )
     p.add_argument("action", choices=[a.value for a in ExpertActionKind])
     p.add_argument("--model-id", required=True)
     p.add_argument(
