@@ -7,24 +7,30 @@ signals) are in plugins/llamacpp/tests/test_llamacpp_chat_cli.py.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pexpect  # type: ignore[import-untyped]
 import pytest
 
 from tests.chat.support import two_turns
+from werk_host import hookimpl
+from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.chat.archive import ARCHIVE_NAME, Conversation, SessionDir
 from werk_host.chat.stream import read_turn
 from werk_host.cli import main
+from werk_host.protocol import ChatLimits
 from werk_host.testing.hosts import MODEL, LiveHost, install_model
 from werk_host.testing.pytest_plugin import WerkServerFactory
-from werk_host.testing.reference import MemoryBackendPlugin
+from werk_host.testing.reference import MemoryAdapter, MemoryBackendPlugin
 
 WERK = [sys.executable, "-m", "werk_host"]
 
@@ -106,10 +112,27 @@ def test_run_through_a_server_streams_the_answer_and_keeps_the_archive_on_the_cl
 @pytest.mark.parametrize(
     ("args", "env_change", "status", "text"),
     [
-        (["--server", "{url}"], {"WERK_API_KEY": "sk-wrong-key-000"}, 1, "did not accept the API key in WERK_API_KEY"),
-        (["--server", "http://127.0.0.1:9"], {}, 1, "cannot reach werk serve"),
+        (
+            ["--server", "{url}"],
+            {"WERK_API_KEY": "sk-wrong-key-000"},
+            1,
+            "werk: the server at {url} did not accept the API key in WERK_API_KEY (set WERK_API_KEY to one of its keys)",
+        ),
+        (
+            ["--server", "{url}"],
+            {"WERK_API_KEY": ""},
+            1,
+            "werk: the server at {url} requires an API key (set WERK_API_KEY)",
+        ),
+        (
+            ["--server", "127.0.0.1:9"],
+            {},
+            1,
+            "werk: cannot reach werk serve at http://127.0.0.1:9: connection refused "
+            "(start it with `werk serve`, or pass --server URL or set WERK_SERVER)",
+        ),
         (["--server", "https://example.com:1"], {}, 2, "only http://"),
-        (["--server", "{url}", "--max-tokens", "5000"], {}, 2, "output tokens"),
+        (["--server", "{url}", "--max-tokens", "5000"], {}, 2, "allows at most 63 (pass a smaller --max-tokens)"),
         (["--server", "{url}", "--session", "../x"], {}, 2, "invalid session name"),
     ],
 )
@@ -125,9 +148,123 @@ def test_run_fails_with_one_line(
     done = run_cli(argv, env={**client_env, **env_change})
     assert done.returncode == status, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and text in lines[0], done.stderr
+    assert len(lines) == 1 and text.format(url=served.url) in lines[0], done.stderr
     assert done.stdout == ""
     assert "sk-" not in done.stderr
+
+
+class Recording(MemoryBackendPlugin):
+    """The reference backend, keeping each chat request body it gets; ``limits`` replaces fields
+    of its chat limits, and a ``gate`` holds each streamed answer after its first word until set."""
+
+    def __init__(self, *, limits: Mapping[str, Any] | None = None, gate: threading.Event | None = None) -> None:
+        super().__init__()
+        self.limits = dict(limits or {})
+        self.gate = gate
+        self.bodies: list[JsonObject] = []
+
+    @hookimpl
+    def werk_chat_limits(self, adapter: MemoryAdapter, model: str | None) -> ChatLimits:
+        return super().werk_chat_limits(adapter, model).model_copy(update=self.limits)
+
+    @hookimpl
+    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
+        self.bodies.append(dict(request))
+        response = super().werk_chat_completion(adapter, request)
+        gate = self.gate
+        if gate is None:
+            return response
+
+        def held() -> Iterator[bytes]:
+            for index, chunk in enumerate(response.body):
+                yield chunk
+                if index == 1:  # the role event, then the first word: hold the rest
+                    gate.wait(60)
+
+        return InferenceResponse(response.status, response.headers, held(), response.close)
+
+
+def test_run_takes_the_prompt_after_the_options_and_host_port_without_a_scheme(
+    served: LiveHost, client_env: dict[str, str]
+) -> None:
+    bare = served.url.removeprefix("http://")
+    after = run_cli(["run", MODEL, "--server", served.url, "--max-tokens", "8", "alpha beta"], env=client_env)
+    assert (after.returncode, after.stdout) == (0, "alpha beta\n"), after.stderr
+    before = run_cli(["run", MODEL, "gamma", "--server", bare, "--max-tokens", "8"], env=client_env)
+    assert (before.returncode, before.stdout) == (0, "gamma\n"), before.stderr
+    piped = run_cli(["run", MODEL, "--server", bare, "--max-tokens", "8", "-"], env=client_env, stdin="delta")
+    assert (piped.returncode, piped.stdout) == (0, "delta\n"), piped.stderr
+    two = run_cli(["run", MODEL, "--server", bare, "one", "two"], env=client_env)
+    assert two.returncode == 2 and "unrecognized arguments: two" in two.stderr  # one PROMPT, quoted
+
+
+def test_run_json_prints_the_answer_and_errors_as_json(served: LiveHost, client_env: dict[str, str]) -> None:
+    done = run_cli(
+        ["run", MODEL, "delta epsilon", "--server", served.url, "--max-tokens", "1", "--json"], env=client_env
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["text"], doc["finish_reason"], doc["model"]) == ("delta", "length", MODEL)
+    assert doc["usage"]["completion_tokens"] == 1
+    refused = run_cli(["run", MODEL, "hi", "--server", "127.0.0.1:9", "--json"], env=client_env)
+    assert refused.returncode == 1 and refused.stdout == ""
+    error = json.loads(refused.stderr)["error"]
+    assert error["code"] == "unavailable" and "cannot reach werk serve" in error["message"]
+    assert "werk serve" in error["fix"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "sent"),
+    [
+        ({"max_output_tokens": None, "context_tokens": None}, 512),  # no ceiling: the default
+        ({"max_output_tokens": 40, "context_tokens": None}, 40),  # the model's output ceiling
+        ({}, 32),  # the reference model: ceiling 63, context 64 -> half the context
+    ],
+)
+def test_an_answer_has_a_default_length(
+    werk_server: WerkServerFactory, client_env: dict[str, str], limits: dict[str, Any], sent: int
+) -> None:
+    plugin = Recording(limits=limits)
+    served = werk_server(plugin)
+    done = run_cli(["run", MODEL, "alpha", "--server", served.url, "-v"], env=client_env)
+    assert done.returncode == 0, done.stderr
+    assert plugin.bodies[-1]["max_tokens"] == sent
+    assert f"answer length: at most {sent} tokens" in done.stderr
+    explicit = run_cli(["run", MODEL, "alpha", "--server", served.url, "--max-tokens", "3"], env=client_env)
+    assert explicit.returncode == 0 and plugin.bodies[-1]["max_tokens"] == 3, explicit.stderr
+    helped = run_cli(["chat", "--help"], env=client_env)
+    assert "default 512" in " ".join(helped.stdout.split())
+
+
+def test_keys_typed_while_an_answer_streams_are_not_echoed_or_kept(
+    werk_server: WerkServerFactory, client_env: dict[str, str]
+) -> None:
+    gate = threading.Event()
+    plugin = Recording(gate=gate)
+    served = werk_server(plugin)
+    chat = spawn_chat([MODEL, "--server", served.url, "--max-tokens", "8"], client_env)
+    seen = io.StringIO()
+    chat.logfile_read = seen
+    try:
+        chat.expect(">>> ")
+        chat.sendline("alpha beta gamma")
+        chat.expect_exact("alpha beta gamma\r\n")  # the line as typed
+        chat.expect_exact("alpha")  # the answer's first word: the rest is held at the gate
+        chat.send("zzqq")  # typed while the answer streams
+        gate.set()
+        chat.expect_exact(" beta gamma")
+        chat.expect(">>> ")
+        chat.sendline("delta")
+        chat.expect_exact("delta\r\n")
+        chat.expect(">>> ")
+        chat.sendline("/exit")
+        chat.expect(pexpect.EOF)
+    finally:
+        gate.set()
+        chat.close()
+    assert chat.exitstatus == 0
+    assert "zzqq" not in seen.getvalue()  # not echoed into the answer, not shown at the next prompt
+    assert plugin.bodies[-1]["messages"][-1]["content"] == "delta"  # discarded, not prepended
 
 
 def spawn_chat(args: list[str], env: dict[str, str]) -> pexpect.spawn:

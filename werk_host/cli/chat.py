@@ -10,8 +10,8 @@ processes this command started before it ends (:func:`werk_host.cli.run.setup_pr
 While an answer streams, keys typed on the terminal are neither echoed into the answer nor kept:
 echo is off for the turn and input typed ahead is discarded when it ends (:func:`_quiet_keys`;
 Ctrl-C still interrupts). An answer is at most ``--max-tokens`` tokens (default 512, lowered to
-the model's output ceiling: :func:`werk_host.cli.run.answer_length`). Errors are one line
-``werk: <problem> (<fix>)`` (docs/cli.md, "werk chat").
+the model's output ceiling or half its context: :func:`werk_host.cli.run.answer_length`). Errors
+are one line ``werk: <problem> (<fix>)`` (docs/cli.md, "werk chat").
 """
 
 from __future__ import annotations

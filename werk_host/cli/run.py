@@ -4,8 +4,9 @@ Also the options and startup that ``werk chat`` shares (:func:`add_session_optio
 :func:`open_session`): where the model runs (local by default, ``--server URL``/``WERK_SERVER``
 with the key from ``WERK_API_KEY``; a URL without a scheme is taken as ``http://``), sampling
 (an answer is at most ``--max-tokens`` tokens, default :data:`DEFAULT_MAX_TOKENS` lowered to
-the model's output ceiling when that is smaller), ``--persistence``/``--session`` and the
-startup lines saying whether native cache reuse is available, verified or unverified.
+the model's output ceiling or half its context when smaller: :func:`answer_length`),
+``--persistence``/``--session`` and the startup lines saying whether native cache reuse is
+available, verified or unverified.
 
 Output contract: the answer goes to stdout as it is generated (``--json``: one JSON object once
 it is complete); everything else (startup lines, warnings, ``--verbose`` diagnostics, errors)
@@ -36,12 +37,13 @@ from werk_host.client import WerkClientError, WerkProtocolClient
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import parse_param
 from werk_host.paths import PrivateDirError, werk_home
+from werk_host.protocol import ChatLimits
 
 #: Environment variables naming the default server and its key.
 SERVER_ENV = "WERK_SERVER"
 KEY_ENV = "WERK_API_KEY"
 #: Tokens an answer may have when ``--max-tokens`` is not given (lowered to the model's output
-#: ceiling when that is smaller: a server refuses a request above it, docs/chat.md).
+#: ceiling and half its context when those are smaller: :func:`answer_length`).
 DEFAULT_MAX_TOKENS = 512
 #: Seconds the startup question for the server's output ceiling may take.
 LIMITS_TIMEOUT_S = 10.0
@@ -135,8 +137,8 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
         "--max-tokens",
         type=_positive,
         metavar="N",
-        help=f"most tokens per answer (default {DEFAULT_MAX_TOKENS}, or the model's output ceiling when smaller; "
-        "a larger N than the ceiling is refused)",
+        help=f"most tokens per answer (default {DEFAULT_MAX_TOKENS}, lowered to the model's output ceiling "
+        "or half its context when smaller; an N above the ceiling is refused)",
     )
     p.add_argument("--temperature", type=_temperature)
     p.add_argument("--seed", type=_seed)
@@ -161,33 +163,36 @@ def backend_options(items: list[str] | None) -> dict[str, dict[str, object]]:
     return options
 
 
-def _output_ceiling(transport: Transport) -> int | None:
-    """The model's output ceiling as the server (or the local backend) reports it; ``None``
-    when there is none or it cannot be learned (the request itself then says what is wrong)."""
+def _model_limits(transport: Transport) -> ChatLimits | None:
+    """The model's limits as the server (or the local backend) reports them; ``None`` when they
+    cannot be learned (the request itself then says what is wrong)."""
     try:
         if isinstance(transport, LocalTransport):
-            limits = transport.runtime.hooks.chat_limits(transport.adapter, None)
-        elif isinstance(transport, RemoteTransport):
+            return transport.runtime.hooks.chat_limits(transport.adapter, None)
+        if isinstance(transport, RemoteTransport):
             key = os.environ.get(KEY_ENV) or None
             client = WerkProtocolClient(transport.endpoint.url, key, timeout=LIMITS_TIMEOUT_S)
-            limits = client.chat_limits(transport.model)
-        else:
-            return None
+            return client.chat_limits(transport.model)
     except (WerkError, WerkClientError, OSError):
         return None
-    return None if limits is None else limits.max_output_tokens
+    return None
 
 
 def answer_length(args: argparse.Namespace, transport: Transport, console: Console) -> int:
-    """``--max-tokens``, else :data:`DEFAULT_MAX_TOKENS` lowered to the model's output ceiling."""
+    """``--max-tokens`` as given; else :data:`DEFAULT_MAX_TOKENS`, lowered to the model's output
+    ceiling and to half its per-request context when those are smaller (a server refuses a
+    request whose output is above the ceiling, or whose input plus output exceeds the context:
+    docs/chat.md, "Answer length")."""
     if args.max_tokens is not None:
         return int(args.max_tokens)
-    ceiling = _output_ceiling(transport)
-    if ceiling is not None and ceiling < DEFAULT_MAX_TOKENS:
-        console.note(f"answer length: at most {ceiling} tokens (the model's output ceiling)")
-        return ceiling
-    console.note(f"answer length: at most {DEFAULT_MAX_TOKENS} tokens (the default; --max-tokens N to change)")
-    return DEFAULT_MAX_TOKENS
+    limits = _model_limits(transport)
+    length, why = DEFAULT_MAX_TOKENS, "the default"
+    if limits is not None and limits.max_output_tokens is not None and limits.max_output_tokens < length:
+        length, why = limits.max_output_tokens, "the model's output ceiling"
+    if limits is not None and limits.context_tokens is not None and max(1, limits.context_tokens // 2) < length:
+        length, why = max(1, limits.context_tokens // 2), "half the model's context"
+    console.note(f"answer length: at most {length} tokens ({why}; --max-tokens N to change)")
+    return length
 
 
 def open_session(args: argparse.Namespace, console: Console) -> ChatSession:
