@@ -225,3 +225,33 @@ def test_local_input_errors_are_one_line(env: Live, tmp_path: Path, capsys: pyte
     assert rc == 15 and err.startswith(f"werk: cannot open {tmp_path / 'absent'}: ") and err.count("\n") == 1
     rc, _, err = werk(capsys, "runtime", "states", "prune")
     assert rc == 14 and err == "werk: choose --id, --all, or at least one of --model-id, --tier, --older-than-unix-ms\n"
+
+
+def test_a_server_that_is_not_werk_serve_is_one_line(no_key: None, capsys: pytest.CaptureFixture[str]) -> None:
+    redirect = http(b"", status="302 Found", extra_headers=(("Location", "http://127.0.0.1:1/"),))
+    with raw_server(redirect, http(b'{"not": "an envelope"}')) as srv:
+        rc, _, err = werk(capsys, "runtime", "info", "--server", srv.url)
+        assert (rc, err) == (
+            8,
+            f"werk: the server at {srv.url} answered with a redirect "
+            "(pass the werk serve URL itself as --server or WERK_SERVER)\n",
+        )
+        rc, _, err = werk(capsys, "runtime", "info", "--server", srv.url)
+    assert rc == 5 and err.startswith(f"werk: the server at {srv.url} did not answer as werk serve: ")
+    assert err.endswith(" (check that --server or WERK_SERVER points at werk serve)\n") and err.count("\n") == 1
+
+
+def test_a_bad_key_or_an_oversized_request_is_one_line(
+    env: Live, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _, err = werk(capsys, "runtime", "count-tokens", "--text", "x" * (1 << 20))
+    assert (
+        rc == 11
+        and err.startswith("werk: the encoded request (")
+        and err.endswith("(send less: a request is at most 1 MiB)\n")
+    )
+    monkeypatch.setenv("WERK_API_KEY", "has space")
+    rc, _, err = werk(capsys, "runtime", "info")
+    assert rc == 13 and err == (
+        "werk: the API key must be 1..4096 printable ASCII characters without spaces (fix WERK_API_KEY)\n"
+    )
