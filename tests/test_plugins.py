@@ -76,7 +76,7 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     host.register(plugin, "testbackend")
     implemented = {caller.name for caller in host.pm.get_hookcallers(plugin) or []}
     assert implemented == set(hook_names())
-    assert set(hook_names()) - {"werk_adapter_factories"} == OPERATION_HOOKS
+    assert set(hook_names()) - {"werk_adapter_factories", "werk_doctor_checks"} == OPERATION_HOOKS
 
 
 def test_no_host_call_site_names_a_hook_by_string() -> None:
@@ -185,7 +185,7 @@ def test_werk_plugins_flags_unknown_capability_ids(
     from werk_host.cli import main
 
     monkeypatch.setenv("WERK_HOME", str(tmp_path / "home"))
-    assert main(["plugins"]) == 0
+    assert main(["plugins", "--json"]) == 0
     listed = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert listed["good"]["status"] == "loaded" and listed["good"]["problems"] == []
     assert listed["broken"]["status"] == "failed"

@@ -94,6 +94,33 @@ class AdapterFactory:
     validate_options: Callable[[Mapping[str, JsonValue]], None] | None = None
 
 
+#: The statuses a :class:`DoctorCheck` may have (docs/cli.md, "werk doctor").
+DOCTOR_STATUSES = ("ok", "warn", "fail")
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One finding of ``werk doctor``, offered by a plugin through ``werk_doctor_checks``.
+
+    ``name`` is short and stable (``llamacpp.llama-server``); ``status`` is ``ok`` (works),
+    ``warn`` (works partly, or not on this machine by design) or ``fail`` (cannot work as
+    configured); ``detail`` says what was found (a version, a path the user configured), and
+    ``fix`` what to do about a ``warn``/``fail``: a command to run or a setting to change.
+    """
+
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in DOCTOR_STATUSES:
+            raise ValueError(f"a doctor check's status is one of {', '.join(DOCTOR_STATUSES)}, not {self.status!r}")
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
+
+
 @dataclass(frozen=True)
 class PrefillWork:
     """What the host asks a backend to prefill. ``model_id`` is the installed model name."""

@@ -1,7 +1,7 @@
 """The plugin contract: every way the host reaches a backend (docs/plugin-hooks.md).
 
 Plugins implement these with ``@werk_host.hookimpl``. ``werk_adapter_factories`` is collected
-from every plugin. Every other hook is an *operation hook*: ``firstresult``, and the host
+from every plugin, and so is ``werk_doctor_checks``. Every other hook is an *operation hook*: ``firstresult``, and the host
 dispatches it only to the plugin that owns the adapter (``adapter.plugin_name``) plus plugins
 that provide no adapter at all, which may wrap the call with ``@hookimpl(wrapper=True)`` to
 observe or veto it. A backend plugin therefore only ever receives adapters it created, and
@@ -29,6 +29,7 @@ from werk_host.backend import (
     CapabilityReport,
     DecodeOutput,
     DecodeWork,
+    DoctorCheck,
     InferenceResponse,
     JsonObject,
     MemoryOperation,
@@ -65,6 +66,20 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:  # type:
     give ``validate_options``: the host calls it with each deployment instance's profile
     ``options`` when ``werk serve`` starts, and a :class:`ValueError` it raises refuses the
     profile (docs/plugin-kit.md, "Options").
+    """
+
+
+@hookspec
+def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:  # type: ignore[empty-body]
+    """Check what this plugin's engines need on this machine, for ``werk doctor`` (collected
+    from every plugin; docs/plugin-kit.md, "Doctor checks").
+
+    Each :class:`~werk_host.backend.DoctorCheck` names one thing (an executable, a native
+    module, the platform), its ``ok``/``warn``/``fail`` status, what was found and, unless
+    ``ok``, the fix: a command to run or a setting to change. Must be cheap: it loads no model
+    and starts no process except short ``--version``/``--help`` probes with a time bound. An
+    exception it raises, or a value that is not a list of checks, is reported as a ``fail`` of
+    the plugin and never stops the other checks.
     """
 
 

@@ -27,7 +27,7 @@ from pluggy import HookCaller
 from stevedore import ExtensionManager, NamedExtensionManager
 
 from werk_host import __version__, hookspecs
-from werk_host.backend import Adapter, AdapterFactory
+from werk_host.backend import Adapter, AdapterFactory, DoctorCheck
 from werk_host.config import HostConfig
 from werk_host.protocol.discovery import CapabilityId
 
@@ -241,6 +241,31 @@ class PluginHost:
                 factories.append(factory)
         return factories
 
+    def doctor_checks(self, config: HostConfig) -> list[tuple[str, DoctorCheck]]:
+        """Every loaded plugin's ``werk_doctor_checks``, each paired with the plugin's name, in
+        plugin-name order. A plugin whose checks raise or return something other than a list of
+        :class:`DoctorCheck` yields one ``fail`` check saying so (flagged, never raised)."""
+        names = {id(plugin): name for name, plugin in self.pm.list_name_plugin()}
+        found: list[tuple[str, DoctorCheck]] = []
+        impls = self.pm.hook.werk_doctor_checks.get_hookimpls()
+        args = {"config": config}
+        for impl in sorted(impls, key=lambda i: names.get(id(i.plugin), i.plugin_name)):
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            name = names.get(id(impl.plugin), impl.plugin_name)
+            try:
+                offered = impl.function(*[args[a] for a in impl.argnames])
+            except Exception as err:  # a broken check must not stop the others
+                log.error("plugin %s doctor checks raised: %s", name, err, exc_info=True)
+                offered = f"raised {type(err).__name__}: {err}"
+            if not isinstance(offered, list) or not all(isinstance(c, DoctorCheck) for c in offered):
+                problem = offered if isinstance(offered, str) else "returned something other than DoctorCheck items"
+                self.flag(name, f"doctor checks {problem}")
+                fix = f"report it to the plugin's authors, or disable it: WERK_DISABLE_PLUGINS={name}"
+                offered = [DoctorCheck(f"{name}.checks", "fail", f"its doctor checks {problem}", fix)]
+            found.extend((name, check) for check in offered)
+        return found
+
     def _owner_call(self, hook_name: str, owner: str) -> _OwnerCall:
         key = (hook_name, owner)
         call = self._calls.get(key)  # a dict read is atomic; building one takes the lock
@@ -297,7 +322,10 @@ def hook_names() -> list[str]:
 
 
 #: Hooks that take an adapter and are dispatched to its owning plugin only.
-OPERATION_HOOKS: frozenset[str] = frozenset(hook_names()) - {hookspecs.werk_adapter_factories.__name__}
+OPERATION_HOOKS: frozenset[str] = frozenset(hook_names()) - {
+    hookspecs.werk_adapter_factories.__name__,
+    hookspecs.werk_doctor_checks.__name__,
+}
 #: Operation hooks that only observe (their contracts say "cheap", "side-effect free" or
 #: "read-only"); every other operation hook may change what a backend reports.
 OBSERVING_HOOKS: frozenset[str] = frozenset(

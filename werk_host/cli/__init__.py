@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from werk_host import __version__
-from werk_host.cli import cache, chat, deployments, models, plugins, run, runtime, serve
+from werk_host.cli import cache, chat, deployments, doctor, models, plugins, run, runtime, serve
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.register(sub)
     chat.register(sub)
     plugins.register(sub)
+    doctor.register(sub)
     models.register(sub)
     cache.register(sub)
     runtime.register(sub)

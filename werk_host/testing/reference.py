@@ -38,6 +38,7 @@ from werk_host.backend import (
     CapabilityReport,
     DecodeOutput,
     DecodeWork,
+    DoctorCheck,
     InferenceResponse,
     JsonObject,
     MemoryOperation,
@@ -375,6 +376,10 @@ class MemoryBackendPlugin:
                 capabilities=declared,
             )
         ]
+
+    @hookimpl
+    def werk_doctor_checks(self, config: HostConfig) -> list[DoctorCheck]:
+        return [DoctorCheck("testbackend.engine", "ok", "the reference backend runs in process")]
 
     @hookimpl
     def werk_capabilities(self, adapter: MemoryAdapter) -> Mapping[CapabilityId, CapabilityReport]:

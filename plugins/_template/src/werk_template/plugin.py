@@ -8,7 +8,7 @@ an :class:`EchoAdapter`. Hooks left out (prefill, decode, states, experts, …) 
 from __future__ import annotations
 
 from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, CapabilityReport, InferenceResponse, JsonObject
+from werk_host.backend import AdapterFactory, CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
 from werk_host.config import HostConfig
 from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest
 
@@ -25,6 +25,15 @@ REPORTED = {
 @hookimpl
 def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
     return [AdapterFactory(BACKEND_ID, PLUGIN_NAME, accepts, create_adapter, "in-process echo", tuple(REPORTED))]
+
+
+# COPIERS: replace this with checks of what your engine needs here (an executable found and its
+# `--version`, a native module importable, the platform), each with the fix when it is missing.
+# Keep it cheap: no model loads, no process but bounded --version/--help probes
+# (docs/plugin-kit.md, "Doctor checks").
+@hookimpl
+def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
+    return [DoctorCheck(f"{PLUGIN_NAME}.engine", "ok", "the echo engine runs in the werk process; nothing to install")]
 
 
 @hookimpl

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pydantic import JsonValue
 
 from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, CapabilityReport, InferenceResponse, JsonObject
+from werk_host.backend import AdapterFactory, CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
 from werk_host.config import HostConfig
 from werk_host.errors import WerkError
 from werk_host.protocol import (
@@ -27,6 +27,7 @@ from werk_host.protocol import (
 )
 from werk_host.service.reasoning import unsupported_profile
 
+from . import doctor
 from .adapter import (
     BACKEND_ID,
     PLUGIN_NAME,
@@ -60,6 +61,11 @@ def _validate_options(options: Mapping[str, JsonValue]) -> None:
         check_options(options)
     except WerkError as err:
         raise ValueError(err.message) from err
+
+
+@hookimpl
+def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
+    return doctor.checks(config)
 
 
 @hookimpl

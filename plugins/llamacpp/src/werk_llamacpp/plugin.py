@@ -13,6 +13,7 @@ from werk_host.backend import (
     CapabilityReport,
     DecodeOutput,
     DecodeWork,
+    DoctorCheck,
     InferenceResponse,
     JsonObject,
     MoveOutput,
@@ -33,7 +34,7 @@ from werk_host.protocol import (
     WorkerObservation,
 )
 
-from . import reasoning
+from . import doctor, reasoning
 from .adapter import BACKEND_ID, PLUGIN_NAME, LlamaCppAdapter, accepts, create_adapter
 from .capabilities import REPORTED_CAPABILITIES
 from .options import validate_options
@@ -54,6 +55,11 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
             validate_options=validate_options,
         )
     ]
+
+
+@hookimpl
+def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
+    return doctor.checks(config)
 
 
 @hookimpl

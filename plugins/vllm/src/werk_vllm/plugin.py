@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pydantic import JsonValue
 
 from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, CapabilityReport, InferenceResponse, JsonObject
+from werk_host.backend import AdapterFactory, CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
 from werk_host.config import HostConfig
 from werk_host.errors import WerkError
 from werk_host.protocol import (
@@ -26,6 +26,7 @@ from werk_host.protocol import (
 )
 from werk_host.service.reasoning import unsupported_profile
 
+from . import doctor
 from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, VllmAdapter, accepts, create_adapter
 from .launch import parse_options
 
@@ -52,6 +53,11 @@ def _validate_options(options: Mapping[str, JsonValue]) -> None:
         parse_options(options)
     except WerkError as err:
         raise ValueError(err.message) from err
+
+
+@hookimpl
+def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
+    return doctor.checks(config)
 
 
 @hookimpl
