@@ -1,4 +1,11 @@
-"""Assembling a host (plugins, service, app) and serving it under waitress."""
+"""Assembling a host (plugins, service, app) and serving it under waitress.
+
+:func:`serve` (``werk serve``) binds its listen address before anything else: a taken or
+unusable address raises :class:`~werk_host.serving.AddressError` with no backend started, no
+model loaded and nothing logged (docs/operations.md, "Start-up"). Only then are the plugins
+loaded and the profile deployed; requests that arrive meanwhile wait in the listen backlog until
+the host is ready.
+"""
 
 from __future__ import annotations
 
@@ -168,8 +175,33 @@ def make_server(app: WSGIApplication, host: str, port: int, limits: ServerLimits
     return server
 
 
-def serve(config: HostConfig) -> int:
-    """Run ``werk serve`` until SIGINT/SIGTERM/SIGHUP; always stops backend processes."""
+class _DeferredApp:
+    """The WSGI app a server bound before its host was built serves: ``app`` once set (the
+    server's loop only runs after that; until then a request would get a 503)."""
+
+    def __init__(self) -> None:
+        self.app: WSGIApplication | None = None
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if self.app is None:
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain"), ("Retry-After", "1")])
+            return [b"starting\n"]
+        return self.app(environ, start_response)
+
+
+#: Called once ``werk serve`` listens with its host, and the bound host and port.
+OnReady = Callable[[Host, str, int], None]
+
+
+def serve(config: HostConfig, on_ready: OnReady | None = None) -> int:
+    """Run ``werk serve`` until SIGINT/SIGTERM/SIGHUP; always stops backend processes.
+
+    The address is bound first (module docstring): :class:`~werk_host.serving.AddressError`
+    propagates before anything has started. ``on_ready`` runs once the host listens and is
+    ready, after the ``listening`` line on stdout."""
+    raise_descriptor_limit(config.limits.connection_limit + 256)  # + backends, files, backlog
+    front = _DeferredApp()
+    server = make_server(front, config.host, config.port, config.limits)  # AddressError: nothing started
     received: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -178,19 +210,21 @@ def serve(config: HostConfig) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     host: Host | None = None
-    server = None
+    ran = False
     try:
         host = build_host(config)
+        front.app = host.app
         if not host.auth.enabled:
             log.warning(
                 "NO API KEYS CONFIGURED: every request is the shared local principal; "
                 "this server is not an isolation boundary. Use --api-key-file or WERK_API_KEYS."
             )
-        raise_descriptor_limit(config.limits.connection_limit + 256)  # + backends, files, backlog
-        server = make_server(host.app, config.host, config.port, config.limits)
-        bound = server.getsockname() if hasattr(server, "getsockname") else (config.host, config.port)
+        bound = _bound(server, config)
         log.info("serving Werk Protocol 1.0 on http://%s:%s", bound[0], bound[1])
         print(json.dumps({"event": "listening", "host": bound[0], "port": bound[1]}), flush=True)
+        if on_ready is not None:
+            on_ready(host, bound[0], bound[1])
+        ran = True
         server.run()  # returns once the handler's SystemExit reaches waitress's loop
     except _Stop:
         pass
@@ -198,11 +232,25 @@ def serve(config: HostConfig) -> int:
         if received:
             log.info("received signal %s; shutting down", received[0])
         started = time.monotonic()
-        if server is not None:
-            server.close()
+        server.close()
+        if not ran:  # nothing was served: its idle worker threads end at once
+            server.task_dispatcher.shutdown()
+        built = host is not None
         if host is not None:
             host.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        log.info("stopped in %.2fs", time.monotonic() - started)
+        if built or received:  # a start refused (a bad profile) is the caller's one line alone
+            log.info("stopped in %.2fs", time.monotonic() - started)
     return 0
+
+
+def _bound(server: Any, config: HostConfig) -> tuple[str, int]:
+    """The host and port ``server`` listens on (its first address when it has several)."""
+    if hasattr(server, "getsockname"):
+        host, port = server.getsockname()[:2]
+        return str(host), int(port)
+    listening = getattr(server, "effective_listen", None)
+    if listening:
+        return str(listening[0][0]), int(listening[0][1])
+    return config.host, config.port

@@ -23,11 +23,18 @@ limit, the server) forever. :class:`Server` and :class:`Channel` add, without pa
 * **Parse errors.** A request waitress's parser refuses (a control byte in a header, bad
   framing) is answered in the error shape of the API its request line names
   (werk_host/http/framing.py) instead of waitress's plain text.
+
+:func:`create_server` binds and listens before anything else starts (``werk serve`` calls it
+before any backend or model, docs/operations.md, "Start-up"): an address that cannot be used
+(taken, not this machine's, a privileged port, a host name that does not resolve) raises
+:class:`AddressError`, whose ``message`` names the address and whose ``fix`` says how to choose
+another, with no socket or worker thread left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import logging
 import resource
@@ -193,25 +200,85 @@ class Server(TcpWSGIServer):  # type: ignore[misc]
         self._shed_count = self._expired_count = 0
 
 
+#: Ollama's default port, which is also ``werk serve``'s (docs/operations.md, "Start-up").
+OLLAMA_PORT = 11434
+
+
+class AddressError(Exception):
+    """The listen address cannot be used: ``message`` names it and says why, ``fix`` says how
+    to choose another (``--host``/``--port``, ``WERK_HOST``/``WERK_PORT``)."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+def address_text(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 literal in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def address_error(host: str, port: int, err: OSError | None) -> AddressError:
+    """What to say when ``host:port`` cannot be bound (``err`` ``None``: it does not resolve)."""
+    where = address_text(host, port)
+    other_port = "choose another port with --port N or WERK_PORT=N"
+    other_host = "choose another host with --host HOST or WERK_HOST=HOST, e.g. 127.0.0.1"
+    if err is None:
+        return AddressError(f"cannot listen on {where}: {host} is not a host name or address here", other_host)
+    if err.errno == errno.EADDRINUSE:
+        taken = f"another program listens there; {OLLAMA_PORT} is Ollama's default port" if port == OLLAMA_PORT else ""
+        return AddressError(f"{where} is already in use", f"{taken}; {other_port}" if taken else other_port)
+    if err.errno == errno.EACCES:
+        return AddressError(
+            f"cannot listen on {where}: permission denied", f"ports below 1024 need privileges; {other_port}"
+        )
+    if err.errno == errno.EADDRNOTAVAIL:
+        return AddressError(f"cannot listen on {where}: that address is not one of this machine's", other_host)
+    reason = err.strerror or type(err).__name__
+    return AddressError(
+        f"cannot listen on {where}: {reason}", "choose another address with --host/--port or WERK_HOST/WERK_PORT"
+    )
+
+
 def create_server(app: Any, *, request_read_timeout: float, **adjustments: Any) -> Any:
     """waitress's ``create_server`` with :class:`Server` for each TCP listen address: the
-    server itself for one address, a ``MultiSocketServer`` running them all for several."""
-    adj = Adjustments(**adjustments)
+    server itself for one address, a ``MultiSocketServer`` running them all for several.
+
+    Every address is bound and listening when it returns; one that cannot be raises
+    :class:`AddressError` (module docstring) and closes those already bound. The worker threads
+    start only once every address is bound."""
+    host, port = str(adjustments.get("host", "")), int(adjustments.get("port", 0))
+    try:
+        adj = Adjustments(**adjustments)
+    except ValueError as err:
+        if "host/port" in str(err):  # waitress: the host does not resolve
+            raise address_error(host, port, None) from None
+        raise
     dispatcher = ThreadedTaskDispatcher()
-    dispatcher.set_thread_count(adj.threads)
     socket_map: dict[int, Any] = {}
-    servers = [
-        Server(
-            app,
-            socket_map,
-            dispatcher=dispatcher,
-            adj=adj,
-            sockinfo=sockinfo,
-            request_read_timeout=request_read_timeout,
-        )
-        for sockinfo in adj.listen
-        if sockinfo[0] in (socket.AF_INET, socket.AF_INET6)
-    ]
+    servers: list[Server] = []
+    try:
+        for sockinfo in adj.listen:
+            if sockinfo[0] in (socket.AF_INET, socket.AF_INET6):
+                servers.append(
+                    Server(
+                        app,
+                        socket_map,
+                        dispatcher=dispatcher,
+                        adj=adj,
+                        sockinfo=sockinfo,
+                        request_read_timeout=request_read_timeout,
+                    )
+                )
+    except OSError as err:
+        for bound in servers:
+            bound.close()
+        for leftover in list(socket_map.values()):  # the socket and trigger of the one that failed
+            with contextlib.suppress(OSError):
+                leftover.close()
+        raise address_error(host, port, err) from None
+    dispatcher.set_thread_count(adj.threads)
     if len(servers) == 1:
         return servers[0]
     listening = [(s.effective_host, s.effective_port) for s in servers]

@@ -1,21 +1,43 @@
 """``werk serve``: its options (with their defaults and the environment they read) and the
-start of a host from them (docs/operations.md)."""
+start of a host from them (docs/operations.md, "Start-up"; docs/cli.md, "werk serve").
+
+Contract: the listen address (``--host``/``WERK_HOST``, ``--port``/``WERK_PORT``) is bound
+before any backend starts; a bad or unusable one ends the command with exit status 2 and one
+line ``werk: ...`` on stderr naming the address and how to choose another, with nothing started.
+Once the host listens, the ``listening`` JSON line goes to stdout as before, and stderr gets a
+human summary: each instance (id, model, backend, per-request context as far as it is known
+without starting a lazy instance) and ready-to-paste lines for curl, the OpenAI, Anthropic and
+Ollama base URLs and ``werk run --server``. No key is ever printed; with keys configured the
+lines read it from ``$WERK_API_KEY``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from werk_host.cli import run, runtime
+from werk_host.cli.output import fail
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits, StoreBounds
 from werk_host.deployments.durations import MAX_DURATION_S
 from werk_host.models import parse_param
 from werk_host.paths import werk_home
 from werk_host.protocol import MAX_TTL_SECONDS, PersistenceMode, ReusePolicy
+from werk_host.protocol.deployments import InstanceStateName
+
+if TYPE_CHECKING:
+    from werk_host.deployments.instances import Instance
+    from werk_host.server import Host
+
+#: The environment ``werk serve`` reads its listen address from when the flags are absent.
+PORT_ENV, HOST_ENV = "WERK_PORT", "WERK_HOST"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434
+#: The levels ``--log-level`` takes (any case).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 # -- serve -------------------------------------------------------------------------------
@@ -24,6 +46,32 @@ def _ttl(text: str) -> int:
     if not 1 <= value <= MAX_TTL_SECONDS:
         raise argparse.ArgumentTypeError(f"TTL must be 1..{MAX_TTL_SECONDS}")
     return value
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a port number, 0..65535 (0: any free port)")
+    return value
+
+
+def listen_address(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str, int]:
+    """``--host``/``--port``, else ``WERK_HOST``/``WERK_PORT``, else 127.0.0.1:11434. A
+    ``WERK_PORT`` that is not a port raises :class:`ValueError` with the one-line message."""
+    host = args.host if args.host is not None else (environ.get(HOST_ENV, "").strip() or DEFAULT_HOST)
+    if args.port is not None:
+        return host, int(args.port)
+    text = environ.get(PORT_ENV, "").strip()
+    if not text:
+        return host, DEFAULT_PORT
+    try:
+        return host, _port(text)
+    except argparse.ArgumentTypeError:
+        raise ValueError(f"{PORT_ENV}={text[:32]!r} is not a port number") from None
 
 
 def _positive(text: str) -> int:
@@ -107,16 +155,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from werk_host.logs import configure_logging
     from werk_host.server import serve
     from werk_host.service.gate import gate_limits
+    from werk_host.serving import AddressError
 
+    try:
+        host, port = listen_address(args, dict(os.environ))
+    except ValueError as err:
+        fail(None, str(err), f"set {PORT_ENV} to 1..65535, or pass --port N")
+        return 2
     keys = collect_api_keys(args, dict(os.environ))
     operator_keys = collect_operator_keys(args, dict(os.environ))
-    configure_logging(args.log_level, (*keys, *operator_keys))
     config = HostConfig(
         home=werk_home(args.home),
         api_keys=keys,
         operator_api_keys=operator_keys,
-        host=args.host,
-        port=args.port,
+        host=host,
+        port=port,
         limits=ServerLimits(
             threads=args.threads,
             connection_limit=args.connection_limit,
@@ -147,15 +200,122 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         gate_limits(config.limits)  # refused before anything starts
     except ValueError as err:
-        print(json.dumps({"error": {"code": "invalid_request", "message": str(err)}}), file=sys.stderr)
+        message, _, fix = str(err).partition(": raise ")
+        fail(None, message, f"raise {fix}" if fix else None)
         return 2
-    return serve(config)
+    configure_logging(args.log_level, (*keys, *operator_keys))
+    try:
+        return serve(config, on_ready=lambda built, bound, at: announce(built, bound, at, sys.stderr))
+    except AddressError as err:  # nothing started: the address is bound before any backend
+        fail(None, err.message, err.fix)
+        return 2
+
+
+# -- the start print -------------------------------------------------------------------------
+def _url_host(host: str) -> str:
+    """The host a client on this machine uses for a listen host (any-address → loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _context(host: Host, instance: Instance) -> str:
+    """An instance's per-request context as far as it is known without starting it."""
+    view = instance.view()
+    if view.state is InstanceStateName.FAILED:
+        return f"failed to start: {view.error or 'see the log'}"
+    adapter = instance.peek()
+    if adapter is None:
+        return "starts on first use"
+    try:
+        limits = host.runtime.hooks.chat_limits(adapter, instance.manifest.name)
+    except Exception:  # a backend that cannot say: the summary does not fail the start
+        limits = None
+    if limits is None or limits.context_tokens is None:
+        return "context not reported"
+    return f"{limits.context_tokens} tokens per request"
+
+
+def start_lines(host: Host, bound_host: str, port: int) -> list[str]:
+    """The human summary ``werk serve`` prints on stderr once it listens (module docstring)."""
+    base = f"http://{_url_host(bound_host)}:{port}"
+    keyed = host.auth.enabled
+    lines = [f"werk serve: ready on {base}"]
+    deployments = host.runtime.deployments
+    instances = list(deployments.instances.values()) if deployments is not None else []
+    if not instances:
+        lines.append("instances: none (no backend: serve a model with --model NAME|PATH or --profile FILE)")
+    else:
+        lines.append("instances:")
+        rows = [(i.id, i.manifest.name, i.backend, _context(host, i)) for i in instances]
+        widths = [max(len(row[c]) for row in rows) for c in range(3)]
+        for ident, model, backend, context in rows:
+            lines.append(
+                f"  {ident.ljust(widths[0])}  model {model.ljust(widths[1])}  backend {backend.ljust(widths[2])}"
+                f"  context: {context}"
+            )
+    lines.append("try it (first set WERK_API_KEY to one of the keys this server accepts):" if keyed else "try it:")
+    if instances:
+        default = deployments.default_id if deployments is not None else instances[0].id
+        body = {"model": default, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 32}
+        curl = [f"  curl -sS {base}/v1/chat/completions", "-H 'Content-Type: application/json'"]
+        if keyed:
+            curl.append('-H "Authorization: Bearer $WERK_API_KEY"')
+        curl.append("-d " + shlex.quote(json.dumps(body)))
+        lines.append(" ".join(curl))
+    lines.append(f"  OpenAI base URL:    {base}/v1")
+    lines.append(f"  Anthropic base URL: {base}")
+    lines.append(f"  Ollama host:        {base}")
+    if instances:
+        lines.append(f'  werk run --server {base} {shlex.quote(default)} "hello"')
+    return lines
+
+
+def announce(host: Host, bound_host: str, port: int, err: TextIO) -> None:
+    err.write("\n".join(start_lines(host, bound_host, port)) + "\n")
+    err.flush()
+
+
+class _DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default (unless its text already says it); the
+    description and epilog are printed as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+ENVIRONMENT = f"""environment:
+  {HOST_ENV}, {PORT_ENV}       the listen address when --host/--port are not given
+  WERK_HOME                  where models, states and keys live (--home)
+  WERK_API_KEYS              comma-separated API keys clients must send (with --api-key-file)
+  WERK_OPERATOR_API_KEYS     comma-separated operator keys (with --operator-api-key-file)
+
+On start, werk serve prints its instances and ready-to-paste lines (curl, base URLs,
+werk run) on stderr; see docs/cli.md, "werk serve"."""
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve Werk Protocol 1.0 and /v1")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=11434)
+    p = sub.add_parser(
+        "serve",
+        help="serve Werk Protocol 1.0 and /v1",
+        description="Serve Werk Protocol 1.0, OpenAI /v1, Anthropic and Ollama routes for the configured models.",
+        epilog=ENVIRONMENT,
+        formatter_class=lambda prog: _DefaultsFormatter(prog, max_help_position=36),
+    )
+    p.add_argument(
+        "--host",
+        help=f"address to listen on (default: ${HOST_ENV}, else {DEFAULT_HOST}; 0.0.0.0 for every interface)",
+    )
+    p.add_argument(
+        "--port",
+        type=_port,
+        help=f"port to listen on (default: ${PORT_ENV}, else {DEFAULT_PORT}, which is also Ollama's; 0: any free port)",
+    )
     limits = ServerLimits()
     p.add_argument("--threads", type=_positive, default=limits.threads, help="request worker threads")
     p.add_argument(
@@ -201,32 +361,68 @@ def register(sub: Any) -> None:
         help="seconds a queued request waits for its instance before a 503",
     )
     p.add_argument("--api-key", action=runtime.RefuseKeyOnArgv, const=KEY_SOURCES, help=argparse.SUPPRESS)
-    p.add_argument("--api-key-file", help="file with one API key per line (or WERK_API_KEYS=a,b)")
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="file with one API key per line, added to WERK_API_KEYS=a,b (default: none; no keys: every "
+        "request is the shared local principal)",
+    )
     p.add_argument(
         "--operator-api-key", action=runtime.RefuseKeyOnArgv, const=OPERATOR_KEY_SOURCES, help=argparse.SUPPRESS
     )
     p.add_argument(
         "--operator-api-key-file",
-        help="file with one operator key per line (or WERK_OPERATOR_API_KEYS=a,b): keys that may load, unload "
-        "and pin models",
+        metavar="FILE",
+        help="file with one operator key per line, added to WERK_OPERATOR_API_KEYS=a,b: keys that may load, unload "
+        "and pin models (default: none)",
     )
     p.add_argument(
         "--model",
         action="append",
-        help="model manifest NAME or a model file PATH; repeat for more (one instance each, id = name)",
+        metavar="NAME|PATH",
+        help="model manifest NAME or a model file PATH; repeat for more (one instance each, id = name; "
+        "default: none, see --profile)",
     )
-    p.add_argument("--profile", help="deployment profile (TOML; default: WERK_HOME/deployments.toml when present)")
-    p.add_argument("--home", help="WERK_HOME (default: $WERK_HOME or ~/.werk)")
-    p.add_argument("--persistence", action="store_true", help="server-side Prefill defaults (auto/prefer)")
-    p.add_argument("--persistence-mode", choices=[m.value for m in PersistenceMode])
-    p.add_argument("--persistence-reuse", choices=[r.value for r in ReusePolicy])
-    p.add_argument("--persistence-ttl-seconds", type=_ttl)
-    p.add_argument("--persistence-pin", action="store_true")
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="deployment profile (TOML; default: WERK_HOME/deployments.toml when present, else no backend)",
+    )
+    p.add_argument("--home", metavar="DIR", help="WERK_HOME (default: $WERK_HOME, else ~/.werk)")
+    p.add_argument(
+        "--persistence",
+        action="store_true",
+        help="turn on server-side Prefill defaults: mode auto, reuse prefer (default: off)",
+    )
+    p.add_argument(
+        "--persistence-mode",
+        choices=[m.value for m in PersistenceMode],
+        help="Prefill persistence mode for requests that name none (default: auto once any --persistence* "
+        "option is given)",
+    )
+    p.add_argument(
+        "--persistence-reuse",
+        choices=[r.value for r in ReusePolicy],
+        help="Prefill reuse policy for requests that name none (default: prefer once any --persistence* "
+        "option is given)",
+    )
+    p.add_argument(
+        "--persistence-ttl-seconds",
+        type=_ttl,
+        metavar="N",
+        help=f"TTL of persisted states, 1..{MAX_TTL_SECONDS}, for requests that name none (default: none, "
+        "the protocol's)",
+    )
+    p.add_argument(
+        "--persistence-pin",
+        action="store_true",
+        help="pin persisted states for requests that do not say (default: off)",
+    )
     p.add_argument(
         "--backend-option",
         action="append",
         metavar="PLUGIN.KEY=VALUE",
-        help="backend setting, e.g. llamacpp.llama_server=/path/to/llama-server",
+        help="backend setting, repeatable, e.g. llamacpp.llama_server=/path/to/llama-server (default: none)",
     )
     p.add_argument(
         "--warmup-tokens",
@@ -266,5 +462,17 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--store-max-bytes-per-key", type=_positive, help="bytes one API key's states occupy (default: a quarter)"
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default="info",
+        help="the least severe log records written to stderr (JSON lines)",
+    )
+    for action in p._actions:  # metavars saying what a value is
+        if action.metavar is None and action.option_strings and action.nargs != 0:
+            if action.type in (_seconds, _whole_seconds):
+                action.metavar = "SECONDS"
+            elif action.type in (_positive, run.non_negative):
+                action.metavar = "N"
     p.set_defaults(handler=cmd_serve)
