@@ -124,12 +124,19 @@ def test_a_port_held_by_a_socket_is_reported_with_its_holder_and_a_free_port(hom
 def test_the_default_port_comes_from_werk_port_and_ollamas_port_is_named(home: Path, free_port: int) -> None:
     _code, checks, _summary = doctor_json(home, env={"WERK_PORT": str(free_port)})
     assert checks["port"]["detail"] == f"127.0.0.1:{free_port} is free"
+    _code, checks, _summary = doctor_json(home, env={"WERK_PORT": str(free_port), "WERK_HOST": "localhost"})
+    assert checks["port"]["detail"] == f"localhost:{free_port} is free"
+    code, checks, _summary = doctor_json(home, env={"WERK_PORT": "eleven"})  # werk serve refuses it too
+    assert code == 1 and checks["port"]["status"] == "fail"
+    assert (
+        checks["port"]["detail"] == "WERK_PORT='eleven' is not a port number" and "WERK_PORT" in checks["port"]["fix"]
+    )
     try:
         held = socket.create_server(("127.0.0.1", 11434))
     except OSError:
         held = None  # something else holds 11434 already: it must be reported just the same
     try:
-        _code, checks, _summary = doctor_json(home, env={"WERK_PORT": ""})
+        _code, checks, _summary = doctor_json(home, env={"WERK_PORT": "", "WERK_HOST": ""})
     finally:
         if held is not None:
             held.close()

@@ -9,9 +9,10 @@ Checks, in order, each ``ok``, ``warn`` or ``fail`` with a detail and (unless ``
 * ``model.<name>``: every registered manifest readable, its files present with their recorded
   sizes (``--hash`` also recomputes each SHA-256, which reads every byte), and a backend
   installed that accepts it;
-* ``port``: the address ``werk serve`` would listen on (``--host``, ``--port``, else
-  ``WERK_PORT``, else 11434) is free, else who holds it when the system says (Ollama's default
-  is 11434) and a free port to choose;
+* ``port``: the address ``werk serve`` would listen on (``--host``/``--port``, else
+  ``WERK_HOST``/``WERK_PORT``, else 127.0.0.1:11434; werk_host/cli/serve.py) is free, else
+  who holds it when the system says (Ollama's default is 11434) and a free port to choose; a
+  ``WERK_PORT`` that is not a port fails;
 * ``home``: ``WERK_HOME`` is an owner-only (0700) directory of this user, or can be created;
 * ``disk``: free space under ``WERK_HOME`` (``warn`` below :data:`DISK_WARN_BYTES`, ``fail``
   below :data:`DISK_FAIL_BYTES`);
@@ -39,12 +40,12 @@ from typing import Any
 from werk_host.backend import AdapterFactory, DoctorCheck
 from werk_host.cli.output import add_json_flag, emit
 from werk_host.cli.plugins import load_plugins, missing_first_party, plugin_fix
+from werk_host.cli.serve import DEFAULT_HOST, DEFAULT_PORT, listen_address
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry, sha256_file
 from werk_host.paths import werk_home
 from werk_host.plugins import PluginHost
 
-DEFAULT_PORT = 11434
 PORT_ENV = "WERK_PORT"
 #: Who usually listens on a port, named when the system does not say.
 KNOWN_PORTS = {11434: "Ollama", 8080: "llama-server", 8000: "vLLM"}
@@ -278,19 +279,20 @@ def gpu_check() -> DoctorCheck:
 
 
 # -- the command -------------------------------------------------------------------------------
-def default_port(environ: dict[str, str] | None = None) -> int:
-    raw = (os.environ if environ is None else environ).get(PORT_ENV, "")
-    return int(raw) if raw.isdigit() and 0 < int(raw) < 65536 else DEFAULT_PORT
-
-
-def run_checks(home: Path, host: str, port: int, full_hash: bool) -> list[DoctorCheck]:
+def run_checks(home: Path, address: tuple[str, int] | str, full_hash: bool) -> list[DoctorCheck]:
+    """Every check; ``address`` is where ``werk serve`` would listen, or why that is not known."""
+    host, port = address if isinstance(address, tuple) else (DEFAULT_HOST, DEFAULT_PORT)
     config = HostConfig(home=home, host=host, port=port)
     plugins, backends = load_plugins(config)
     factories = plugins.adapter_factories(config)
+    if isinstance(address, tuple):
+        listen = port_check(host, port)
+    else:
+        listen = DoctorCheck("port", "fail", address, f"set {PORT_ENV} to a port number (1-65535), or pass --port")
     return [
         *plugin_checks(plugins, backends, config),
         *model_checks(home, factories, full_hash),
-        port_check(host, port),
+        listen,
         home_check(home),
         disk_check(home),
         gpu_check(),
@@ -316,8 +318,11 @@ def render_checks(checks: list[DoctorCheck]) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    port = args.port if args.port is not None else default_port()
-    checks = run_checks(werk_home(args.home), args.host, port, args.hash)
+    try:
+        address: tuple[str, int] | str = listen_address(args, dict(os.environ))
+    except ValueError as err:  # a WERK_PORT that is not a port: werk serve would refuse it too
+        address = str(err)
+    checks = run_checks(werk_home(args.home), address, args.hash)
     body = {"checks": [c.as_dict() for c in checks], "summary": summary(checks)}
     emit(args, body, render_checks(checks))
     return 1 if any(c.status == "fail" for c in checks) else 0
@@ -341,7 +346,9 @@ def register(sub: Any) -> None:
         "under each problem. Exit code 0 when nothing failed, 1 otherwise.",
     )
     p.add_argument("--home", help="WERK_HOME to check (default: $WERK_HOME or ~/.werk)")
-    p.add_argument("--host", default="127.0.0.1", help="address werk serve would listen on (default: 127.0.0.1)")
+    p.add_argument(
+        "--host", default=None, help=f"address werk serve would listen on (default: $WERK_HOST or {DEFAULT_HOST})"
+    )
     p.add_argument(
         "--port",
         type=_port,
