@@ -88,7 +88,7 @@ for dir in "${dirs[@]}"; do
     case " ${build_reqs[*]} " in *" $req "*) ;; *) build_reqs+=("$req") ;; esac
   done
 done
-pip=(-m pip install -q --disable-pip-version-check --no-compile)
+install=(install -q --disable-pip-version-check --no-compile)
 editable=()
 for dir in "${dirs[@]}"; do editable+=(-e "$dir"); done
 isolation=(--no-build-isolation)
@@ -121,7 +121,7 @@ backend_done=0
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $("$PYTHON" --version 2>&1), then pip and ${build_reqs[*]}"
   if { "$PYTHON" -m venv --without-pip .venv &&
-    "$PYTHON" "${pip[@]}" --python .venv/bin/python pip "${build_reqs[@]}"; }; then
+    "$PYTHON" -m pip --python .venv/bin/python "${install[@]}" pip "${build_reqs[@]}"; }; then
     backend_done=1
   else
     say "the base interpreter's pip cannot install into .venv; using venv's bundled pip"
@@ -135,16 +135,16 @@ if ! have_pip; then
 fi
 if [ "$backend_done" = 0 ] && [ ${#build_reqs[@]} -gt 0 ]; then
   say "installing the build backend: ${build_reqs[*]}"
-  .venv/bin/python "${pip[@]}" "${build_reqs[@]}"
+  .venv/bin/python -m pip "${install[@]}" "${build_reqs[@]}"
 fi
 say "installing ${names[*]} (editable$([ "$mode" = serve ] && echo ', serving only, no extras'))"
-.venv/bin/python "${pip[@]}" "${isolation[@]}" "${editable[@]}"
+.venv/bin/python -m pip "${install[@]}" "${isolation[@]}" "${editable[@]}"
 if [ "$mode" = full ]; then
   # A second pass, by name: some test extras name another plugin of this tree (werk-candle-bridge's
   # tests use werk-llamacpp's model generator) that is on no index, so it must already be
   # installed when pip resolves them; the editable installs above satisfy them as they are.
   say "installing the test extras: ${extras[*]}"
-  .venv/bin/python "${pip[@]}" "${extras[@]}"
+  .venv/bin/python -m pip "${install[@]}" "${extras[@]}"
   stamp_hash serve "${serve_dirs[@]}" >.venv/.werk-setup-serve
 fi
 stamp_hash "$mode" "${dirs[@]}" >"$stamp"
