@@ -76,7 +76,7 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     host.register(plugin, "testbackend")
     implemented = {caller.name for caller in host.pm.get_hookcallers(plugin) or []}
     assert implemented == set(hook_names())
-    assert set(hook_names()) - {"werk_adapter_factories", "werk_doctor_checks"} == OPERATION_HOOKS
+    assert set(hook_names()) - {"werk_adapter_factories", "werk_doctor_checks", "werk_cli_commands"} == OPERATION_HOOKS
 
 
 def test_no_host_call_site_names_a_hook_by_string() -> None:

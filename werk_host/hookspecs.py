@@ -1,11 +1,12 @@
 """The plugin contract: every way the host reaches a backend (docs/plugin-hooks.md).
 
 Plugins implement these with ``@werk_host.hookimpl``. ``werk_adapter_factories`` is collected
-from every plugin, and so is ``werk_doctor_checks``. Every other hook is an *operation hook*: ``firstresult``, and the host
-dispatches it only to the plugin that owns the adapter (``adapter.plugin_name``) plus plugins
-that provide no adapter at all, which may wrap the call with ``@hookimpl(wrapper=True)`` to
-observe or veto it. A backend plugin therefore only ever receives adapters it created, and
-may annotate ``adapter`` with its own adapter class.
+from every plugin, and so are ``werk_doctor_checks`` and ``werk_cli_commands``. Every other
+hook is an *operation hook*: ``firstresult``, and the host dispatches it only to the plugin
+that owns the adapter (``adapter.plugin_name``) plus plugins that provide no adapter at all,
+which may wrap the call with ``@hookimpl(wrapper=True)`` to observe or veto it. A backend
+plugin therefore only ever receives adapters it created, and may annotate ``adapter`` with its
+own adapter class.
 
 Errors: an operation hook raises :class:`werk_host.errors.WerkError` with one of the codes
 named in its docstring. Returning ``None`` means "not implemented", which the host reports as
@@ -18,6 +19,7 @@ them (``python -m werk_host.hookdocs``) and a test fails when it is stale.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from typing import Final
 
@@ -66,6 +68,24 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:  # type:
     give ``validate_options``: the host calls it with each deployment instance's profile
     ``options`` when ``werk serve`` starts, and a :class:`ValueError` it raises refuses the
     profile (docs/plugin-kit.md, "Options").
+    """
+
+
+@hookspec
+def werk_cli_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add this plugin's ``werk <name> ...`` sub-commands (collected from every plugin).
+
+    ``subparsers`` is the ``werk`` parser's sub-command set: call
+    ``subparsers.add_parser(name, help=...)`` (name the command after the plugin) and give each
+    leaf parser ``set_defaults(handler=fn)``, where ``fn(args: argparse.Namespace) -> int``
+    returns the exit code. Called every time ``werk`` builds its parser, ``werk --help``
+    included, so it must be cheap: add arguments only and import the command's work inside
+    ``fn``. To build the parser the host imports only the module the plugin names in the
+    ``werk.cli`` entry-point group (keep it small: it decides how fast every ``werk`` command
+    starts), and a plugin module implements the hook too by importing it from there. A hook
+    that raises, or takes a command name already in use, adds no command: ``werk`` keeps
+    working, says so in one line on stderr, and ``werk plugins`` lists it under the plugin's
+    ``problems`` (docs/plugin-kit.md, "Commands").
     """
 
 

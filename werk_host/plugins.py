@@ -6,12 +6,16 @@ its distribution's declared ``werk-host`` requirement is checked against the run
 undeclared range lists the plugin as ``failed`` with the reason, and it is never imported. A
 plugin that fails to import is recorded with its error and skipped; it never crashes the host.
 Operators can disable plugins with ``WERK_DISABLE_PLUGINS=name,name`` (``*`` disables all).
+To build the ``werk`` parser the host loads, by the same rules, only each plugin's command
+module, named in the group ``werk.cli`` (:meth:`PluginHost.load_cli_entry_points`), and
+collects ``werk_cli_commands`` from it; a hook that raises adds no command and is flagged.
 Host code calls operation hooks through :class:`werk_host.hooks.BackendHooks`, never here by
 name (docs/plugin-hooks.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import threading
@@ -34,6 +38,8 @@ from werk_host.protocol.discovery import CapabilityId
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "werk"
+#: Entry points naming each plugin's small command module (``werk_cli_commands``), by plugin name.
+CLI_ENTRY_POINT_GROUP = "werk.cli"
 
 
 @dataclass
@@ -214,6 +220,60 @@ class PluginHost:
         self.records.append(PluginRecord(name, distribution, version, "loaded", hooks=hooks))
         self._calls.clear()
 
+    def load_cli_entry_points(self, environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
+        """Register each plugin's command module (group ``werk.cli``), for ``werk``'s parser only.
+
+        Disabled and incompatible plugins are skipped unimported, as in :meth:`load_entry_points`.
+        Returns ``(plugin, problem)`` for each command module that failed to import (also
+        recorded as ``failed``)."""
+        disabled = disabled_plugin_names(environ)
+        problems: list[tuple[str, str]] = []
+        for ep in sorted(entry_points(group=CLI_ENTRY_POINT_GROUP), key=lambda e: e.name):
+            if "*" in disabled or ep.name in disabled or self.pm.get_plugin(ep.name) is not None:
+                continue
+            if incompatibility(getattr(ep, "dist", None)) is not None:
+                continue  # `werk plugins` lists why
+            dist, version = _dist_of(ep)
+            try:
+                module = ep.load()
+            except Exception as err:  # a broken plugin must not take `werk` down
+                error = f"{type(err).__name__}: {err}"
+                self.records.append(PluginRecord(ep.name, dist, version, "failed", error=error))
+                problems.append((ep.name, f"commands failed to load: {error}"))
+                continue
+            self.register(module, ep.name, distribution=dist, version=version)
+        return problems
+
+    def add_cli_commands(
+        self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+    ) -> list[tuple[str, str]]:
+        """Call every registered plugin's ``werk_cli_commands`` on ``werk``'s sub-commands.
+
+        Each plugin is called on its own: one that raises (a taken command name included) has
+        whatever it added removed, is flagged, and the others still add theirs. Returns the
+        ``(plugin, problem)`` pairs flagged."""
+        names = {id(plugin): name for name, plugin in self.pm.list_name_plugin()}
+        problems: list[tuple[str, str]] = []
+        for impl in self.pm.hook.werk_cli_commands.get_hookimpls():
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            name = names.get(id(impl.plugin), impl.plugin_name)
+            taken = set(subparsers._name_parser_map)
+            listed = len(subparsers._choices_actions)
+            try:
+                impl.function(*[{"subparsers": subparsers}[a] for a in impl.argnames])
+            except Exception as err:  # a broken plugin must not take `werk` down
+                for added in set(subparsers._name_parser_map) - taken:
+                    del subparsers._name_parser_map[added]
+                del subparsers._choices_actions[listed:]
+                problem = f"werk_cli_commands raised {type(err).__name__}: {err}"
+                with self._lock:  # not :meth:`flag`: its log line would repeat what `werk` prints
+                    for record in self.records:
+                        if record.name == name and problem not in record.problems:
+                            record.problems.append(problem)
+                problems.append((name, problem))
+        return problems
+
     def inventory(self) -> list[dict[str, object]]:
         return [r.as_dict() for r in sorted(self.records, key=lambda r: r.name)]
 
@@ -325,6 +385,7 @@ def hook_names() -> list[str]:
 OPERATION_HOOKS: frozenset[str] = frozenset(hook_names()) - {
     hookspecs.werk_adapter_factories.__name__,
     hookspecs.werk_doctor_checks.__name__,
+    hookspecs.werk_cli_commands.__name__,
 }
 #: Operation hooks that only observe (their contracts say "cheap", "side-effect free" or
 #: "read-only"); every other operation hook may change what a backend reports.

@@ -28,7 +28,22 @@ def build_parser() -> argparse.ArgumentParser:
     cache.register(sub)
     runtime.register(sub)
     deployments.register(sub)
+    plugin_commands(sub)
     return parser
+
+
+def plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each plugin's own ``werk <name> ...`` commands (docs/plugin-kit.md, "Commands"). Only the
+    plugins' small ``werk.cli`` modules are imported; a broken one adds nothing and is named in
+    one line on stderr."""
+    from werk_host.plugins import PluginHost
+
+    host = PluginHost()
+    problems = host.load_cli_entry_points()
+    problems += host.add_cli_commands(sub)
+    for name, problem in problems:
+        fix = f"see `werk plugins`; WERK_DISABLE_PLUGINS={name} turns the plugin off"
+        print(f"werk: plugin {name} {problem} ({fix})", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,7 @@ every status; ``fail`` injects failures (see :meth:`MemoryAdapter.check`).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import secrets
@@ -380,6 +381,10 @@ class MemoryBackendPlugin:
     @hookimpl
     def werk_doctor_checks(self, config: HostConfig) -> list[DoctorCheck]:
         return [DoctorCheck("testbackend.engine", "ok", "the reference backend runs in process")]
+
+    @hookimpl
+    def werk_cli_commands(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        """The reference backend adds no ``werk`` commands (werk-llamacpp's ``werk llamacpp`` does)."""
 
     @hookimpl
     def werk_capabilities(self, adapter: MemoryAdapter) -> Mapping[CapabilityId, CapabilityReport]:

@@ -698,6 +698,13 @@ class LlamaCppAdapter:
         self._slot_owner = None
 
 
+#: What ``werk serve`` says when no llama-server is found (no path: it may reach an error body).
+LLAMA_SERVER_MISSING = (
+    "llama-server not found: run `werk llamacpp build` (builds and caches it once), "
+    "or set WERK_LLAMA_SERVER to an executable llama-server, or put llama-server on PATH"
+)
+
+
 def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> LlamaCppAdapter:
     if manifest is None:
         raise WerkError(ErrorCode.INVALID_REQUEST, "the llama.cpp backend needs a model")
@@ -705,9 +712,7 @@ def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> LlamaC
     try:
         adapter = LlamaCppAdapter(config, manifest, options)
     except LlamaServerNotFound as err:
-        raise WerkError(
-            ErrorCode.UNAVAILABLE, "llama-server not found: set WERK_LLAMA_SERVER or --backend-option", retryable=False
-        ) from err
+        raise WerkError(ErrorCode.UNAVAILABLE, LLAMA_SERVER_MISSING, retryable=False) from err
     adapter.process()  # residency: the child starts with werk serve
     return adapter
 

