@@ -105,7 +105,7 @@ if [ "$dry_run" = 1 ]; then
   else
     say "would create .venv with $("$PYTHON" --version 2>&1) and install pip ${build_reqs[*]} into it"
   fi
-  say "would install ($mode): pip install ${isolation[*]} --no-compile ${editable[*]}"
+  say "would install ($mode): pip install ${isolation[*]+${isolation[*]} }--no-compile ${editable[*]}"
   [ "$mode" = serve ] || say "would install the test extras: pip install ${extras[*]}"
   if [ -f .venv/pyvenv.cfg ]; then
     say "would write $stamp: $(stamp_hash "$mode" "${dirs[@]}")"
@@ -121,7 +121,7 @@ backend_done=0
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $("$PYTHON" --version 2>&1), then pip and ${build_reqs[*]}"
   if { "$PYTHON" -m venv --without-pip .venv &&
-    "$PYTHON" -m pip --python .venv/bin/python "${install[@]}" pip "${build_reqs[@]}"; }; then
+    "$PYTHON" -m pip --python .venv/bin/python "${install[@]}" pip ${build_reqs[@]+"${build_reqs[@]}"}; }; then
     backend_done=1
   else
     say "the base interpreter's pip cannot install into .venv; using venv's bundled pip"
@@ -138,7 +138,7 @@ if [ "$backend_done" = 0 ] && [ ${#build_reqs[@]} -gt 0 ]; then
   .venv/bin/python -m pip "${install[@]}" "${build_reqs[@]}"
 fi
 say "installing ${names[*]} (editable$([ "$mode" = serve ] && echo ', serving only, no extras'))"
-.venv/bin/python -m pip "${install[@]}" "${isolation[@]}" "${editable[@]}"
+.venv/bin/python -m pip "${install[@]}" ${isolation[@]+"${isolation[@]}"} "${editable[@]}"
 if [ "$mode" = full ]; then
   # A second pass, by name: some test extras name another plugin of this tree (werk-candle-bridge's
   # tests use werk-llamacpp's model generator) that is on no index, so it must already be
