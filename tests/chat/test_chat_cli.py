@@ -346,6 +346,10 @@ def test_cache_inventory_and_purge_rules(werk_home: Path, capsys: pytest.Capture
         assert a["native_snapshot"]["id"] == "chat:a/native" and a["native_snapshot"]["bytes"] > 0  # type: ignore[index]
         assert entries["chat:busy"]["active"] is True and a["active"] is False
         assert listing["totals"]["chat_sessions_active"] == 1  # type: ignore[index]
+        assert main(["cache", "list", "--home", str(werk_home)]) == 0  # the table: a row per part
+        rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:-1]}
+        assert "chat archive (4 messages)" in rows["chat:a"] and MODEL in rows["chat:a"]
+        assert "chat snapshot" in rows["chat:a/native"] and rows["chat:busy"].split()[-2:] == ["active", "disk"]
 
         preview = cache(werk_home, capsys, "purge", "--all", "--dry-run")
         assert {e["id"] for e in preview["chat_sessions"]} == {"chat:a/native", "chat:b/native"}  # type: ignore[attr-defined]

@@ -138,3 +138,43 @@ def test_purge_waits_for_the_server_lock(capsys: pytest.CaptureFixture[str], wer
     holder.wait(timeout=30)
     assert code == 0 and out["removed"] == 1
     assert waited >= 0.5  # it queued behind the other process's lock instead of racing it
+
+
+def run_text(capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> tuple[int, str, str]:
+    """``werk cache ...`` through the real ``werk`` parser, without ``--json``."""
+    from werk_host.cli import main
+
+    code = main([*argv, "--home", str(home)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_list_and_purge_print_text_by_default(
+    capsys: pytest.CaptureFixture[str], werk_home_dir: Path, root: Path
+) -> None:
+    code, out, _ = run_text(capsys, werk_home_dir, "cache", "list")
+    assert code == 0 and out.startswith("nothing cached (0 entries, 0 B on disk")
+    store = StateStore(root)
+    plain = commit(store, data=b"x" * 1000)
+    pinned = commit(store, P2, pinned=True)
+    code, out, _ = run_text(capsys, werk_home_dir, "cache", "list")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["ID", "OWNER", "KIND", "MODEL", "SIZE", "MARKS", "TIER"]
+    rows = {line.split()[0]: line.split() for line in lines[1:-1]}
+    assert rows[plain.id][1:4] == [P1[:8] + "…", "state", "tiny-model"] and rows[plain.id][-2:] == ["-", "disk"]
+    assert rows[pinned.id][1] == P2[:8] + "…" and rows[pinned.id][-2:] == ["pinned", "disk"]
+    assert lines[-1].startswith("2 entries, ") and "2 states (1 pinned, 0 active" in lines[-1]
+    assert P1 not in out  # only principal prefixes, never the full principal
+
+    code, out, _ = run_text(capsys, werk_home_dir, "cache", "purge", "--all", "--dry-run")
+    assert code == 0 and out.startswith("would remove 1 runtime state (") and "skipped 1 pinned" in out
+    assert "nothing was changed" in out and len(out.splitlines()) == 1
+    code, out, _ = run_text(capsys, werk_home_dir, "cache", "purge", "--all")
+    assert code == 0 and out.startswith("removed 1 runtime state (") and "skipped 1 pinned" in out
+    assert store.get(P1, plain.id) is None and store.get(P2, pinned.id) is not None
+
+    code, out, err = run_text(capsys, werk_home_dir, "cache", "purge", "st_" + "0" * 32)
+    assert (code, out) == (1, "")
+    assert err == "werk: no runtime-state cache entry with that id (see the ids with: werk cache list)\n"
+    code, out, err = run_text(capsys, werk_home_dir, "cache", "purge")
+    assert code == 2 and err.startswith("werk: give exactly one of <ID> or --all (werk cache purge ID")
