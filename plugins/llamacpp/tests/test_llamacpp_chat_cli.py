@@ -167,7 +167,11 @@ def test_a_chat_resumed_in_a_new_process_restores_its_snapshot_and_records_reuse
     # Purge rules: --all keeps the conversation archive, drops the native snapshot and receipt.
     listing = json.loads(
         subprocess.run(
-            [sys.executable, "-m", "werk_host", "cache", "list"], env=env, capture_output=True, text=True, check=True
+            [sys.executable, "-m", "werk_host", "cache", "list", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     )
     (entry,) = listing["chat_sessions"]
