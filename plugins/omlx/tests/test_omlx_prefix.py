@@ -45,7 +45,9 @@ def chat(live: LiveHost, messages: list[dict[str, str]], n: int = 8) -> dict[str
 
 def cache_list(home: Path) -> list[dict[str, Any]]:
     done = subprocess.run(
-        [sys.executable, "-m", "werk_host.cli", "cache", "list", "--home", str(home), "--json"], capture_output=True, timeout=60
+        [sys.executable, "-m", "werk_host.cli", "cache", "list", "--home", str(home), "--json"],
+        capture_output=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr.decode()
     entries: list[dict[str, Any]] = json.loads(done.stdout)["backend_caches"]
