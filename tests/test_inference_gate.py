@@ -317,7 +317,9 @@ def test_serve_refuses_a_config_without_inference_room(
 ) -> None:
     monkeypatch.setattr("werk_host.logs.configure_logging", lambda level, secrets: None)
     assert main(["serve", "--home", str(home), "--threads", "2", "--port", "0"]) == 2
-    assert "below the thread count" in json.loads(capsys.readouterr().err)["error"]["message"]
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("werk: ") and "below the thread count" in lines[0], lines
+    assert lines[0].endswith("(raise --threads or lower --inference-max)")
 
 
 def test_serve_options_reach_the_limits() -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 
 from werk_host import __version__
-from werk_host.cli import cache, chat, deployments, doctor, models, plugins, run, runtime, serve
+from werk_host.cli import cache, chat, deployments, doctor, models, output, plugins, run, runtime, serve
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
 
@@ -52,11 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except WerkError as err:
-        print(json.dumps({"error": {"code": err.code.value, "message": err.message}}), file=sys.stderr)
+    except WerkError as err:  # one line `werk: ...` (docs/cli.md, "Output and exit codes")
+        output.fail(args, err.message, code=err.code.value)
         return 2
     except ProfileError as err:  # nothing started: the message names the file, line and field
-        print(json.dumps({"error": {"code": "invalid_profile", "message": str(err)}}), file=sys.stderr)
+        output.fail(args, f"invalid profile: {err}", code="invalid_profile")
         return 2
     except KeyboardInterrupt:
         return 130

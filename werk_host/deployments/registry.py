@@ -85,6 +85,16 @@ def choose_factory(
     return None
 
 
+def installed_backends(factories: Iterable[AdapterFactory]) -> str:
+    """What an unknown backend's error says: the backend ids the loaded plugins offer (with
+    the plugin's name where it differs) and how to install another (``pip install werk-NAME``,
+    docs/operations.md, "Start-up")."""
+    named = (f.backend if f.backend == f.plugin_name else f"{f.backend} (plugin {f.plugin_name})" for f in factories)
+    offered = list(dict.fromkeys(named))
+    have = f"installed backends: {', '.join(offered)}" if offered else "no backend plugin is installed"
+    return f"{have}; install one with pip install werk-NAME, e.g. pip install werk-llamacpp"
+
+
 def instance_config(config: HostConfig, factory: AdapterFactory, options: dict[str, JsonValue]) -> HostConfig:
     """``config`` with the instance's backend options laid over the server-wide ones."""
     if not options:
@@ -128,7 +138,7 @@ class DeploymentSet:
             wanted = spec.backend or manifest.backend or "any installed backend"
             raise ProfileError(
                 f"{self.profile.source}: instance {spec.id}: no installed backend plugin serves "
-                f"model {manifest.name} ({wanted})"
+                f"model {manifest.name} ({wanted}); {installed_backends(factories)}"
             )
         options = dict(spec.options)
         if spec.endpoint is not None:
