@@ -128,7 +128,10 @@ def test_werk_serve_process_answers_and_stops_on_sigterm(tmp_path: Path) -> None
             proc.wait()
     logs = proc.stderr.read() if proc.stderr else ""
     assert key not in logs
-    assert all(json.loads(line)["level"] for line in logs.splitlines() if line.strip())
+    # the log is JSON lines; the one human block is the start summary (docs/cli.md, "werk serve")
+    human = [line for line in logs.splitlines() if line.strip() and not line.startswith("{")]
+    assert human[0] == f"werk serve: ready on http://127.0.0.1:{listening['port']}" and human[-1].startswith("  Ollama")
+    assert all(json.loads(line)["level"] for line in logs.splitlines() if line.startswith("{"))
     secret = tmp_path / "home" / "auth" / "runtime-namespace.key"
     assert secret.stat().st_mode & 0o777 == 0o600 and secret.stat().st_size == 32
 
