@@ -246,7 +246,7 @@ def test_serve_options_reach_the_store_bounds(monkeypatch: pytest.MonkeyPatch, t
 
     seen: list[HostConfig] = []
 
-    def serve(config: HostConfig) -> int:
+    def serve(config: HostConfig, **_: object) -> int:
         seen.append(config)
         return 0
 
