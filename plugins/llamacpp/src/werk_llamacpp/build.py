@@ -290,20 +290,24 @@ def build(plan: BuildPlan | None = None, log: Log = _stderr_log) -> tuple[Path, 
     return plan.dest, False
 
 
+def locate(plan: BuildPlan, *, print_path: bool) -> tuple[Path, bool]:
+    """The binary for ``plan`` and whether it was cached: with ``print_path`` only a cached one
+    (:class:`BuildError` when there is none), else built now when it is not cached yet."""
+    if not print_path:
+        return build(plan)
+    found = cached(plan)
+    if found is None:
+        raise BuildError(f"llama-server {plan.version} is not built yet", "run `werk llamacpp build`")
+    return found, True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m werk_llamacpp.build [--print-path]``: what ``scripts/build-llama-server.sh`` runs."""
     parser = argparse.ArgumentParser(prog="python -m werk_llamacpp.build", description=__doc__.splitlines()[0])
     parser.add_argument("--print-path", action="store_true", help="print the cached binary's path; never build")
     args = parser.parse_args(argv)
     try:
-        plan = BuildPlan.from_env()
-        if args.print_path:
-            found = cached(plan)
-            if found is None:
-                raise BuildError(f"llama-server {plan.version} is not built yet", "run `werk llamacpp build`")
-            print(found)
-            return 0
-        path, _ = build(plan)
+        path, _ = locate(BuildPlan.from_env(), print_path=args.print_path)
     except BuildError as err:
         print(f"[werk llamacpp build] error: {err.message} ({err.fix})", file=sys.stderr)
         return 1

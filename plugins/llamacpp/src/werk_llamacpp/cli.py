@@ -23,19 +23,13 @@ from werk_host.cli.output import add_json_flag, emit, fail
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from werk_llamacpp.build import BuildError, BuildPlan, build, cached
+    from werk_llamacpp.build import BuildError, BuildPlan, locate
 
     try:
         plan = BuildPlan.from_env()
-        if args.print_path:
-            found = cached(plan)
-            if found is None:
-                raise BuildError(f"llama-server {plan.version} is not built yet", "run `werk llamacpp build`")
-            path, was_cached = found, True
-        else:
-            if args.jobs is not None:
-                plan = BuildPlan(plan.version, plan.sha256, args.jobs, plan.native, plan.python, plan.cache_root)
-            path, was_cached = build(plan)
+        if args.jobs is not None:
+            plan = BuildPlan(plan.version, plan.sha256, args.jobs, plan.native, plan.python, plan.cache_root)
+        path, was_cached = locate(plan, print_path=args.print_path)
     except BuildError as err:
         fail(args, err.message, err.fix, code="build_failed")
         return 1
