@@ -14,6 +14,8 @@ Shipped in the werk-host wheel and registered as the pytest plugin ``werk_host``
 * :mod:`~werk_host.testing.hostile`: the hostile-body corpus for the ``/v1``, ``/v1/messages`` and
   ``/api`` routes and its checker (:func:`corpus`, :func:`problems`, :func:`send`).
 * :mod:`~werk_host.testing.markers`: :func:`covers_hooks`, tag tests with the hooks they cover.
+* :mod:`~werk_host.testing.host`: the host itself for a plugin's tests (:func:`build_host`,
+  :class:`PluginHost`, :class:`ModelRegistry`, :func:`werk_main`, ...).
 * :mod:`~werk_host.testing.pytest_plugin`: fixtures ``werk_home``, ``werk_api_key`` and
   ``werk_server`` (a :class:`WerkServerFactory`), and the ``llamaserver``/``slow`` markers.
 
