@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from werk_host.backends.child import create_run_dir, reap_stale_run_dirs
 from werk_host.backends.managed import (
+    LOG_TAIL_LINES,
     BackendProcessError,
     BackendStartupError,
     ManagedProcess,
@@ -16,6 +17,7 @@ from werk_host.backends.managed import (
 )
 
 __all__ = [
+    "LOG_TAIL_LINES",
     "BackendProcessError",
     "BackendStartupError",
     "ManagedProcess",

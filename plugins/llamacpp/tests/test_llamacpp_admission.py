@@ -32,12 +32,10 @@ import werk_llamacpp.adapter as adapter_module
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import ENV_ARGS
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.protocol import ChatRequest
-from werk_host.server import Host, build_host
-from werk_host.service.admission import calibrate, plain_shape
+from werk_host.plugin import ChatRequest, HostConfig, ModelManifest
+from werk_host.plugin.counting import calibrate, plain_shape
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver

@@ -27,7 +27,8 @@ import psutil  # type: ignore[import-untyped]
 import pytest
 from llamacpp_fakes import write_fake_server
 
-from werk_host.models import ModelManifest, ModelRegistry
+from werk_host.plugin import ModelManifest
+from werk_host.testing.host import ModelRegistry
 from werk_host.testing.markers import covers_hooks
 from werk_host.testing.processes import gone
 

@@ -11,7 +11,7 @@ import pytest
 from werk_llamacpp import plugin
 from werk_llamacpp.adapter import LlamaCppAdapter
 
-from werk_host.backend import Adapter
+from werk_host.plugin import Adapter
 from werk_host.testing.conformance import ConformanceTarget, WerkConformance
 from werk_host.testing.processes import gone
 

@@ -14,8 +14,7 @@ import pytest
 from llamacpp_fakes import FAKE_HELP, write_fake_server
 from werk_llamacpp import doctor
 
-from werk_host.backend import DoctorCheck
-from werk_host.config import HostConfig
+from werk_host.plugin import DoctorCheck, HostConfig
 
 
 def werk_doctor(home: Path, env: dict[str, str]) -> tuple[int, dict[str, dict[str, str | None]], str]:

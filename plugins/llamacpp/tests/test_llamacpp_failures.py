@@ -21,10 +21,9 @@ import pytest
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.testmodel import generate_model
 
-from werk_host.config import BackendBounds, HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import Host, build_host
+from werk_host.plugin import BackendBounds, HostConfig, ModelManifest
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 from werk_host.testing.processes import gone
 

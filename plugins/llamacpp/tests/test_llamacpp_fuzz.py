@@ -31,12 +31,11 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-import werk_host
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import Host, build_host
+import werk_host.plugin
+from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing import hostile
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver
@@ -46,7 +45,7 @@ MODEL = "tiny"
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES = int(os.environ.get("WERK_FUZZ_EXAMPLES", "5"))
 STRIDE = max(1, 50 // EXAMPLES)
-REPO = str(Path(werk_host.__file__).resolve().parent.parent)
+REPO = str(Path(werk_host.plugin.__file__).resolve().parents[2])
 
 
 def _host(home: Path, server: Path, model: Path) -> Host:

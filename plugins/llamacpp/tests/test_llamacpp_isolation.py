@@ -25,13 +25,9 @@ from werk_llamacpp.integrity import SEQ_MAGIC, slot_file_tokens, tokens_digest
 from werk_llamacpp.slots import SlotRouter, held_for_life, strip_slot_fields
 from werk_llamacpp.snapshot import SlotImage, read_image, verify_tokens
 
-from werk_host.backend import InferenceResponse
-from werk_host.config import HostConfig
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import Host, build_host
-from werk_host.store.records import checksum_text
+from werk_host.plugin import ErrorCode, HostConfig, InferenceResponse, ModelManifest, WerkError, checksum_text
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 
 KEY_A = "sk-werk-isolation-a-123456"

@@ -31,11 +31,10 @@ from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import ENV_ARGS
 from werk_llamacpp.testmodel import generate_model
 
-from werk_host.backends.relay import ConnectionPool
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig, ModelManifest
+from werk_host.plugin.http import ConnectionPool
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 from werk_host.testing.markers import covers_hooks
 

@@ -15,11 +15,8 @@ import pytest
 from werk_llamacpp import plugin as llama_plugin
 from werk_llamacpp.testmodel import generate_model
 
-from werk_host.cli import main
-from werk_host.config import HostConfig
-from werk_host.deployments.profile import ProfileError
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig
+from werk_host.testing.host import Host, PluginHost, ProfileError, build_host, werk_main
 
 
 @pytest.fixture
@@ -75,7 +72,7 @@ def test_werk_serve_exits_with_the_line(
     profile = _profile(tmp_path, model, "frobnicate = 1")
     with pytest.raises(ProfileError):  # checked first, so that the command below cannot start serving
         _build(tmp_path / "probe", profile)
-    assert main(["serve", "--home", str(tmp_path / "home"), "--profile", str(profile), "--port", "0"]) == 2
+    assert werk_main(["serve", "--home", str(tmp_path / "home"), "--profile", str(profile), "--port", "0"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("werk: invalid profile: ") and "unknown option frobnicate" in line, line
 

@@ -21,11 +21,9 @@ from test_llamacpp_werk import KEY, config, install
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import LlamaServerError, LlamaServerProcess, advertised_env
 
-from werk_host.backend_caches import hold_owner_lock
-from werk_host.backends.child import ChildRecord, write_record
-from werk_host.backends.managed import free_port
-from werk_host.server import build_host
+from werk_host.plugin.process import free_port
 from werk_host.testing.api import Api
+from werk_host.testing.host import ChildRecord, build_host, hold_owner_lock, write_record
 from werk_host.testing.hosts import running
 from werk_host.testing.processes import gone
 

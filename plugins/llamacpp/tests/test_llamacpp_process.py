@@ -19,7 +19,7 @@ from werk_llamacpp.process import (
     last_flag_value,
 )
 
-from werk_host.backends.managed import BackendStartupError, live_children
+from werk_host.plugin.process import BackendStartupError, live_children
 from werk_host.testing.processes import gone as _gone
 
 # -- pure helpers ---------------------------------------------------------------------

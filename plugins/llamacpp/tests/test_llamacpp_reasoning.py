@@ -29,11 +29,8 @@ from werk_llamacpp.process import LlamaServerProcess
 from werk_llamacpp.reasoning import ThinkingControl, thinking_control
 from werk_llamacpp.testmodel import THINK_END, THINK_START, generate_model
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
-from werk_host.protocol import ReasoningTierId
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig, ModelManifest, ReasoningTierId
+from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver

@@ -13,11 +13,9 @@ import pytest
 from werk_llamacpp import plugin as llama_plugin
 from werk_llamacpp.testmodel import generate_model
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver

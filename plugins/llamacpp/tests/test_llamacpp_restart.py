@@ -28,11 +28,9 @@ from werk_llamacpp import snapshot
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.testmodel import generate_model
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import Host, build_host
-from werk_host.store.records import checksum_text
+from werk_host.plugin import HostConfig, ModelManifest, checksum_text
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver

@@ -30,10 +30,9 @@ import pytest
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import ENV_ARGS
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver

@@ -12,7 +12,7 @@ import pytest
 from werk_llamacpp import snapshot
 from werk_llamacpp.snapshot import SlotImage, presented, read_image
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, WerkError
 
 SLOT = bytes(range(256)) * 40  # stands in for llama-server's slot file
 DIGEST = "d" * 64  # stands in for the tokens' keyed digest

@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 from werk_llamacpp.process import ENV_ARGS
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import build_host
+from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
+from werk_host.testing.host import ModelRegistry, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver

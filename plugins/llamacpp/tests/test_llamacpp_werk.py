@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 from werk_llamacpp.adapter import LlamaCppAdapter
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
 from werk_host.testing.markers import covers_hooks
 
@@ -328,10 +327,10 @@ def test_cache_list_shows_the_live_child_directory_as_active(env: Env) -> None:
     import io
     from argparse import Namespace
 
-    from werk_host.cli.cache import cmd_list
+    from werk_host.testing.host import cache_list_command
 
     out = io.StringIO()
-    assert cmd_list(Namespace(home=str(env.host.config.home), json=True), out=out) == 0
+    assert cache_list_command(Namespace(home=str(env.host.config.home), json=True), out=out) == 0
     backends = json.loads(out.getvalue())["backend_caches"]
     proc = env.adapter.current()
     assert proc is not None and proc.run_dir is not None

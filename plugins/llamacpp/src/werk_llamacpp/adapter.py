@@ -42,28 +42,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from werk_host.backend import (
+from werk_host.plugin import (
+    CapabilityId,
     CapabilityReport,
+    ChatLimits,
+    ChatRequest,
     DecodeOutput,
     DecodeWork,
+    DeploymentPlan,
+    EndpointKind,
+    ErrorCode,
+    HostConfig,
+    MessagesInput,
+    ModelManifest,
     PrefilledState,
     PrefillWork,
     Snapshot,
     StoredStateRef,
-)
-from werk_host.backends.relay import post_json
-from werk_host.config import HostConfig
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest
-from werk_host.protocol import (
-    CapabilityId,
-    ChatLimits,
-    ChatRequest,
-    DeploymentPlan,
-    EndpointKind,
-    MessagesInput,
+    WerkError,
     WorkerObservation,
 )
+from werk_host.plugin.http import post_json
 
 from .binary import LlamaServerNotFound, find_llama_server
 from .capabilities import capability_reports

@@ -34,9 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from werk_host.backends.managed import find_executable, is_executable_file
-from werk_host.models import sha256_file
-from werk_host.paths import user_cache_dir
+from werk_host.plugin import sha256_file, user_cache_dir
+from werk_host.plugin.process import find_executable, is_executable_file
 
 from .build import PINNED_VERSION
 

@@ -9,8 +9,7 @@ expert residency ``unsupported``; the chat capabilities ``supported``.
 
 from __future__ import annotations
 
-from werk_host.backend import CapabilityReport
-from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.plugin import CapabilityId, CapabilityReport, CapabilityStatus
 
 from .probe import ProbeResult
 

@@ -2,7 +2,7 @@
 
 The host imports this module, named by the plugin's ``werk.cli`` entry point, every time
 ``werk`` builds its parser (docs/plugin-kit.md, "Commands"), so it imports nothing beyond the
-standard library and ``werk_host.cli.output`` at load time; the build itself
+standard library and ``werk_host.plugin.cli`` at load time; the build itself
 (:mod:`werk_llamacpp.build`) is imported when the command runs.
 
 * ``werk llamacpp build``: build and cache llama-server (progress on stderr, the binary's path
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from werk_host import hookimpl
-from werk_host.cli.output import add_json_flag, emit, fail
+from werk_host.plugin import hookimpl
+from werk_host.plugin.cli import add_json_flag, emit, fail
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -21,8 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from werk_host.backend import DoctorCheck
-from werk_host.config import HostConfig
+from werk_host.plugin import DoctorCheck, HostConfig
 
 from .adapter import PLUGIN_NAME
 from .binary import (

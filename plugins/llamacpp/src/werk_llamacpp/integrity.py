@@ -38,7 +38,7 @@ import secrets
 import struct
 from pathlib import Path
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, WerkError
 
 __all__ = [
     "KEY_NAME",

@@ -1,7 +1,7 @@
 """The options a llama.cpp deployment instance takes, checked when ``werk serve`` starts.
 
 A profile's ``options`` table (docs/deployments.md, "Instance keys") reaches
-:func:`validate_options` through the factory (:class:`werk_host.backend.AdapterFactory`,
+:func:`validate_options` through the factory (:class:`werk_host.plugin.AdapterFactory`,
 ``validate_options``) before anything starts, so an unknown name (a typo such as
 ``frobnicate``) or a bad value (``parallel = 0``) stops ``werk serve`` with one line naming it,
 instead of being ignored or failing at first use with a 503:
@@ -22,7 +22,7 @@ from typing import Final
 
 from pydantic import JsonValue
 
-from werk_host.deployments.durations import MAX_DURATION_S
+from werk_host.plugin import MAX_DURATION_S
 
 #: option name → (the least value, whether fractions are allowed); ``llama_server`` is a path.
 _NUMBERS: Final = {

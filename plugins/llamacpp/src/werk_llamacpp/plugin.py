@@ -7,35 +7,34 @@ The host dispatches operation hooks only to the plugin that owns the adapter
 
 from __future__ import annotations
 
-from werk_host import hookimpl
-from werk_host.backend import (
+from werk_host.plugin import (
     AdapterFactory,
+    CapabilityId,
     CapabilityReport,
+    ChatLimits,
+    ChatRequest,
     DecodeOutput,
     DecodeWork,
+    DeploymentPlan,
     DoctorCheck,
+    ErrorCode,
+    HostConfig,
     InferenceResponse,
     JsonObject,
     MoveOutput,
     MoveWork,
     PrefilledState,
     PrefillWork,
+    ReasoningProfile,
     Snapshot,
     StoredStateRef,
-)
-from werk_host.config import HostConfig
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.protocol import (
-    CapabilityId,
-    ChatLimits,
-    ChatRequest,
-    DeploymentPlan,
-    ReasoningProfile,
+    WerkError,
     WorkerObservation,
+    hookimpl,
 )
 
 from . import doctor, reasoning
-from .adapter import BACKEND_ID, PLUGIN_NAME, LlamaCppAdapter, accepts, create_adapter
+from .adapter import BACKEND_ID, LlamaCppAdapter, accepts, create_adapter
 from .capabilities import REPORTED_CAPABILITIES
 from .cli import werk_cli_commands as werk_cli_commands  # `werk llamacpp`; `werk` imports only .cli
 from .options import validate_options
@@ -48,7 +47,6 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
     return [
         AdapterFactory(
             BACKEND_ID,
-            PLUGIN_NAME,
             accepts,
             create_adapter,
             "managed llama-server (GGUF)",

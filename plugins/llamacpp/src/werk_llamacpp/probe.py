@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from werk_host.errors import WerkError
+from werk_host.plugin import WerkError
 
 from .integrity import path_tokens
 from .native import Completion, LlamaServerClient, NativeError

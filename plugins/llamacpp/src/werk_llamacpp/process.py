@@ -24,21 +24,20 @@
   executable's help lists for ``--api-key``, and appears in no log, error,
   repr or fingerprint. Werk's own clients get it from
   :meth:`LlamaServerProcess.new_client` and :attr:`LlamaServerProcess.api_key`.
-* The child is a :class:`werk_host.backends.managed.ManagedProcess`: it dies with the
+* The child is a :class:`werk_host.plugin.process.ManagedProcess`: it dies with the
   process that started it (SIGKILL of that process included), leads its own process group,
-  is stopped with that group, and is registered for the host's signal/exit cleanup
-  (:func:`werk_host.backends.managed.install_signal_cleanup`); a garbage-collected process is
-  reaped.
+  is stopped with that group, and is registered for the host's signal/exit cleanup; a
+  garbage-collected process is reaped.
 * The slot-save directory, the native log and the child's record
   (``child.json``) live in a private (0700) per-generation run directory
   ``<work_dir>/gen-<generation>/``, held with the ``werk cache`` owner lock
   while the process runs; it is removed on :meth:`LlamaServerProcess.stop`
   unless ``keep_files``. Each start in an explicit ``work_dir`` first stops
   the recorded children of, and removes, every ``gen-*`` directory whose
-  owner is gone (:func:`werk_host.backends.child.reap_stale_run_dirs`); kept
+  owner is gone (:func:`werk_host.plugin.process.reap_stale_run_dirs`); kept
   files last until then.
 * Startup waits for ``GET /health`` == 200 with a timeout
-  (:meth:`~werk_host.backends.managed.ManagedProcess.wait_ready`). Any failure (exit,
+  (:meth:`~werk_host.plugin.process.ManagedProcess.wait_ready`). Any failure (exit,
   timeout, changed executable) stops the child and raises
   :class:`LlamaServerStartupError` carrying the tail of the native log, the API key
   redacted. There is no retry.
@@ -64,15 +63,16 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from werk_host.backends.child import create_run_dir, reap_stale_run_dirs
-from werk_host.backends.managed import (
+from werk_host.plugin import ensure_private_dir
+from werk_host.plugin.process import (
     LOG_TAIL_LINES,
     BackendProcessError,
     BackendStartupError,
     ManagedProcess,
+    create_run_dir,
     free_port,
+    reap_stale_run_dirs,
 )
-from werk_host.paths import ensure_private_dir
 
 from .binary import BinaryInfo, ExecutableIdentity, find_llama_server, inspect_executable, parse_help_flags
 from .native import LlamaServerClient, NativeConnectionError, NativeError

@@ -1,14 +1,14 @@
-"""llama-server specifics of the host relay (:mod:`werk_host.backends.relay`).
+"""llama-server specifics of the host relay (:mod:`werk_host.plugin.http`).
 
 OpenAI ``/v1`` requests reach the managed llama-server through
-:func:`werk_host.backends.relay.forward` over a :class:`LlamaConnectionPool`: the host's pool
+:func:`werk_host.plugin.http.forward` over a :class:`LlamaConnectionPool`: the host's pool
 labelled ``llama-server`` in errors and tuned to llama-server's keep-alive timeout.
 """
 
 from __future__ import annotations
 
-from werk_host.backends.relay import ConnectionPool
-from werk_host.config import BackendBounds
+from werk_host.plugin import BackendBounds
+from werk_host.plugin.http import ConnectionPool
 
 LABEL = "llama-server"
 #: llama-server closes keep-alive connections idle for 5 s (``Keep-Alive: timeout=5``); the pool
@@ -17,7 +17,7 @@ IDLE_REUSE_S = 4.0
 
 
 class LlamaConnectionPool(ConnectionPool):
-    """The host's :class:`~werk_host.backends.relay.ConnectionPool` for one llama-server child."""
+    """The host's :class:`~werk_host.plugin.http.ConnectionPool` for one llama-server child."""
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ llama-server generation, by rendering only (nothing is counted or generated); a 
 not answer gives no profile and is asked again next time (:func:`thinking_control`).
 
 With verified control, :func:`reasoning_profile` is the host resolver's budget profile
-(:func:`werk_host.service.reasoning.budget_profile`) over the served per-request context and
+(:func:`werk_host.plugin.reasoning.budget_profile`) over the served per-request context and
 output ceiling; otherwise it is unsupported. A chat body whose ``werk.reasoning`` the host
 resolved (``resolved_budget_tokens``) is forwarded with the thinking switch and budget
 llama-server reads per request (:func:`forwarded_chat`): ``chat_template_kwargs.enable_thinking``
@@ -33,9 +33,8 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from werk_host.backend import JsonObject
-from werk_host.protocol import ChatRequest, ReasoningProfile, ReasoningTierId
-from werk_host.service.reasoning import budget_profile, invalid_tier, unsupported_profile
+from werk_host.plugin import ChatRequest, JsonObject, ReasoningProfile, ReasoningTierId
+from werk_host.plugin.reasoning import budget_profile, invalid_tier, unsupported_profile
 
 from .adapter import BACKEND_ID, LlamaCppAdapter
 from .native import NativeError, NativeHTTPError

@@ -1,9 +1,9 @@
 """Native session snapshots for ``werk chat``/``werk run`` on llama.cpp (docs/chat.md).
 
-:class:`LlamaSessionSnapshots` is this plugin's :class:`werk_host.chat.seam.SessionSnapshots`
+:class:`LlamaSessionSnapshots` is this plugin's :class:`werk_host.plugin.SessionSnapshots`
 for one live ``llama-server`` (the ``werk_session_snapshots`` hook). The host owns the files
 and the rules (envelope equality, private paths, size, SHA-256, receipts, observed reuse:
-:mod:`werk_host.chat.native`); this module only touches the process:
+docs/chat.md); this module only touches the process:
 
 * **Session slot**: the adapter's state slot (the last one). Session chat requests are the
   adapter's ``/v1/chat/completions`` relay pinned to it with ``id_slot`` and ``cache_prompt``
@@ -44,10 +44,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from werk_host.backend import InferenceResponse, JsonObject, Snapshot, StoredStateRef
-from werk_host.backends.relay import forward
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import sha256_file
+from werk_host.plugin import ErrorCode, InferenceResponse, JsonObject, Snapshot, StoredStateRef, WerkError, sha256_file
+from werk_host.plugin.http import forward
 
 from .adapter import LlamaCppAdapter, mismatch_fields
 from .native import NativeError

@@ -33,9 +33,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from werk_host.backend import InferenceResponse, JsonObject
-from werk_host.backends.relay import ClientGone, forward
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, InferenceResponse, JsonObject, WerkError
+from werk_host.plugin.http import ClientGone, forward
 
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter

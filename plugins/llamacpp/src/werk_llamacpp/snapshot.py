@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, WerkError
 
 from .integrity import slot_file_tokens, tokens_equal
 
