@@ -218,7 +218,7 @@ from werk_host.backend import AdapterFactory, DoctorCheck
 
 @hookimpl
 def werk_adapter_factories(config):
-    return [AdapterFactory("fakeengine", "goodplug", lambda m: False, None)]
+    return [AdapterFactory("fakeengine", lambda m: False, None)]
 
 @hookimpl
 def werk_doctor_checks(config):

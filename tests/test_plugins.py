@@ -97,7 +97,7 @@ from werk_host.backend import AdapterFactory
 
 @hookimpl
 def werk_adapter_factories(config):
-    return [AdapterFactory("fake", "{name}", lambda m: False, None, capabilities={caps})]
+    return [AdapterFactory("fake", lambda m: False, None, capabilities={caps})]
 """
 
 
@@ -308,7 +308,7 @@ class FactoriesOnly:
 
     @hookimpl
     def werk_adapter_factories(self, config: HostConfig) -> list[AdapterFactory]:
-        return [AdapterFactory(BACKEND_ID, "testbackend", lambda m: True, lambda c, m: MemoryAdapter("tiny"))]
+        return [AdapterFactory(BACKEND_ID, lambda m: True, lambda c, m: MemoryAdapter("tiny"))]
 
 
 def test_none_from_a_hook_is_unsupported_over_http(home: Path) -> None:

@@ -86,12 +86,20 @@ class AdapterFactory:
     """
 
     backend: str
-    plugin_name: str
     accepts: Callable[[ModelManifest | None], bool]
     create: Callable[[HostConfig, ModelManifest | None], Adapter]
     description: str = ""
     capabilities: tuple[CapabilityId, ...] = ()
     validate_options: Callable[[Mapping[str, JsonValue]], None] | None = None
+    #: The owning plugin's name. A plugin leaves it out: the host fills in the entry-point name
+    #: of the plugin whose ``werk_adapter_factories`` returned the factory. Given, it only
+    #: asserts that name; a mismatch fails the plugin at load (docs/plugin-hooks.md).
+    plugin_name: str | None = field(default=None, kw_only=True)
+
+    @property
+    def owner(self) -> str:
+        """The owning plugin's name, as the host filled it in (``""`` on a factory no host saw)."""
+        return self.plugin_name or ""
 
 
 #: The statuses a :class:`DoctorCheck` may have (docs/cli.md, "werk doctor").

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import Distribution, EntryPoint, entry_points
 
 import pluggy
@@ -290,15 +290,20 @@ class PluginHost:
         """Every factory offered by a loaded plugin; malformed offers are flagged and skipped,
         and declared capability ids that are not :class:`CapabilityId` members are flagged."""
         factories: list[AdapterFactory] = []
-        for offered in self.pm.hook.werk_adapter_factories(config=config):
+        # the order pluggy calls them in (last registered first), each paired with its plugin
+        for impl in reversed(self.pm.hook.werk_adapter_factories.get_hookimpls()):
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            owner = impl.plugin_name
+            offered = impl.function(*[{"config": config}[a] for a in impl.argnames])
             for factory in offered or []:
                 if not isinstance(factory, AdapterFactory):
                     log.error("a plugin offered %s instead of an AdapterFactory; ignored", type(factory).__name__)
                     continue
                 for cap_id in factory.capabilities:
                     if cap_id not in CapabilityId.__members__.values():
-                        self.flag(factory.plugin_name, f"declares unknown capability id {cap_id!r}")
-                factories.append(factory)
+                        self.flag(owner, f"declares unknown capability id {cap_id!r}")
+                factories.append(replace(factory, plugin_name=owner))
         return factories
 
     def doctor_checks(self, config: HostConfig) -> list[tuple[str, DoctorCheck]]:

@@ -310,7 +310,7 @@ def test_werk_deployments_prints_the_inventory(env: Any, monkeypatch: pytest.Mon
 
 
 def test_factory_for_an_unknown_backend_is_not_chosen() -> None:
-    factories = [AdapterFactory("other", "other", lambda m: True, lambda c, m: MemoryAdapter("x"))]
+    factories = [AdapterFactory("other", lambda m: True, lambda c, m: MemoryAdapter("x"))]
     from werk_host.deployments.registry import choose_factory
 
     manifest = ModelManifest("alpha", (), BACKEND_ID, {})

@@ -36,7 +36,7 @@ def load_plugins(config: HostConfig) -> tuple[PluginHost, dict[str, list[str]]]:
     host.load_entry_points()
     backends: dict[str, list[str]] = {}
     for factory in host.adapter_factories(config):  # cheap by contract: starts nothing
-        backends.setdefault(factory.plugin_name, []).append(factory.backend)
+        backends.setdefault(factory.owner, []).append(factory.backend)
     host.add_cli_commands(argparse.ArgumentParser(prog="werk").add_subparsers())  # flags a raising werk_cli_commands
     return host, backends
 

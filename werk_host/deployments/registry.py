@@ -78,7 +78,7 @@ def choose_factory(
     wanted = backend or manifest.backend
     for factory in factories:
         if wanted is not None:
-            if wanted in (factory.backend, factory.plugin_name):
+            if wanted in (factory.backend, factory.owner):
                 return factory
         elif factory.accepts(manifest):
             return factory
@@ -89,7 +89,7 @@ def installed_backends(factories: Iterable[AdapterFactory]) -> str:
     """What an unknown backend's error says: the backend ids the loaded plugins offer (with
     the plugin's name where it differs) and how to install another (``pip install werk-NAME``,
     docs/operations.md, "Start-up")."""
-    named = (f.backend if f.backend == f.plugin_name else f"{f.backend} (plugin {f.plugin_name})" for f in factories)
+    named = (f.backend if f.backend == f.owner else f"{f.backend} (plugin {f.owner})" for f in factories)
     offered = list(dict.fromkeys(named))
     have = f"installed backends: {', '.join(offered)}" if offered else "no backend plugin is installed"
     return f"{have}; install one with pip install werk-NAME, e.g. pip install werk-llamacpp"
@@ -100,7 +100,7 @@ def instance_config(config: HostConfig, factory: AdapterFactory, options: dict[s
     if not options:
         return config
     merged = dict(config.backend_options)
-    merged[factory.plugin_name] = {**merged.get(factory.plugin_name, {}), **options}
+    merged[factory.owner] = {**merged.get(factory.owner, {}), **options}
     return replace(config, backend_options=merged)
 
 

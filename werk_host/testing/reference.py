@@ -370,7 +370,6 @@ class MemoryBackendPlugin:
         return [
             AdapterFactory(
                 BACKEND_ID,
-                PLUGIN_NAME,
                 lambda m: m is not None,
                 self.create,
                 "in-memory reference backend (werk_host.testing)",

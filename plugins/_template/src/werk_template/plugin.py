@@ -24,7 +24,7 @@ REPORTED = {
 
 @hookimpl
 def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
-    return [AdapterFactory(BACKEND_ID, PLUGIN_NAME, accepts, create_adapter, "in-process echo", tuple(REPORTED))]
+    return [AdapterFactory(BACKEND_ID, accepts, create_adapter, "in-process echo", tuple(REPORTED))]
 
 
 # COPIERS: replace this with checks of what your engine needs here (an executable found and its

@@ -30,7 +30,6 @@ from werk_host.service.reasoning import unsupported_profile
 from . import doctor
 from .adapter import (
     BACKEND_ID,
-    PLUGIN_NAME,
     REPORTED_CAPABILITIES,
     CandleAdapter,
     accepts,
@@ -44,7 +43,6 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
     return [
         AdapterFactory(
             BACKEND_ID,
-            PLUGIN_NAME,
             accepts,
             create_adapter,
             "in-process mistral.rs (Candle) engine for GGUF models",

@@ -30,7 +30,7 @@ from werk_host.protocol import (
 from werk_host.service.reasoning import unsupported_profile
 
 from . import doctor
-from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, OmlxAdapter, Settings, accepts, create_adapter
+from .adapter import BACKEND_ID, REPORTED_CAPABILITIES, OmlxAdapter, Settings, accepts, create_adapter
 
 
 @hookimpl
@@ -38,7 +38,6 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
     return [
         AdapterFactory(
             BACKEND_ID,
-            PLUGIN_NAME,
             accepts,
             create_adapter,
             "MLX checkpoints in a Werk-owned mlx-lm worker with MoE expert offload (or omlx serve on Apple silicon)",

@@ -27,7 +27,7 @@ from werk_host.protocol import (
 from werk_host.service.reasoning import unsupported_profile
 
 from . import doctor
-from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, VllmAdapter, accepts, create_adapter
+from .adapter import BACKEND_ID, REPORTED_CAPABILITIES, VllmAdapter, accepts, create_adapter
 from .launch import parse_options
 
 
@@ -36,7 +36,6 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
     return [
         AdapterFactory(
             BACKEND_ID,
-            PLUGIN_NAME,
             accepts,
             create_adapter,
             "vLLM: a Werk-started vllm serve (Hugging Face model directory) or a remote endpoint",
