@@ -3,7 +3,7 @@
 Two Werk hosts run in this process, each on waitress like ``werk serve``: one with the
 ``werk-candle-bridge`` plugin, one with ``werk-llamacpp`` (one slot), both serving the same file —
 by default the real SmolLM2-135M-Instruct Q4_1 (:func:`werk_host.realmodel.smollm2_gguf`), or
-``--model generated`` (the tiny random model of ``werk_llamacpp.testmodel``). Each round sends
+``--model generated`` (the tiny random model of ``werk_llamacpp.testing.testmodel``). Each round sends
 the same streamed chat request to both, alternating which goes first (ABBA), after a warm-up:
 about ``--prompt-tokens`` prompt tokens behind a fresh nonce (so neither engine can reuse a
 cached prefix), ``--max-tokens`` output tokens with ``ignore_eos``, temperature 0.
@@ -47,7 +47,7 @@ from werk_candle_bridge import plugin as candle_plugin  # noqa: E402
 from werk_candle_bridge.engine import missing_engine_reason  # noqa: E402
 from werk_llamacpp import plugin as llama_plugin  # noqa: E402
 from werk_llamacpp.binary import LlamaServerNotFound, find_llama_server  # noqa: E402
-from werk_llamacpp.testmodel import generate_model  # noqa: E402
+from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
 
 from werk_host.models import ModelManifest  # noqa: E402
 from werk_host.realmodel import smollm2_gguf  # noqa: E402

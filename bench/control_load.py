@@ -61,7 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from werk_llamacpp.testmodel import generate_model  # noqa: E402
+from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
 
 from bench.proxy_overhead import KEY, MODEL, Target, git_describe, llama_server, werk_serve  # noqa: E402
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402

@@ -179,7 +179,7 @@ class ServeRig:
     """Owns the WERK_HOME, the model and the ``werk serve`` rounds."""
 
     def __init__(self, work: Path, server_binary: Path, rng: random.Random) -> None:
-        from werk_llamacpp.testmodel import generate_model
+        from werk_llamacpp.testing.testmodel import generate_model
 
         self.work = work
         self.rng = rng

@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from werk_llamacpp.binary import LlamaServerNotFound, find_llama_server  # noqa: E402
-from werk_llamacpp.testmodel import generate_model  # noqa: E402
+from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
 
 from werk_host.config import HostConfig  # noqa: E402
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402

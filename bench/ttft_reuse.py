@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from werk_llamacpp.adapter import LlamaCppAdapter  # noqa: E402
 from werk_llamacpp.binary import find_llama_server  # noqa: E402
 from werk_llamacpp.native import LlamaServerClient  # noqa: E402
-from werk_llamacpp.testmodel import generate_model  # noqa: E402
+from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
 
 from werk_host.config import HostConfig  # noqa: E402
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402

@@ -58,7 +58,7 @@ def _serve(home: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedP
 
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    testmodel = pytest.importorskip("werk_llamacpp.testmodel", reason="the llama.cpp plugin is not installed")
+    testmodel = pytest.importorskip("werk_llamacpp.testing.testmodel", reason="the llama.cpp plugin is not installed")
     path: Path = testmodel.generate_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
     return path
 

@@ -4,7 +4,7 @@ Tests marked ``engine`` run the real mistralrs engine in this process. Where the
 installed (no mistralrs wheel for the platform) they are skipped with the plugin's own reason,
 which is also what the plugin reports as ``unavailable``.
 
-Models: ``tiny_gguf`` is a generated random-weight llama GGUF (``werk_llamacpp.testmodel``;
+Models: ``tiny_gguf`` is a generated random-weight llama GGUF (``werk_llamacpp.testing.testmodel``;
 mistralrs loads it and generates nonsense, fast), for tests of mechanics; ``smollm2_gguf``
 (the kit's fixture) is the real SmolLM2-135M-Instruct, for its chat template, coherent text and
 real memory. Prompts stay short: the engine prefills SmolLM2 at a few tokens per second here.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from werk_candle_bridge.engine import missing_engine_reason
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from werk_llamacpp.binary import LlamaServerNotFound, build_cache_root, find_llama_server
 from werk_llamacpp.process import LlamaServerProcess
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import pytest
 from werk_llamacpp import plugin as llama_plugin
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 from werk_host.plugin import HostConfig, ModelManifest, ServerLimits
 from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host

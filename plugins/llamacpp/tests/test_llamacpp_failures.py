@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from werk_llamacpp.adapter import LlamaCppAdapter
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 from werk_host.plugin import BackendBounds, HostConfig, ModelManifest
 from werk_host.testing.api import Api

@@ -29,7 +29,7 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import ENV_ARGS
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.plugin.http import ConnectionPool

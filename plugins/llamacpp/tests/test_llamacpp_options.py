@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from werk_llamacpp import plugin as llama_plugin
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 from werk_host.plugin import HostConfig
 from werk_host.testing.host import Host, PluginHost, ProfileError, build_host, werk_main

@@ -27,7 +27,7 @@ from werk_llamacpp import plugin as llama_plugin
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import LlamaServerProcess
 from werk_llamacpp.reasoning import ThinkingControl, thinking_control
-from werk_llamacpp.testmodel import THINK_END, THINK_START, generate_model
+from werk_llamacpp.testing.testmodel import THINK_END, THINK_START, generate_model
 
 from werk_host.plugin import HostConfig, ModelManifest, ReasoningTierId
 from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from werk_llamacpp import plugin as llama_plugin
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api

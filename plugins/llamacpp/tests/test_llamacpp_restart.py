@@ -26,7 +26,7 @@ import pytest
 import werk_llamacpp.adapter as adapter_module
 from werk_llamacpp import snapshot
 from werk_llamacpp.adapter import LlamaCppAdapter
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
 from werk_host.plugin import HostConfig, ModelManifest, checksum_text
 from werk_host.testing.api import Api

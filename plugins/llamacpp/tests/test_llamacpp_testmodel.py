@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
 import pytest
 from werk_llamacpp.process import LlamaServerProcess
-from werk_llamacpp.testmodel import BOS_ID, CHATML_TEMPLATE, EOS_ID, build_vocab, generate_model, main
+from werk_llamacpp.testing.testmodel import BOS_ID, CHATML_TEMPLATE, EOS_ID, build_vocab, generate_model, main
 
 
 def _field_str(reader: gguf.GGUFReader, key: str) -> str:
@@ -54,6 +57,34 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(out), "--dim", "32", "--layers", "1", "--heads", "2", "--ctx", "512"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     assert gguf.GGUFReader(out).fields["llama.embedding_length"].contents() == 32
+
+
+#: In a fresh interpreter: load the plugin's entry points as the host does, import every other
+#: module of the package outside ``werk_llamacpp.testing``, and list what got imported.
+_RUNTIME_IMPORTS = """
+import importlib, importlib.metadata as md, importlib.util, json, pkgutil, sys
+for group in ("werk", "werk.cli"):
+    (ep,) = [ep for ep in md.entry_points(group=group) if ep.name == "llamacpp"]
+    ep.load()
+import werk_llamacpp
+for info in pkgutil.iter_modules(werk_llamacpp.__path__, "werk_llamacpp."):
+    if info.name != "werk_llamacpp.testing":
+        importlib.import_module(info.name)
+print(json.dumps({
+    "modules": sorted(n for n in sys.modules if n.split(".")[0] in ("werk_llamacpp", "gguf", "numpy")),
+    "old_home": importlib.util.find_spec("werk_llamacpp.testmodel") is not None,
+}))
+"""
+
+
+def test_the_runtime_never_imports_the_generator() -> None:
+    """The generator lives in ``werk_llamacpp.testing``, which no runtime module imports (nor
+    gguf/numpy, which only the ``testmodel`` extra installs)."""
+    run = subprocess.run([sys.executable, "-c", _RUNTIME_IMPORTS], capture_output=True, text=True, check=True)
+    found = json.loads(run.stdout)
+    assert not found["old_home"]
+    assert "werk_llamacpp.plugin" in found["modules"] and "werk_llamacpp.cli" in found["modules"]
+    assert [m for m in found["modules"] if m.split(".")[0] != "werk_llamacpp" or ".testing" in m] == []
 
 
 @pytest.mark.llamaserver

@@ -22,7 +22,7 @@ holds ``<think>`` and ``</think>`` as single user-defined tokens, as Qwen3's doe
 
 CLI::
 
-    python -m werk_llamacpp.testmodel OUT.gguf [--dim 64] [--layers 2] [--heads 4]
+    python -m werk_llamacpp.testing.testmodel OUT.gguf [--dim 64] [--layers 2] [--heads 4]
         [--kv-heads N] [--ffn N] [--ctx 4096] [--seed 0] [--thinking]
 """
 
@@ -249,7 +249,7 @@ def generate_model(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m werk_llamacpp.testmodel",
+        prog="python -m werk_llamacpp.testing.testmodel",
         description="Generate a tiny random-weight llama GGUF with a real byte-fallback tokenizer.",
     )
     parser.add_argument("out", type=Path, help="output .gguf path")
