@@ -30,10 +30,10 @@ from werk_host.backend import (
     MoveWork,
     PrefilledState,
     PrefillWork,
+    SessionSnapshots,
     Snapshot,
     StoredStateRef,
 )
-from werk_host.chat.seam import SessionSnapshots
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.plugins import PluginHost
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile

@@ -39,10 +39,10 @@ from werk_host.backend import (
     MoveWork,
     PrefilledState,
     PrefillWork,
+    SessionSnapshots,
     Snapshot,
     StoredStateRef,
 )
-from werk_host.chat.seam import SessionSnapshots
 from werk_host.config import HostConfig
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
 from werk_host.protocol.deployments import DeploymentPlan
@@ -219,7 +219,7 @@ def werk_chat_completion(adapter: Adapter, request: JsonObject) -> InferenceResp
 def werk_session_snapshots(adapter: Adapter, model_id: str) -> SessionSnapshots | None:
     """Native session snapshots of ``model_id`` on the adapter's live backend process, for
     ``werk chat``/``werk run`` with a session (docs/chat.md, "Native snapshots"): an object
-    implementing :class:`~werk_host.chat.seam.SessionSnapshots`. Must be cheap and run no
+    implementing :class:`~werk_host.backend.SessionSnapshots`. Must be cheap and run no
     inference (the host asks when a session opens). ``None`` (not implemented) means the backend
     keeps no native session snapshots; raise ``unsupported`` when this process cannot take them
     (e.g. its launch arguments disable slot saving) and ``unavailable`` when none runs."""

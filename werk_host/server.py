@@ -26,6 +26,7 @@ from werk_host.deployments.registry import profile_for
 from werk_host.http.app import create_app
 from werk_host.logs import WAITRESS_QUEUE_LOGGER, QueueDepthLog
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
+from werk_host.openapi import build_openapi
 from werk_host.paths import ensure_private_dir
 from werk_host.plugins import PluginHost
 from werk_host.service.gate import InferenceGate, gate_limits
@@ -83,7 +84,7 @@ def build_host(
     service = LocalControlService(runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret)
     gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
     inference = InferenceService(runtime, service.chat_stats, gate)
-    app = create_app(service, auth, inference=inference, runtime=runtime)
+    app = create_app(service, auth, openapi=build_openapi(), inference=inference, runtime=runtime)
     host = Host(config, plugins, runtime, service, auth, app)
     try:
         profile = profile_for(config)

@@ -18,7 +18,6 @@ import falcon
 from werk_host.backend import InferenceResponse, JsonObject, client_disconnected
 from werk_host.compat.upstream import error_message, read_document
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
-from werk_host.http.io import principal
 from werk_host.service.principals import Principal
 
 Call = Callable[[Principal, JsonObject], InferenceResponse]
@@ -34,7 +33,7 @@ def invoke(req: falcon.Request, resp: falcon.Response, call: Call, body: JsonObj
     check = req.env.get("waitress.client_disconnected")
     token = client_disconnected.set(check if callable(check) else None)
     try:
-        response = call(principal(req), body)
+        response = call(req.context.principal, body)  # set by the request middleware
     finally:
         client_disconnected.reset(token)
     served_by = response.headers.get(DEPLOYMENT_HEADER)

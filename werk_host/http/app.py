@@ -23,7 +23,6 @@ from werk_host.http.middleware import (
 )
 from werk_host.http.resources import ROUTES, OpenApiResource, RawOpenApiResource
 from werk_host.logs import TracebackThrottle
-from werk_host.openapi import build_openapi
 from werk_host.protocol.envelope import error_json
 from werk_host.service.principals import Authenticator
 from werk_host.service.runtime import BackendRuntime
@@ -96,11 +95,14 @@ def create_app(
     control: WerkControl,
     auth: Authenticator,
     *,
+    openapi: dict[str, Any],
     inference: Any | None = None,
     runtime: BackendRuntime | None = None,
 ) -> falcon.App[Any, Any]:
-    """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given). With
-    ``runtime``, ``/werk/v1`` requests select their deployment instance (``X-Werk-Deployment``)."""
+    """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given) and
+    ``openapi``, the document :func:`werk_host.openapi.build_openapi` makes (the document module
+    sits above this layer: it reads the routes). With ``runtime``, ``/werk/v1`` requests select
+    their deployment instance (``X-Werk-Deployment``)."""
     metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
         metrics.middleware,  # first, so that it sees every response (401s included)
@@ -112,9 +114,8 @@ def create_app(
     app.resp_options.default_media_type = "application/json"
     for path, resource_class in ROUTES:
         app.add_route(path, resource_class(control))
-    document = build_openapi()
-    app.add_route("/werk/v1/openapi.json", OpenApiResource(document))
-    app.add_route("/openapi.json", RawOpenApiResource(document))
+    app.add_route("/werk/v1/openapi.json", OpenApiResource(openapi))
+    app.add_route("/openapi.json", RawOpenApiResource(openapi))
     if inference is not None:
         openai.add_routes(app, inference)
         anthropic.add_routes(app, control, inference)  # docs/compat.md

@@ -22,8 +22,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import falcon
@@ -32,8 +31,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from werk_host.protocol import ChatCounters, MemoryCounters, MemoryReport, Pressure, Tier
-from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
+from werk_host.protocol import ChatCounters, MemoryCounters, Pressure, Tier
+from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats, MetricsSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +56,6 @@ _CHAT_GAUGES: Final = frozenset({"requests_active"})
 _MEMORY_TOTALS: Final = frozenset(
     {"completed_demotions", "completed_evictions", "failed_releases", "telemetry_errors", "backend_cleanup_failures"}
 )
-
-
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """What the host reports at scrape time (``LocalControlService.metrics_snapshot``).
-
-    ``states`` and ``state_bytes`` map a tier to the named (live, committed) states held
-    there and their payload bytes; ``instances`` maps an instance id to its state (one of
-    :data:`INSTANCE_STATES`)."""
-
-    handoffs_live: int
-    memory: MemoryReport
-    states: Mapping[str, int] = field(default_factory=dict)
-    state_bytes: Mapping[str, int] = field(default_factory=dict)
-    instances: Mapping[str, str] = field(default_factory=dict)
 
 
 def _chat_families(chat: ChatStats) -> list[Metric]:

@@ -8,11 +8,12 @@ adapter instance id, or :data:`DEFAULT_INSTANCE` when a caller names none):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Final
 
-from werk_host.protocol import ChatCounters
+from werk_host.protocol import ChatCounters, MemoryReport
 
 #: The instance label of counts added without one ("no instance selected").
 DEFAULT_INSTANCE: Final = "-"
@@ -61,3 +62,18 @@ class ChatStats:
         with self._lock:
             copies = {instance: dict(counts) for instance, counts in self._per.items()}
         return {instance: ChatCounters(**counts) for instance, counts in copies.items()}
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What the host reports at scrape time (``LocalControlService.metrics_snapshot``).
+
+    ``states`` and ``state_bytes`` map a tier to the named (live, committed) states held
+    there and their payload bytes; ``instances`` maps an instance id to its state (one of
+    :data:`werk_host.http.metrics.INSTANCE_STATES`)."""
+
+    handoffs_live: int
+    memory: MemoryReport
+    states: Mapping[str, int] = field(default_factory=dict)
+    state_bytes: Mapping[str, int] = field(default_factory=dict)
+    instances: Mapping[str, str] = field(default_factory=dict)

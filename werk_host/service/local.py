@@ -31,7 +31,6 @@ from werk_host.backend import (
 from werk_host.deployments.report import deployment_report
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import needed
-from werk_host.http.metrics import MetricsSnapshot
 from werk_host.memory import MemoryManager
 from werk_host.protocol import (
     MAX_COMPLETION_TEXT_BYTES,
@@ -74,7 +73,7 @@ from werk_host.protocol import (
 )
 from werk_host.protocol.states import AllSelector, FilterSelector, IdsSelector
 from werk_host.service.capabilities import CapabilityResolver, EvidenceStamp
-from werk_host.service.counters import ChatStats
+from werk_host.service.counters import ChatStats, MetricsSnapshot
 from werk_host.service.cursors import CursorCodec
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
 from werk_host.service.leases import MemoryLeases
