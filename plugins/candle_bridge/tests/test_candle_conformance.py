@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from werk_candle_bridge import plugin
 
-from werk_host.models import ModelManifest
+from werk_host.plugin import ModelManifest
 from werk_host.testing.conformance import ConformanceTarget, WerkConformance
 
 pytestmark = pytest.mark.engine

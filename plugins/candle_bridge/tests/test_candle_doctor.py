@@ -14,8 +14,7 @@ from pathlib import Path
 from werk_candle_bridge import doctor
 from werk_candle_bridge.engine import missing_engine_reason
 
-from werk_host.backend import DoctorCheck
-from werk_host.config import HostConfig
+from werk_host.plugin import DoctorCheck, HostConfig
 
 
 def test_the_installed_mistralrs_is_ok_with_its_version(tmp_path: Path) -> None:

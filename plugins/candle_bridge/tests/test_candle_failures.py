@@ -15,8 +15,7 @@ import pytest
 from werk_candle_bridge import plugin
 from werk_candle_bridge.generation import FAILED
 
-from werk_host.errors import REDACTED_MESSAGES, ErrorCode
-from werk_host.models import ModelManifest
+from werk_host.plugin import REDACTED_MESSAGES, ErrorCode, ModelManifest
 from werk_host.testing.pytest_plugin import WerkServerFactory
 
 pytestmark = pytest.mark.engine

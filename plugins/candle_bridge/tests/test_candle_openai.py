@@ -18,7 +18,7 @@ import pytest
 from werk_candle_bridge import plugin
 from werk_candle_bridge.adapter import CandleAdapter
 
-from werk_host.models import ModelManifest
+from werk_host.plugin import ModelManifest
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import LiveHost, serving
 

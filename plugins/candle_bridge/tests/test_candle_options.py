@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from werk_candle_bridge import plugin as candle_plugin
 
-from werk_host.config import HostConfig
-from werk_host.deployments.profile import ProfileError
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig
+from werk_host.testing.host import Host, PluginHost, ProfileError, build_host
 
 
 def _build(tmp_path: Path, model: Path, options: str) -> Host:

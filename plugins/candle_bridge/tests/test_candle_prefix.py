@@ -9,9 +9,7 @@ from typing import Any
 import pytest
 from werk_candle_bridge import plugin
 
-from werk_host.config import PersistenceDefaults
-from werk_host.models import ModelManifest
-from werk_host.protocol import ReusePolicy
+from werk_host.plugin import ModelManifest, PersistenceDefaults, ReusePolicy
 from werk_host.testing.hosts import LiveHost
 from werk_host.testing.pytest_plugin import WerkServerFactory
 

@@ -11,9 +11,9 @@ import pytest
 from werk_candle_bridge.gguf import GgufError, read_metadata
 from werk_candle_bridge.template import RAW_ROLE, Message, PromptRenderer, engine_template
 from werk_candle_bridge.wire import JobKind, parse_chat, parse_completion
-from werk_llamacpp.testmodel import CHATML_TEMPLATE
+from werk_llamacpp.testing.testmodel import CHATML_TEMPLATE
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, WerkError
 
 # -- GGUF metadata ---------------------------------------------------------------------------------
 

@@ -19,12 +19,10 @@ from werk_candle_bridge import plugin
 from werk_candle_bridge.adapter import CandleAdapter
 from werk_candle_bridge.engine import EngineSettings, load_engine
 from werk_candle_bridge.template import engine_template
-from werk_llamacpp.testmodel import generate_model
+from werk_llamacpp.testing.testmodel import generate_model
 
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig, ModelManifest
+from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.engine

@@ -12,7 +12,7 @@ import pytest
 from werk_candle_bridge import engine, plugin
 from werk_candle_bridge.adapter import REPORTED_CAPABILITIES
 
-from werk_host.models import ModelManifest
+from werk_host.plugin import ModelManifest
 from werk_host.testing.pytest_plugin import WerkServerFactory
 
 

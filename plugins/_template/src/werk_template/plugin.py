@@ -1,30 +1,35 @@
-"""werk-template's hook implementations: the entry point ``werk: template`` names this module.
+"""werk-template's plugin module: the entry point ``werk: template`` (pyproject.toml) names it.
 
-The host calls operation hooks only for adapters this plugin created, so ``adapter`` is always
-an :class:`EchoAdapter`. Hooks left out (prefill, decode, states, experts, …) are reported
-``unsupported`` by the host.
+A plugin module offers only the collected hooks: its adapter factories and doctor checks
+(and, if it adds ``werk`` commands, ``werk_cli_commands``). Every operation hook is a method of
+:class:`werk_template.adapter.TemplateAdapter`, which the host registers with its plugin
+manager when it creates the adapter (docs/plugin-hooks.md).
 """
 
 from __future__ import annotations
 
-from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
-from werk_host.config import HostConfig
-from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest
+from werk_host.plugin import (
+    AdapterFactory,
+    CapabilityId,
+    CapabilityReport,
+    ChatLimits,
+    ChatRequest,
+    DoctorCheck,
+    HostConfig,
+    InferenceResponse,
+    JsonObject,
+    hookimpl,
+)
 
-from .adapter import BACKEND_ID, PLUGIN_NAME, EchoAdapter, accepts, create_adapter, message_tokens
+from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED, TemplateAdapter, accepts, create_adapter
 
-REPORTED = {
-    CapabilityId.MODEL_RESIDENCY: "the echo model lives in the werk serve process",
-    CapabilityId.TOKEN_COUNT: "exact: words plus two per message, as the usage reports",
-    CapabilityId.ADMISSION: "from the exact token count",
-    CapabilityId.CHAT_LIMITS: "a fixed 4,096-token context",
-}
+__all__ = ["PLUGIN_NAME", "werk_adapter_factories", "werk_doctor_checks"]
 
 
 @hookimpl
 def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
-    return [AdapterFactory(BACKEND_ID, accepts, create_adapter, "in-process echo", tuple(REPORTED))]
+    # COPIERS: say in a few words what your backend serves.
+    return [AdapterFactory(BACKEND_ID, accepts, create_adapter, "in-process template engine", tuple(REPORTED))]
 
 
 # COPIERS: replace this with checks of what your engine needs here (an executable found and its
@@ -33,24 +38,27 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
 # (docs/plugin-kit.md, "Doctor checks").
 @hookimpl
 def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
-    return [DoctorCheck(f"{PLUGIN_NAME}.engine", "ok", "the echo engine runs in the werk process; nothing to install")]
+    return [DoctorCheck(f"{BACKEND_ID}.engine", "ok", "the template engine runs in werk serve; nothing to install")]
+
+
+# -- forwarders kept until the host registers adapters as plugins (then deleted) ------------------
 
 
 @hookimpl
-def werk_capabilities(adapter: EchoAdapter) -> dict[CapabilityId, CapabilityReport]:
-    return {cap_id: CapabilityReport(CapabilityStatus.SUPPORTED, detail) for cap_id, detail in REPORTED.items()}
+def werk_capabilities(adapter: TemplateAdapter) -> dict[CapabilityId, CapabilityReport]:
+    return adapter.capabilities()
 
 
 @hookimpl
-def werk_count_tokens(adapter: EchoAdapter, request: ChatRequest) -> int:
-    return message_tokens([m.model_dump(mode="json") for m in request.messages])
+def werk_count_tokens(adapter: TemplateAdapter, request: ChatRequest) -> int:
+    return adapter.count_tokens(request)
 
 
 @hookimpl
-def werk_chat_limits(adapter: EchoAdapter, model: str | None) -> ChatLimits:
-    return adapter.limits(model)
+def werk_chat_limits(adapter: TemplateAdapter, model: str | None) -> ChatLimits:
+    return adapter.chat_limits(model)
 
 
 @hookimpl
-def werk_chat_completion(adapter: EchoAdapter, request: JsonObject) -> InferenceResponse:
-    return adapter.complete(request)
+def werk_chat_completion(adapter: TemplateAdapter, request: JsonObject) -> InferenceResponse:
+    return adapter.chat(request)

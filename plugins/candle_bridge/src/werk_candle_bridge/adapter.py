@@ -15,8 +15,10 @@ read at the time (docs/candle.md, "Capabilities"):
   ``max_seqs`` as concurrency;
 * ``api.chat.reasoning``: answered truthfully (no verified reasoning control).
 
-The engine keeps no named state: prefill, decode, snapshots, tiers and experts are not
-implemented, so the host answers them ``unsupported`` (501). Where the engine is not installed
+Each operation is one method marked ``@hookimpl(specname=...)``: the host registers the adapter
+with its plugin manager, so the method is the hook (docs/plugin-hooks.md). The engine keeps no
+named state: prefill, decode, snapshots, tiers and experts are not implemented, so the host
+answers them ``unsupported`` (501). Where the engine is not installed
 (no mistralrs wheel for the platform) every reported id is ``unavailable`` with that reason.
 """
 
@@ -28,20 +30,26 @@ from collections.abc import Mapping
 
 from pydantic import JsonValue
 
-from werk_host.backend import CapabilityReport, InferenceResponse, JsonObject
-from werk_host.config import HostConfig
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest
-from werk_host.protocol import (
+from werk_host.plugin import (
     CapabilityId,
+    CapabilityReport,
     CapabilityStatus,
     ChatLimits,
     ChatRequest,
     DeploymentPlan,
     EndpointKind,
+    ErrorCode,
+    HostConfig,
+    InferenceResponse,
+    JsonObject,
+    ModelManifest,
+    ReasoningProfile,
     ReusePolicy,
+    WerkError,
     WorkerObservation,
+    hookimpl,
 )
+from werk_host.plugin.reasoning import unsupported_profile
 
 from .engine import EngineFailure, EngineSettings, missing_engine_reason
 from .generation import run
@@ -142,6 +150,7 @@ class CandleAdapter:
         return self.shared
 
     # -- evidence --------------------------------------------------------------------------------
+    @hookimpl(specname="werk_capabilities")
     def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
         missing = missing_engine_reason()
         if missing is not None:
@@ -182,6 +191,7 @@ class CandleAdapter:
             return None
 
     # -- chat planning ---------------------------------------------------------------------------
+    @hookimpl(specname="werk_chat_limits")
     def chat_limits(self, model: str | None) -> ChatLimits:
         context = self.context_tokens()
         ceilings = [c for c in (self.manifest.output_ceiling(), context - 1 if context else None) if c]
@@ -192,6 +202,7 @@ class CandleAdapter:
             max_concurrent_requests=self.shared.settings.max_seqs,
         )
 
+    @hookimpl(specname="werk_count_tokens")
     def count_tokens(self, request: ChatRequest) -> int:
         """The ``prompt_tokens`` a chat completion of ``request`` reports (it loads the model)."""
         body: dict[str, JsonValue] = request.model_dump(mode="json", exclude_none=True, exclude={"werk"})
@@ -207,16 +218,24 @@ class CandleAdapter:
                 ErrorCode.UNAVAILABLE, "the candle engine could not count this request", retryable=True
             ) from err
 
+    @hookimpl(specname="werk_reasoning_profile")
+    def reasoning_profile(self, model: str | None) -> ReasoningProfile:
+        """No reasoning budget control has been verified for this engine: said truthfully."""
+        return unsupported_profile(model or self.manifest.name, BACKEND_ID)
+
     # -- inference -------------------------------------------------------------------------------
+    @hookimpl(specname="werk_chat_completion")
     def chat(self, request: JsonObject) -> InferenceResponse:
         ceiling = self.manifest.output_ceiling()
         return run(self._shared(), parse_chat(request, ceiling), ceiling)
 
+    @hookimpl(specname="werk_text_completion")
     def complete(self, request: JsonObject) -> InferenceResponse:
         ceiling = self.manifest.output_ceiling()
         return run(self._shared(), parse_completion(request, ceiling), ceiling)
 
     # -- observation -----------------------------------------------------------------------------
+    @hookimpl(specname="werk_workers")
     def workers(self) -> list[WorkerObservation]:
         """The loaded model as a worker of the ``werk serve`` process (none before loading)."""
         engine = self.shared.loaded()
@@ -239,6 +258,7 @@ class CandleAdapter:
             )
         ]
 
+    @hookimpl(specname="werk_deployment_plan")
     def plan(self) -> DeploymentPlan | None:
         """The loaded engine's settings (``None`` before loading). The device is not reported:
         the engine does not say where it placed the weights."""

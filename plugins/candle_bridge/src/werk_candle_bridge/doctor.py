@@ -15,8 +15,7 @@ import importlib.metadata
 import platform
 import sys
 
-from werk_host.backend import DoctorCheck
-from werk_host.config import HostConfig
+from werk_host.plugin import DoctorCheck, HostConfig
 
 from .adapter import PLUGIN_NAME
 from .engine import DISTRIBUTION, missing_engine_reason

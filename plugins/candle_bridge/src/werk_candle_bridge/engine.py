@@ -35,13 +35,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Protocol, TypeVar, cast
 
+from werk_host.plugin.openai import Usage
+
 __all__ = [
     "DISTRIBUTION",
     "Engine",
     "EngineFailure",
     "EngineSettings",
     "EngineStream",
-    "EngineUsage",
     "Piece",
     "Sampling",
     "engine_call",
@@ -174,21 +175,13 @@ class Piece:
     finish_reason: str | None
 
 
-@dataclass(frozen=True)
-class EngineUsage:
-    prompt_tokens: int
-    completion_tokens: int
-    #: prompt tokens served from the engine's prefix cache (``None``: not reported)
-    cached_tokens: int | None
-
-
 class EngineStream:
     """One request's chunks. :meth:`close` (idempotent) drops the iterator, which cancels the
     sequence in the engine when it has not finished."""
 
     def __init__(self, chunks: Iterator[_Chunk]) -> None:
         self._chunks: Iterator[_Chunk] | None = chunks
-        self.usage: EngineUsage | None = None
+        self.usage: Usage | None = None
 
     def next(self) -> Piece | None:
         """The next piece, or ``None`` at the end. Raises :class:`EngineFailure`."""
@@ -203,7 +196,7 @@ class EngineStream:
         if usage is not None:
             details = cast(_Details | None, getattr(usage, "prompt_tokens_details", None))
             cached = getattr(details, "cached_tokens", None) if details is not None else None
-            self.usage = EngineUsage(
+            self.usage = Usage(
                 int(usage.prompt_tokens), int(usage.completion_tokens), cached if isinstance(cached, int) else None
             )
         if not chunk.choices:

@@ -10,7 +10,7 @@ The prompt is tokenized before submission (exact ``prompt_tokens`` for admission
 * **not streamed**: the pieces are gathered inside the hook and sent as one document.
 
 A client that goes away stops the generation: after every piece the hook polls
-:data:`werk_host.backend.client_disconnected` (captured when the hook is called, so the check
+:data:`werk_host.plugin.client_disconnected` (captured when the hook is called, so the check
 also works while the body streams), and closing the response drops the engine's stream, which
 cancels the sequence. The engine's iterator cannot be interrupted while it waits for the first
 piece (queue and prefill): a client gone by then is noticed at that piece.
@@ -24,14 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 
-from werk_host.backend import InferenceResponse, client_disconnected
-from werk_host.backends.relay import ClientGone
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, InferenceResponse, WerkError, client_disconnected
+from werk_host.plugin.http import ClientGone
+from werk_host.plugin.openai import Reply, Usage, error_event
 
-from .engine import Engine, EngineFailure, EngineStream, EngineUsage, Piece
+from .engine import Engine, EngineFailure, EngineStream, Piece
 from .residency import SharedModel, Ticket
 from .template import RAW_ROLE
-from .wire import SSE_DONE, Job, JobKind, Reply, finish_reason
+from .wire import Job, JobKind, finish_reason
 
 __all__ = ["FAILED", "run"]
 
@@ -89,12 +89,12 @@ class _Run:
             self.finish = piece.finish_reason or self.finish
         return piece
 
-    def usage(self) -> EngineUsage:
+    def usage(self) -> Usage:
         """The engine's usage; without one (never seen), the exact prompt count and the pieces."""
         usage = self.stream.usage
         if usage is None:
             log.warning("candle: model %s sent no usage; counting pieces", self.shared.name)
-            return EngineUsage(self.prompt_tokens, self.completion_pieces, None)
+            return Usage(self.prompt_tokens, self.completion_pieces)
         return usage
 
     def close(self) -> None:
@@ -108,7 +108,7 @@ def run(shared: SharedModel, job: Job, ceiling: int | None) -> InferenceResponse
     ``internal`` (the engine failed) or :class:`ClientGone`."""
     engine = shared.engine()
     prompt = job.prompt if job.kind is JobKind.TEXT else shared.renderer().render(job.messages)
-    reply = Reply(job.kind, shared.name)
+    reply = Reply(job.reply_kind, shared.name)
     try:
         prompt_tokens = len(engine.tokenize(prompt))
     except EngineFailure as err:
@@ -143,9 +143,7 @@ def _whole(work: _Run, reply: Reply) -> InferenceResponse:
     usage = work.usage()
     work.shared.prefix.observe(usage)
     work.close()
-    body = reply.document("".join(parts), finish_reason(work.finish), usage)
-    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
-    return InferenceResponse(200, headers, iter([body]), lambda: None)
+    return reply.answer("".join(parts), finish_reason(work.finish), usage)
 
 
 def _streamed(work: _Run, job: Job, reply: Reply) -> InferenceResponse:
@@ -167,18 +165,11 @@ def _streamed(work: _Run, job: Job, reply: Reply) -> InferenceResponse:
                 piece = work.next()
             usage = work.usage()
             work.shared.prefix.observe(usage)
-            finish = finish_reason(work.finish)
-            if job.include_usage:
-                yield reply.chunk("", finish)
-                yield reply.usage_chunk(usage)
-            else:
-                yield reply.chunk("", finish, usage)
-            yield SSE_DONE
+            yield reply.end(finish_reason(work.finish), usage, include_usage=job.include_usage)
         except EngineFailure as err:
             _failed(work.shared, reply, err)
-            yield Reply.error_event(FAILED)
+            yield error_event(FAILED)
         finally:
             work.close()
 
-    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    return InferenceResponse(200, headers, body(), work.close)
+    return reply.stream(body(), work.close)

@@ -1,10 +1,9 @@
-"""werk-candle-bridge's hook implementations: the in-process mistral.rs (Candle) backend.
+"""werk-candle-bridge's plugin module: the entry point ``werk: candle`` names it.
 
-The host dispatches operation hooks only to the plugin that owns the adapter
-(docs/plugin-hooks.md, "Dispatch rules"), so every ``adapter`` here is a :class:`CandleAdapter`
-this plugin created. The engine keeps no named state: prefill, decode, snapshot, restore, tier
-and expert hooks are deliberately not implemented (the host answers them ``unsupported``).
-Importing this module never imports the engine, so the plugin loads on every platform.
+It offers the adapter factory and the doctor checks; every operation hook is a method of
+:class:`werk_candle_bridge.adapter.CandleAdapter`, which the host registers with its plugin
+manager when it creates the adapter (docs/plugin-hooks.md). Importing this module never
+imports the engine, so the plugin loads on every platform.
 """
 
 from __future__ import annotations
@@ -13,29 +12,35 @@ from collections.abc import Mapping
 
 from pydantic import JsonValue
 
-from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
-from werk_host.config import HostConfig
-from werk_host.errors import WerkError
-from werk_host.protocol import (
+from werk_host.plugin import (
+    AdapterFactory,
     CapabilityId,
+    CapabilityReport,
     ChatLimits,
     ChatRequest,
     DeploymentPlan,
+    DoctorCheck,
+    HostConfig,
+    InferenceResponse,
+    JsonObject,
     ReasoningProfile,
+    WerkError,
     WorkerObservation,
+    hookimpl,
 )
-from werk_host.service.reasoning import unsupported_profile
 
 from . import doctor
 from .adapter import (
     BACKEND_ID,
+    PLUGIN_NAME,
     REPORTED_CAPABILITIES,
     CandleAdapter,
     accepts,
     check_options,
     create_adapter,
 )
+
+__all__ = ["PLUGIN_NAME", "werk_adapter_factories", "werk_doctor_checks"]
 
 
 @hookimpl
@@ -66,6 +71,9 @@ def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
     return doctor.checks(config)
 
 
+# -- forwarders kept until the host registers adapters as plugins (then deleted) ------------------
+
+
 @hookimpl
 def werk_capabilities(adapter: CandleAdapter) -> dict[CapabilityId, CapabilityReport]:
     return adapter.capabilities()
@@ -83,8 +91,7 @@ def werk_chat_limits(adapter: CandleAdapter, model: str | None) -> ChatLimits:
 
 @hookimpl
 def werk_reasoning_profile(adapter: CandleAdapter, model: str | None, max_output_tokens: int) -> ReasoningProfile:
-    # No reasoning budget control has been verified for this engine: report that truthfully.
-    return unsupported_profile(model or adapter.manifest.name, BACKEND_ID)
+    return adapter.reasoning_profile(model)
 
 
 @hookimpl

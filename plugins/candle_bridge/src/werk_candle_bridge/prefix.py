@@ -16,11 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from werk_host.backend import CapabilityReport
-from werk_host.errors import WerkError
-from werk_host.protocol import CapabilityStatus
+from werk_host.plugin import CapabilityReport, CapabilityStatus, WerkError
+from werk_host.plugin.openai import Usage
 
-from .engine import Engine, EngineFailure, EngineUsage, Sampling
+from .engine import Engine, EngineFailure, Sampling
 from .template import RAW_ROLE, Message, PromptRenderer
 
 __all__ = ["AUTOMATIC_REUSE", "PrefixEvidence", "probe_prefix_cache"]
@@ -51,7 +50,7 @@ class PrefixEvidence:
         with self._lock:
             self._probe = hit
 
-    def observe(self, usage: EngineUsage | None) -> None:
+    def observe(self, usage: Usage | None) -> None:
         """Count one finished request of real traffic (only while the cache is on)."""
         if not self.enabled or usage is None:
             return
@@ -92,7 +91,7 @@ class PrefixEvidence:
         )
 
 
-def _run(engine: Engine, prompt: str, max_tokens: int) -> tuple[str, EngineUsage | None]:
+def _run(engine: Engine, prompt: str, max_tokens: int) -> tuple[str, Usage | None]:
     stream = engine.open(prompt, Sampling(max_tokens=max_tokens, temperature=0.0), RAW_ROLE)
     parts: list[str] = []
     try:

@@ -28,9 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest, sha256_file
-from werk_host.paths import ensure_private_dir
+from werk_host.plugin import ErrorCode, ModelManifest, WerkError, ensure_private_dir, sha256_file
 
 from .engine import Engine, EngineFailure, EngineSettings, load_engine, missing_engine_reason
 from .gguf import GgufError, GgufMetadata, read_metadata

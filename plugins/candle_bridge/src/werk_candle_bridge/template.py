@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import minijinja
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, WerkError
 
 __all__ = ["RAW_ROLE", "Message", "PromptRenderer", "engine_template"]
 

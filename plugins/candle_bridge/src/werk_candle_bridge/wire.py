@@ -1,33 +1,30 @@
-"""OpenAI request bodies in, OpenAI response shapes out (docs/candle.md, "OpenAI routes").
+"""OpenAI request bodies in, validated jobs out (docs/candle.md, "OpenAI routes").
 
 :func:`parse_chat` and :func:`parse_completion` validate a body completely before anything is
 submitted to the engine: an option the bridge does not map, or a value out of range, is
-``invalid_request`` (HTTP 400) naming the option, and nothing is consumed. The rest of this
-module writes the responses: ``chat.completion`` / ``text_completion`` documents and their
-server-sent-event chunks, always with ``usage``.
+``invalid_request`` (HTTP 400) naming the option, and nothing is consumed. The answers are
+written by :mod:`werk_host.plugin.openai` (:mod:`werk_candle_bridge.generation`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from pydantic import JsonValue
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, WerkError
+from werk_host.plugin.openai import ReplyKind
 
-from .engine import EngineUsage, Sampling
+from .engine import Sampling
 from .template import CHAT_ROLES, Message
 
 __all__ = [
     "Job",
     "JobKind",
-    "Reply",
+    "finish_reason",
     "parse_chat",
     "parse_completion",
 ]
@@ -80,6 +77,11 @@ class Job:
     sampling: Sampling
     stream: bool
     include_usage: bool
+
+    @property
+    def reply_kind(self) -> ReplyKind:
+        """The answer's kind (:class:`werk_host.plugin.openai.Reply`)."""
+        return "chat" if self.kind is JobKind.CHAT else "text"
 
 
 def _bad(message: str) -> WerkError:
@@ -258,86 +260,6 @@ def parse_completion(body: Mapping[str, JsonValue], ceiling: int | None) -> Job:
     )
 
 
-# -- responses -------------------------------------------------------------------------------------
-
-
 def finish_reason(engine_reason: str | None) -> str:
     """OpenAI's ``finish_reason`` for the engine's (``stop`` and ``length`` pass through)."""
     return engine_reason if engine_reason in FINISH_REASONS else "stop"
-
-
-def usage_json(usage: EngineUsage) -> dict[str, JsonValue]:
-    doc: dict[str, JsonValue] = {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-    }
-    if usage.cached_tokens is not None:
-        doc["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
-    return doc
-
-
-def sse(doc: Mapping[str, JsonValue]) -> bytes:
-    return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n".encode()
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-class Reply:
-    """Writes one response's documents and chunks (``chat.completion`` or ``text_completion``)."""
-
-    def __init__(self, kind: JobKind, model: str) -> None:
-        self.kind = kind
-        chat = kind is JobKind.CHAT
-        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        self.created = int(time.time())
-        self.model = model
-        self._role_sent = False
-
-    def _base(self, obj: str) -> dict[str, JsonValue]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, text: str, finish: str | None, usage: EngineUsage | None = None) -> bytes:
-        """One streamed chunk (the first chat chunk carries the assistant role)."""
-        if self.kind is JobKind.CHAT:
-            delta: dict[str, JsonValue] = {} if finish is not None and not text else {"content": text}
-            if not self._role_sent:
-                delta = {"role": "assistant", **delta}
-                self._role_sent = True
-            choice: dict[str, JsonValue] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            doc = self._base("chat.completion.chunk")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            doc = self._base("text_completion")
-        doc["choices"] = [choice]
-        if usage is not None:
-            doc["usage"] = usage_json(usage)
-        return sse(doc)
-
-    def usage_chunk(self, usage: EngineUsage) -> bytes:
-        """The ``stream_options.include_usage`` chunk: no choices, the usage."""
-        obj = "chat.completion.chunk" if self.kind is JobKind.CHAT else "text_completion"
-        return sse({**self._base(obj), "choices": [], "usage": usage_json(usage)})
-
-    def document(self, text: str, finish: str, usage: EngineUsage) -> bytes:
-        """The whole non-streamed answer."""
-        if self.kind is JobKind.CHAT:
-            choice: dict[str, JsonValue] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-            doc = self._base("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            doc = self._base("text_completion")
-        doc["choices"] = [choice]
-        doc["usage"] = usage_json(usage)
-        return json.dumps(doc, ensure_ascii=False).encode()
-
-    @staticmethod
-    def error_event(message: str) -> bytes:
-        """An OpenAI-shaped error as the last event of a stream that failed after it started."""
-        return sse({"error": {"message": message, "type": "server_error", "param": None, "code": "internal"}})
