@@ -1,7 +1,7 @@
 """The template backend: an in-process "engine" that answers a chat with its last user message.
 
-A "token" is a whitespace-separated word and every message costs its words plus two (the
-chat template's role markers), so ``count_tokens`` equals the ``/v1`` usage exactly. Its only
+A "token" is a whitespace-separated word and every message costs its words plus two (its role
+markers), so ``count_tokens`` equals the ``/v1`` usage exactly. Its only
 "process" is the adapter object; :meth:`TemplateAdapter.reload` replaces it (a new
 generation), which is what the conformance suite's identity check needs.
 
@@ -40,7 +40,7 @@ from werk_host.plugin.openai import Reply, Usage
 BACKEND_ID = "template"
 PLUGIN_NAME = "template"
 CONTEXT_TOKENS = 4096
-TEMPLATE_TOKENS_PER_MESSAGE = 2
+ROLE_TOKENS_PER_MESSAGE = 2
 
 # COPIERS: the capability ids your adapter reports on, each with what its evidence is
 # (docs/plugin-kit.md, "Capabilities"); the factory declares exactly these.
@@ -54,12 +54,12 @@ REPORTED: dict[CapabilityId, str] = {
 
 # COPIERS: the engine calls. Replace these two with your engine's tokenizer and generation.
 def message_tokens(messages: list[JsonValue]) -> int:
-    """The prompt size of ``messages``: words plus the template's two per message."""
+    """The prompt size of ``messages``: words plus two role markers per message."""
     total = 0
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         total += len(content.split()) if isinstance(content, str) else 0
-        total += TEMPLATE_TOKENS_PER_MESSAGE
+        total += ROLE_TOKENS_PER_MESSAGE
     return total
 
 
