@@ -1,6 +1,6 @@
 """MoE expert offload against stock mlx-lm: peak memory and decode speed, side by side.
 
-A generated mid-size random-weight ``qwen3_moe`` (``werk_omlx.testmodel.MID``: 8 layers × 16
+A generated mid-size random-weight ``qwen3_moe`` (``werk_omlx.testing.testmodel.MID``: 8 layers × 16
 experts of 3 MiB in float32, top-2, 384 MiB of experts; cached under
 ``~/.cache/werk/omlx-bench/``) is run greedily on the same chat prompt by
 
@@ -48,7 +48,7 @@ SPEED_TARGET = 0.5
 
 def bench_model() -> Path:
     """The MID model, generated once into the user cache (idempotent)."""
-    from werk_omlx.testmodel import MID, generate
+    from werk_omlx.testing.testmodel import MID, generate
 
     out = user_cache_dir() / "omlx-bench" / f"qwen3-moe-mid-{MID.layers}x{MID.experts}-seed0"
     if not (out / "model.safetensors").is_file():
@@ -128,7 +128,7 @@ def main() -> int:
         print(json.dumps(measure(args.one, args.budget, args.tokens)))
         return 0
 
-    from werk_omlx.testmodel import MID
+    from werk_omlx.testing.testmodel import MID
 
     model_dir = bench_model()
     configs: list[tuple[str, int | None]] = [("stock", None), *((f"offload {b} MiB", b) for b in args.budgets)]

@@ -1,7 +1,7 @@
 """Werk's ``/v1`` overhead over vLLM: the same chat request through Werk and straight to its child.
 
 One in-process Werk host (on waitress, like ``werk serve``) manages one ``vllm serve`` on a
-generated tiny Hugging Face Llama (``werk_vllm/tinymodel.py``, run with the vLLM venv's Python).
+generated tiny Hugging Face Llama (``werk_vllm/testing/testmodel.py``, run with the vLLM venv's Python).
 Each round sends the same non-streamed chat request (fixed prompt, ``--max-tokens`` output
 tokens with ``ignore_eos``, temperature 0, fixed seed) to
 
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from werk_vllm import plugin as vllm_plugin  # noqa: E402
-from werk_vllm import tinymodel  # noqa: E402
+from werk_vllm.testing import testmodel  # noqa: E402
 
 from werk_host.config import HostConfig  # noqa: E402
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
@@ -96,7 +96,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="werk-bench-vllm-") as tmp:
         root = Path(tmp)
         model_dir = root / "tiny-hf"
-        subprocess.run([str(executable.parent / "python"), tinymodel.__file__, str(model_dir)], check=True)
+        subprocess.run([str(executable.parent / "python"), testmodel.__file__, str(model_dir)], check=True)
         home = root / "home"
         home.mkdir()
         files = sorted(p for p in model_dir.iterdir() if p.is_file())

@@ -4,7 +4,7 @@ Backends that run a native server (llama.cpp's ``llama-server``; later vLLM, MLX
 :func:`spawn`. The contract:
 
 * **The child dies with the process that spawned it**, whatever ends that process (a clean
-  exit, a crash, SIGKILL). Two guards exist; :func:`available_guard` names the one used by
+  exit, a crash, SIGKILL). Three guards exist; :func:`available_guard` names the one used by
   default.
 
   - ``"pdeathsig"`` (Linux): ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` is armed in the child between
@@ -20,6 +20,12 @@ Backends that run a native server (llama.cpp's ``llama-server``; later vLLM, MLX
     program. A program that cannot be executed shows up as the wrapper exiting with status 1 (a
     traceback on its ``stderr``), not as an :class:`OSError`. The guard holds only while no
     process forked from this one *without* exec keeps a copy of the write end.
+  - ``"group"`` (everywhere, asked for explicitly): the same wrapper and pipe, but at end of
+    file it SIGKILLs the child's whole process group, so everything the program started dies
+    with this process too (an engine whose workers are its own children, e.g. ``vllm serve``).
+    The wrapper does not forward stop signals: a stop signalled to the group (as
+    :class:`~werk_host.backends.managed.ManagedProcess` stops) reaches the program directly.
+    This is the one process-group guard backends use (``werk_host.plugin.process``).
 
 * **The child leads a new session**, hence a process group whose id is :attr:`ManagedChild.pid`:
   a signal to that group reaches everything the child starts. Descriptors other than the three
@@ -82,7 +88,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Guard = Literal["pdeathsig", "watchdog"]
+Guard = Literal["pdeathsig", "watchdog", "group"]
 StdStream = int | IO[bytes] | None
 """What :func:`spawn` accepts for a standard stream: a file object, an fd, ``subprocess.DEVNULL``/``STDOUT``."""
 
@@ -343,7 +349,7 @@ def spawn(
 
     ``env`` replaces the environment (``None``: inherit). ``guard`` defaults to
     :func:`available_guard`; ``"pdeathsig"`` where it is unavailable raises :class:`ValueError`.
-    Returns once the program (``pdeathsig``) or the wrapper (``watchdog``) was executed; raises
+    Returns once the program (``pdeathsig``) or the wrapper (``watchdog``, ``group``) was executed; raises
     :class:`OSError` when it could not be. With ``record_dir``, a failure to write the record
     kills the child and raises.
     """
@@ -375,7 +381,8 @@ def spawn(
         child = ManagedChild(popen, chosen, None, None)
     else:
         read_fd, write_fd = os.pipe()  # both non-inheritable; the wrapper gets the read end alone
-        wrapped = [sys.executable, "-I", "-S", str(_WATCHDOG), str(read_fd), *program]
+        group = ["--group"] if chosen == "group" else []
+        wrapped = [sys.executable, "-I", "-S", str(_WATCHDOG), *group, str(read_fd), *program]
         try:
             popen = _SPAWNER.run(lambda: spawn(wrapped, pass_fds=(read_fd,)))
         except BaseException:

@@ -1,9 +1,15 @@
 """Managed worker processes for backend plugins: start, watch and stop an engine's process,
-its private run directory, and finding its executable (docs/plugin-kit.md, "Processes")."""
+its private run directory, and finding its executable (docs/plugin-kit.md, "Processes").
+
+Every managed child dies with Werk. An engine that starts processes of its own (workers, an
+engine core) runs under the one process-group guard, ``ManagedProcess(..., guard="group")``:
+when Werk dies by any means, the engine's whole process group is killed with it
+(:mod:`werk_host.backends.child`). :mod:`werk_host.plugin.workers` builds a whole engine worker
+(run directory, key, readiness) on top of these."""
 
 from __future__ import annotations
 
-from werk_host.backends.child import create_run_dir, reap_stale_run_dirs
+from werk_host.backends.child import Guard, create_run_dir, reap_stale_run_dirs
 from werk_host.backends.managed import (
     LOG_TAIL_LINES,
     BackendProcessError,
@@ -20,6 +26,7 @@ __all__ = [
     "LOG_TAIL_LINES",
     "BackendProcessError",
     "BackendStartupError",
+    "Guard",
     "ManagedProcess",
     "create_run_dir",
     "find_executable",

@@ -3,7 +3,7 @@
 Tests marked ``mlx`` need MLX and mlx-lm importable here (Linux x86_64/aarch64 with
 ``mlx[cpu]``, or macOS on Apple silicon); werk-omlx's own dependencies install them where
 wheels exist, and elsewhere those tests are skipped with that reason. The MoE fixtures are
-random-weight ``qwen3_moe`` checkpoints written once per session by :mod:`werk_omlx.testmodel`
+random-weight ``qwen3_moe`` checkpoints written once per session by :mod:`werk_omlx.testing.testmodel`
 (float32 in the per-expert Hugging Face layout, and its 4-bit conversion by mlx-lm).
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from werk_omlx.adapter import ENV_BUDGET
 from werk_omlx.runtime import ENV_PYTHON, mlx_platform
-from werk_omlx.testmodel import TINY, generate
+from werk_omlx.testing.testmodel import TINY, generate
 
-from werk_host.models import ModelManifest
+from werk_host.plugin import ModelManifest
 
 
 def mlx_missing() -> str | None:

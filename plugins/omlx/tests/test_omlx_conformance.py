@@ -18,8 +18,7 @@ from conftest import manifest_of
 from werk_omlx import plugin
 from werk_omlx.adapter import ENV_BUDGET, OmlxAdapter
 
-from werk_host.backend import Adapter
-from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.plugin import Adapter, CapabilityId, CapabilityStatus
 from werk_host.testing.conformance import ConformanceHost, ConformanceTarget, WerkConformance
 
 pytestmark = pytest.mark.mlx

@@ -11,8 +11,7 @@ import pytest
 from werk_omlx import doctor
 from werk_omlx.runtime import apple_silicon
 
-from werk_host.backend import DoctorCheck
-from werk_host.config import HostConfig
+from werk_host.plugin import DoctorCheck, HostConfig
 
 
 def by_name(found: list[DoctorCheck]) -> dict[str, DoctorCheck]:

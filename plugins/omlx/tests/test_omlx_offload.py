@@ -182,7 +182,7 @@ def test_a_checkpoint_without_the_expert_tensors_is_refused_whole(moe_f32: Path)
 def test_the_generator_writes_both_layouts_quickly(tmp_path: Path) -> None:
     import time
 
-    from werk_omlx.testmodel import TINY, generate
+    from werk_omlx.testing.testmodel import TINY, generate
     from werk_omlx.worker.tensors import read_index
 
     started = time.monotonic()

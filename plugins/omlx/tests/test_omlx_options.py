@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from werk_omlx import plugin as omlx_plugin
 
-from werk_host.config import HostConfig
-from werk_host.deployments.profile import ProfileError
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig
+from werk_host.testing.host import Host, PluginHost, ProfileError, build_host
 
 
 def _build(tmp_path: Path, options: str) -> Host:

@@ -18,8 +18,7 @@ from conftest import manifest_of
 from werk_omlx import plugin
 from werk_omlx.adapter import OmlxAdapter
 
-from werk_host.config import PersistenceDefaults
-from werk_host.protocol import PersistenceMode, ReusePolicy
+from werk_host.plugin import PersistenceDefaults, PersistenceMode, ReusePolicy
 from werk_host.testing.hosts import LiveHost, serving
 
 pytestmark = pytest.mark.mlx

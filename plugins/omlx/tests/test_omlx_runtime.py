@@ -15,7 +15,7 @@ from werk_omlx.adapter import OmlxAdapter
 from werk_omlx.cli import find_omlx
 from werk_omlx.runtime import apple_silicon
 
-from werk_host.models import ModelManifest
+from werk_host.plugin import ModelManifest
 from werk_host.testing.hosts import serving
 
 KEY = "sk-werk-omlx-runtime-0123456789"

@@ -6,7 +6,7 @@ Without it, or when it does not run, they are skipped with that reason. Every ot
 without vLLM (a stand-in executable, ``fake_vllm.py``, plays its part).
 
 ``tiny_hf_model`` is a tiny random Llama in Hugging Face format, written once per session by
-``werk_vllm/tinymodel.py`` run with the vLLM virtualenv's own interpreter (which has torch and
+``werk_vllm/testing/testmodel.py`` run with the vLLM virtualenv's own interpreter (which has torch and
 transformers); the plugin itself needs neither.
 """
 
@@ -61,7 +61,7 @@ def tiny_hf_model(vllm_executable: Path, tmp_path_factory: pytest.TempPathFactor
     """A tiny random Llama directory (tokenizer, ChatML template, float32 safetensors)."""
     out = tmp_path_factory.mktemp("hf") / "tiny-llama"
     python = vllm_executable.parent / "python"
-    script = Path(werk_vllm.__file__).parent / "tinymodel.py"
+    script = Path(werk_vllm.__file__).parent / "testing" / "testmodel.py"
     subprocess.run([str(python), str(script), str(out), "--seed", "7"], check=True, capture_output=True, timeout=600)
     assert (out / "config.json").is_file()
     return out

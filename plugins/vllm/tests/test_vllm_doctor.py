@@ -13,7 +13,7 @@ import pytest
 from werk_vllm import doctor
 from werk_vllm.executable import inspect_vllm
 
-from werk_host.config import HostConfig
+from werk_host.plugin import HostConfig
 
 
 def test_a_vllm_on_werk_vllm_is_ok_with_its_version(

@@ -27,15 +27,21 @@ from werk_vllm.apc import APC_ON
 from werk_vllm.executable import clear_memory_cache, inspect_vllm
 from werk_vllm.server import VllmStartupError
 
-from werk_host.backend import InferenceResponse
-from werk_host.backends.managed import free_port
-from werk_host.config import HostConfig, PersistenceDefaults
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
-from werk_host.protocol import CapabilityId, CapabilityStatus, ChatRequest, EndpointKind
-from werk_host.server import build_host
+from werk_host.plugin import (
+    CapabilityId,
+    CapabilityStatus,
+    ChatRequest,
+    EndpointKind,
+    ErrorCode,
+    HostConfig,
+    InferenceResponse,
+    ModelManifest,
+    PersistenceDefaults,
+    WerkError,
+)
+from werk_host.plugin.process import free_port
 from werk_host.testing.api import Api
+from werk_host.testing.host import ModelRegistry, PluginHost, build_host
 from werk_host.testing.hosts import running
 from werk_host.testing.processes import gone
 
@@ -250,7 +256,7 @@ import sys, time
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from pathlib import Path
 from vllm_helpers import model_manifest
-from werk_host.config import HostConfig
+from werk_host.plugin import HostConfig
 from werk_vllm.adapter import create_adapter
 home = Path({str(tmp_path / "home")!r}); home.mkdir()
 cfg = HostConfig(home=home, backend_options={{"vllm": {{"executable": {str(fake_vllm)!r}}}}})

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from werk_vllm import plugin as vllm_plugin
 
-from werk_host.config import HostConfig
-from werk_host.deployments.profile import ProfileError
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig
+from werk_host.testing.host import Host, PluginHost, ProfileError, build_host
 
 REMOTE = '[[instance]]\nid = "far"\nmodel = "m"\nbackend = "vllm"\nendpoint = "http://127.0.0.1:9"\n'
 

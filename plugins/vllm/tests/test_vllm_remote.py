@@ -20,11 +20,10 @@ import pytest
 from werk_vllm import plugin
 from werk_vllm.adapter import VllmAdapter
 
-from werk_host.backends.managed import free_port, http_ready
-from werk_host.config import HostConfig
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import HostConfig
+from werk_host.plugin.process import free_port, http_ready
 from werk_host.testing.api import Api
+from werk_host.testing.host import Host, PluginHost, build_host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.vllm

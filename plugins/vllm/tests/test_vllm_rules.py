@@ -23,10 +23,17 @@ from werk_vllm.launch import (
 )
 from werk_vllm.metrics import parse_metrics
 
-from werk_host.config import PersistenceDefaults
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelFile, ModelManifest
-from werk_host.protocol import CapabilityStatus, ChatRequest, PersistenceMode, ReusePolicy
+from werk_host.plugin import (
+    CapabilityStatus,
+    ChatRequest,
+    ErrorCode,
+    ModelFile,
+    ModelManifest,
+    PersistenceDefaults,
+    PersistenceMode,
+    ReusePolicy,
+    WerkError,
+)
 
 MODEL_DIR = "/models/tiny"
 

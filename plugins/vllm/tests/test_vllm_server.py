@@ -39,15 +39,11 @@ from werk_vllm.apc import APC_ON
 from werk_vllm.client import get
 from werk_vllm.launch import OPTION_FLAGS
 
-from werk_host.backend import Adapter
-from werk_host.backends.managed import free_port
-from werk_host.config import HostConfig, PersistenceDefaults
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
-from werk_host.server import Host, build_host
+from werk_host.plugin import Adapter, ErrorCode, HostConfig, ModelManifest, PersistenceDefaults, WerkError
+from werk_host.plugin.process import free_port
 from werk_host.testing.api import Api
 from werk_host.testing.conformance import ConformanceHost, ConformanceTarget, WerkConformance
+from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host
 from werk_host.testing.hosts import running
 from werk_host.testing.processes import gone
 

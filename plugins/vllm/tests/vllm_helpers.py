@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from werk_host.models import ModelManifest
+from werk_host.plugin import ModelManifest
 
 TESTS = Path(__file__).parent
 FAKE_VLLM = TESTS / "fake_vllm.py"

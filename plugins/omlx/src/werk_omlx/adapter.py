@@ -27,7 +27,6 @@ other than ``disabled``, each worker keeps its exact-prefix cache (docs/omlx.md,
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -38,25 +37,29 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from werk_host.backend import CapabilityReport, InferenceResponse, JsonObject
-from werk_host.backends.relay import forward
-from werk_host.config import HostConfig
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest
-from werk_host.paths import PrivateDirError
-from werk_host.protocol import (
+from werk_host.plugin import (
     CapabilityId,
+    CapabilityReport,
     CapabilityStatus,
     ChatLimits,
     ChatRequest,
+    ErrorCode,
     ExpertActionRequest,
     ExpertActionResult,
     ExpertListQuery,
     ExpertPage,
+    HostConfig,
+    InferenceResponse,
+    JsonObject,
+    ModelManifest,
     PersistenceMode,
+    PrivateDirError,
     ReusePolicy,
+    WerkError,
     WorkerObservation,
 )
+from werk_host.plugin.checkpoints import checkpoint_dir, context_length, safetensors_metadata
+from werk_host.plugin.http import forward
 
 from . import experts
 from .cli import OmlxCliServer, OmlxCliStartupError, find_omlx
@@ -151,16 +154,6 @@ class ChatOptions:
             thinking=thinking if isinstance(thinking, bool) else None,
             budget_bytes=budget * MIB if isinstance(budget, int) and not isinstance(budget, bool) else None,
         )
-
-
-def context_length(model_dir: Path) -> int | None:
-    """``max_position_embeddings`` of the model's ``config.json`` (``None`` when absent)."""
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class OmlxAdapter:
@@ -513,22 +506,6 @@ class OmlxAdapter:
 # -- creation ------------------------------------------------------------------------------------
 
 
-def _mlx_format(model_dir: Path) -> bool:
-    """Whether a safetensors file of ``model_dir`` declares ``{"format": "mlx"}`` in its metadata."""
-    for path in sorted(model_dir.glob("*.safetensors"))[:1]:
-        try:
-            with path.open("rb") as f:
-                length = int.from_bytes(f.read(8), "little")
-                if length > 100 * MIB:
-                    return False
-                header = json.loads(f.read(length))
-        except (OSError, ValueError):
-            return False
-        meta = header.get("__metadata__") if isinstance(header, dict) else None
-        return isinstance(meta, dict) and meta.get("format") == "mlx"
-    return False
-
-
 def accepts(manifest: ModelManifest | None) -> bool:
     """A manifest pinned to oMLX, or an unpinned directory of an MLX checkpoint (``config.json``
     and ``*.safetensors`` whose metadata says ``format: mlx``)."""
@@ -536,11 +513,9 @@ def accepts(manifest: ModelManifest | None) -> bool:
         return False
     if manifest.backend is not None:
         return manifest.backend in (BACKEND_ID, PLUGIN_NAME)
-    names = {Path(f.path).name for f in manifest.files}
-    parents = {Path(f.path).parent for f in manifest.files}
-    if len(parents) != 1 or "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
-        return False
-    return _mlx_format(next(iter(parents)))
+    directory = checkpoint_dir(manifest)
+    metadata = safetensors_metadata(directory) if directory is not None else None
+    return metadata is not None and metadata.get("format") == "mlx"
 
 
 def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> OmlxAdapter:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 from pathlib import Path
 
-from werk_host.backends.child import create_run_dir, reap_stale_run_dirs
-from werk_host.backends.managed import BackendStartupError, ManagedProcess, find_executable, free_port, http_ready
-from werk_host.backends.relay import ConnectionPool
-from werk_host.paths import ensure_private_dir
+from werk_host.plugin.http import ConnectionPool
+from werk_host.plugin.process import BackendStartupError, find_executable
+from werk_host.plugin.workers import WorkerRun
 
 from .runtime import apple_silicon
 
@@ -49,46 +47,38 @@ class OmlxCliServer:
         self.executable = executable
         self.model_dir = model_dir
         self.model_name = model_name
-        self.work_dir = work_dir
         self.timeout = timeout
-        self.generation = secrets.token_hex(12)
-        self.port = free_port(HOST)
+        self.run = WorkerRun(
+            "oMLX",
+            work_dir,
+            prefix=RUN_DIR_PREFIX,
+            error_type=OmlxCliStartupError,
+            stop_timeout=STOP_TIMEOUT_S,
+            host=HOST,
+        )
+        self.generation = self.run.generation
+        self.port = self.run.port
         self.pool = ConnectionPool(HOST, self.port, label="oMLX", size=8)
-        self.managed: ManagedProcess | None = None
 
     @property
     def pid(self) -> int | None:
-        return self.managed.pid if self.managed is not None else None
+        return self.run.pid
 
     def alive(self) -> bool:
-        return self.managed is not None and self.managed.alive()
+        return self.run.alive()
 
-    def start(self) -> OmlxCliServer:
-        work = ensure_private_dir(self.work_dir)
-        reap_stale_run_dirs(work, prefix=RUN_DIR_PREFIX, grace=STOP_TIMEOUT_S)
-        run_dir, owner_fd = create_run_dir(work, f"{RUN_DIR_PREFIX}{self.generation}")
+    def argv(self, run_dir: Path) -> list[str]:
+        """``omlx serve`` over a model directory holding this model alone (linked in ``run_dir``)."""
         models = run_dir / "models"
         models.mkdir(mode=0o700)
         os.symlink(self.model_dir, models / self.model_name, target_is_directory=True)
-        argv = [str(self.executable), "serve", "--model-dir", str(models), "--host", HOST, "--port", str(self.port)]
-        self.managed = ManagedProcess(
-            argv,
-            log_path=run_dir / "omlx.log",
-            name="oMLX",
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            cwd=run_dir,
-            record_dir=run_dir,
-            stop_timeout=STOP_TIMEOUT_S,
-            cleanup_dir=run_dir,
-            owner_fd=owner_fd,
-            error_type=OmlxCliStartupError,
-        )
-        self.managed.start()
-        self.managed.wait_ready(http_ready(HOST, self.port, "/health"), timeout=self.timeout)
+        return [str(self.executable), "serve", "--model-dir", str(models), "--host", HOST, "--port", str(self.port)]
+
+    def start(self) -> OmlxCliServer:
+        self.run.start(self.argv, log_name="omlx.log", startup_timeout=self.timeout)
         log.info("omlx serve %s ready (pid %s, port %s)", self.generation[:8], self.pid, self.port)
         return self
 
     def stop(self) -> None:
         self.pool.close()
-        if self.managed is not None:
-            self.managed.stop()
+        self.run.stop()

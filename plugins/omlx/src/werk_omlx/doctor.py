@@ -22,8 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from werk_host.backend import DoctorCheck
-from werk_host.config import HostConfig
+from werk_host.plugin import DoctorCheck, HostConfig
 
 from .adapter import PLUGIN_NAME
 from .cli import ENV_EXECUTABLE, find_omlx

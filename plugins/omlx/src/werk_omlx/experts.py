@@ -18,16 +18,17 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.experts import ExpertObservation
-from werk_host.protocol import (
+from werk_host.plugin import (
+    ErrorCode,
     ExpertActionKind,
     ExpertActionRequest,
     ExpertActionResult,
     ExpertListQuery,
+    ExpertObservation,
     ExpertPage,
     ExpertTier,
     Tier,
+    WerkError,
 )
 
 from .workers import WorkerProcess

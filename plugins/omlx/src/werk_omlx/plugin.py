@@ -12,22 +12,26 @@ from collections.abc import Mapping
 
 from pydantic import JsonValue
 
-from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
-from werk_host.config import HostConfig
-from werk_host.errors import WerkError
-from werk_host.protocol import (
+from werk_host.plugin import (
+    AdapterFactory,
     CapabilityId,
+    CapabilityReport,
     ChatLimits,
     ChatRequest,
+    DoctorCheck,
     ExpertActionRequest,
     ExpertActionResult,
     ExpertListQuery,
     ExpertPage,
+    HostConfig,
+    InferenceResponse,
+    JsonObject,
     ReasoningProfile,
+    WerkError,
     WorkerObservation,
+    hookimpl,
 )
-from werk_host.service.reasoning import unsupported_profile
+from werk_host.plugin.reasoning import unsupported_profile
 
 from . import doctor
 from .adapter import BACKEND_ID, REPORTED_CAPABILITIES, OmlxAdapter, Settings, accepts, create_adapter

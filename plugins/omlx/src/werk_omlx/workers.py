@@ -1,15 +1,15 @@
 """Werk-owned MLX worker processes, as the adapter in ``werk serve`` sees them.
 
 A :class:`WorkerProcess` is one ``python -m werk_omlx.worker`` generation for one model and one
-expert-cache budget: a :class:`~werk_host.backends.managed.ManagedProcess` (its own process
-group, dies with ``werk serve``) in the private run directory
-``WERK_HOME/backends/omlx/workers/w-<generation>/``. That directory holds the worker's log, its
-child record and, with the prefix cache on, ``cache/prefix-cache/``; its owner lock is held
-while the worker lives, so ``werk cache list`` shows it as active, and it is removed when the
-worker stops (a crash leaves it for ``werk cache purge`` or the next start's stale-directory
-sweep). The worker gets a random key in its environment (never on the argv) and
-``HF_HUB_OFFLINE=1``; startup waits for ``GET /health`` and then reads ``/werk/status``, whose
-``offload.active`` is the worker's own confirmation that expert offload runs.
+expert-cache budget: a :class:`~werk_host.plugin.workers.WorkerRun` (its own process group, dies
+with ``werk serve``) in the private run directory ``WERK_HOME/backends/omlx/workers/w-<generation>/``.
+That directory holds the worker's log, its child record and, with the prefix cache on,
+``cache/prefix-cache/``; its owner lock is held while the worker lives, so ``werk cache list``
+shows it as active, and it is removed when the worker stops (a crash leaves it for ``werk cache
+purge`` or the next start's stale-directory sweep). The worker gets a random key in its
+environment (never on the argv) and ``HF_HUB_OFFLINE=1``; startup waits for ``GET /health`` and
+then reads ``/werk/status``, whose ``offload.active`` is the worker's own confirmation that
+expert offload runs.
 """
 
 from __future__ import annotations
@@ -17,19 +17,15 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from werk_host.backends.child import create_run_dir, reap_stale_run_dirs
-from werk_host.backends.managed import BackendStartupError, ManagedProcess, free_port, http_ready
-from werk_host.backends.relay import ConnectionPool
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.experts import ExpertPolicy
-from werk_host.paths import ensure_private_dir
+from werk_host.plugin import ErrorCode, ExpertPolicy, WerkError
+from werk_host.plugin.http import ConnectionPool
+from werk_host.plugin.process import BackendStartupError
+from werk_host.plugin.workers import WorkerRun
 
 from .runtime import MlxRuntime
 
@@ -74,11 +70,19 @@ class WorkerProcess:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.generation = secrets.token_hex(12)
-        self._key = secrets.token_urlsafe(32)
-        self.port = free_port(HOST)
+        self.run = WorkerRun(
+            "MLX worker",
+            spec.work_dir,
+            prefix=RUN_DIR_PREFIX,
+            error_type=WorkerStartupError,
+            stop_timeout=STOP_TIMEOUT_S,
+            key_env=ENV_KEY,
+            host=HOST,
+        )
+        self.generation = self.run.generation
+        self.port = self.run.port
+        self._key = self.run.key or ""
         self.pool = ConnectionPool(HOST, self.port, api_key=self._key, label=LABEL, size=8)
-        self.managed: ManagedProcess | None = None
         self.policy = ExpertPolicy()
         self.offload_active = False
         self.offload_reason: str | None = None
@@ -86,10 +90,10 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int | None:
-        return self.managed.pid if self.managed is not None else None
+        return self.run.pid
 
     def alive(self) -> bool:
-        return self.managed is not None and self.managed.alive()
+        return self.run.alive()
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -107,26 +111,12 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         """Spawn, wait for ``/health`` and read the offload confirmation; a failure stops the
         child and raises :class:`WorkerStartupError`."""
-        work = ensure_private_dir(self.spec.work_dir)
-        reap_stale_run_dirs(work, prefix=RUN_DIR_PREFIX, grace=STOP_TIMEOUT_S)
-        run_dir, owner_fd = create_run_dir(work, f"{RUN_DIR_PREFIX}{self.generation}")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", ENV_KEY: self._key}
-        self.managed = ManagedProcess(
-            self.argv(run_dir),
-            log_path=run_dir / "worker.log",
-            name="MLX worker",
-            env=env,
-            cwd=run_dir,
-            record_dir=run_dir,
-            secrets=(self._key,),
-            stop_timeout=STOP_TIMEOUT_S,
-            cleanup_dir=run_dir,
-            owner_fd=owner_fd,
-            error_type=WorkerStartupError,
-        )
-        self.managed.start()
-        self.managed.wait_ready(http_ready(HOST, self.port, "/health"), timeout=self.spec.startup_timeout)
-        status = self.status()
+        self.run.start(self.argv, log_name="worker.log", startup_timeout=self.spec.startup_timeout)
+        try:
+            status = self.status()
+        except BaseException:
+            self.stop()
+            raise
         offload = status.get("offload") if isinstance(status.get("offload"), dict) else {}
         assert isinstance(offload, dict)
         self.offload_active = offload.get("active") is True
@@ -143,8 +133,7 @@ class WorkerProcess:
 
     def stop(self) -> None:
         self.pool.close()
-        if self.managed is not None:
-            self.managed.stop()
+        self.run.stop()
 
     # -- control requests -------------------------------------------------------------------
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -31,21 +31,25 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from werk_host.backend import CapabilityReport, InferenceResponse, JsonObject
-from werk_host.backends.relay import forward, post_json
-from werk_host.config import HostConfig
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest
-from werk_host.paths import PrivateDirError
-from werk_host.protocol import (
+from werk_host.plugin import (
     CapabilityId,
+    CapabilityReport,
     CapabilityStatus,
     ChatLimits,
     ChatRequest,
     DeploymentPlan,
     EndpointKind,
+    ErrorCode,
+    HostConfig,
+    InferenceResponse,
+    JsonObject,
+    ModelManifest,
+    PrivateDirError,
+    WerkError,
     WorkerObservation,
 )
+from werk_host.plugin.checkpoints import checkpoint_dir
+from werk_host.plugin.http import forward, post_json
 
 from . import server as servers
 from .apc import injected_flag, prefix_cache_report
@@ -465,15 +469,14 @@ class VllmAdapter:
 
 
 def accepts(manifest: ModelManifest | None) -> bool:
-    """A manifest pinned to vLLM, or an unpinned Hugging Face directory (``config.json`` and
+    """A manifest pinned to vLLM, or an unpinned Hugging Face checkpoint directory
+    (:func:`~werk_host.plugin.checkpoints.checkpoint_dir`: ``config.json`` and
     ``*.safetensors`` side by side)."""
     if manifest is None:
         return False
     if manifest.backend is not None:
         return manifest.backend in (BACKEND_ID, PLUGIN_NAME)
-    names = {Path(f.path).name for f in manifest.files}
-    parents = {Path(f.path).parent for f in manifest.files}
-    return len(parents) == 1 and "config.json" in names and any(n.endswith(".safetensors") for n in names)
+    return checkpoint_dir(manifest) is not None
 
 
 def _remote_key(settings: RemoteSettings) -> str | None:

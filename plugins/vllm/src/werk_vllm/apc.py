@@ -24,9 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
-from werk_host.backend import CapabilityReport
-from werk_host.config import PersistenceDefaults
-from werk_host.protocol import CapabilityStatus, ReusePolicy
+from werk_host.plugin import CapabilityReport, CapabilityStatus, PersistenceDefaults, ReusePolicy
 
 from .executable import flag_name
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from werk_host.backends.relay import ConnectionPool
+from werk_host.plugin.http import ConnectionPool
 
 __all__ = ["LABEL", "Endpoint", "VllmPool", "get", "get_json"]
 

@@ -16,8 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from werk_host.backend import DoctorCheck
-from werk_host.config import HostConfig
+from werk_host.plugin import DoctorCheck, HostConfig
 
 from .adapter import PLUGIN_NAME
 from .executable import ENV_VAR, ExecutableIdentity, VllmNotFound, _read_disk, find_vllm

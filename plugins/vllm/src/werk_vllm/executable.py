@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from werk_host.backends.managed import find_executable
-from werk_host.paths import PrivateDirError, ensure_private_dir
+from werk_host.plugin import PrivateDirError, ensure_private_dir
+from werk_host.plugin.process import find_executable
 
 __all__ = [
     "ENV_VAR",

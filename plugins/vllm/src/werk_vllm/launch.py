@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, WerkError
 
 from .executable import flag_name
 

@@ -12,19 +12,23 @@ from collections.abc import Mapping
 
 from pydantic import JsonValue
 
-from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
-from werk_host.config import HostConfig
-from werk_host.errors import WerkError
-from werk_host.protocol import (
+from werk_host.plugin import (
+    AdapterFactory,
     CapabilityId,
+    CapabilityReport,
     ChatLimits,
     ChatRequest,
     DeploymentPlan,
+    DoctorCheck,
+    HostConfig,
+    InferenceResponse,
+    JsonObject,
     ReasoningProfile,
+    WerkError,
     WorkerObservation,
+    hookimpl,
 )
-from werk_host.service.reasoning import unsupported_profile
+from werk_host.plugin.reasoning import unsupported_profile
 
 from . import doctor
 from .adapter import BACKEND_ID, REPORTED_CAPABILITIES, VllmAdapter, accepts, create_adapter

@@ -1,18 +1,16 @@
 """Werk-started ``vllm serve`` processes, shared by every adapter that would start the same one.
 
-:class:`VllmProcess` is one process generation: a
-:class:`~werk_host.backends.managed.ManagedProcess` (its own process group, dies with
-``werk serve``, stopped with its group, never orphaned) in a private run directory
-``WERK_HOME/backends/vllm/gen-<generation>/`` that holds its log and child record and is removed
-when it stops. The managed child is a small guard (:mod:`werk_vllm._guard`) that runs
-``vllm serve`` in its process group and kills that whole group if Werk dies, since vLLM's engine
-core and workers are grandchildren a parent-death signal alone would not reach; :attr:`pid` is
-that group's id. The environment is the caller's plus ``HF_HUB_OFFLINE=1`` (a local model is
-served from its directory; nothing is downloaded), ``VLLM_NO_USAGE_STATS=1`` and
-``VLLM_API_KEY``: a random key made for this process alone, so other local users cannot drive
-it. The key travels in the environment, never on the argv (which every user can read), and is
-redacted from every log tail. Startup waits for ``GET /health`` == 200 (``startup_timeout``);
-a failure stops the child and raises :class:`VllmStartupError` with the redacted log tail.
+:class:`VllmProcess` is one process generation: a :class:`~werk_host.plugin.workers.WorkerRun`
+(its run directory ``WERK_HOME/backends/vllm/gen-<generation>/`` holds its log and child record
+and is removed when it stops) started under the process-group guard (``guard="group"``,
+:mod:`werk_host.plugin.process`): vLLM's engine core and workers are children of its API
+server, and the guard kills that whole group if Werk dies by any means; :attr:`pid` is that
+group's id. The environment is the caller's plus ``HF_HUB_OFFLINE=1`` (a local model is served
+from its directory; nothing is downloaded), ``VLLM_NO_USAGE_STATS=1`` and ``VLLM_API_KEY``: a
+random key made for this process alone, so other local users cannot drive it. The key travels
+in the environment, never on the argv (which every user can read), and is redacted from every
+log tail. Startup waits for ``GET /health`` == 200 (``startup_timeout``); a failure stops the
+child and raises :class:`VllmStartupError` with the redacted log tail.
 
 :class:`SharedServer` is what adapters hold: one per :class:`LaunchSpec` key — the manifest
 identity, the executable identity and the exact argument list (the port aside) — reference
@@ -24,16 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import sys
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from werk_host.backends.child import create_run_dir, reap_stale_run_dirs
-from werk_host.backends.managed import BackendStartupError, ManagedProcess, free_port, http_ready
-from werk_host.paths import ensure_private_dir
+from werk_host.plugin.process import BackendStartupError
+from werk_host.plugin.workers import WorkerRun
 
 from .client import Endpoint, VllmPool
 from .executable import ExecutableIdentity
@@ -55,8 +49,8 @@ log = logging.getLogger(__name__)
 NAME = "vllm"
 ENV_API_KEY = "VLLM_API_KEY"
 RUN_DIR_PREFIX = "gen-"
-#: Runs ``vllm serve`` so that its whole process group dies with Werk (see :mod:`werk_vllm._guard`).
-GUARD = Path(__file__).with_name("_guard.py")
+#: Set in the child's environment beside the host's offline hub and the key (module docstring).
+CHILD_ENV = {"VLLM_NO_USAGE_STATS": "1"}
 STOP_TIMEOUT_S = 20.0
 
 
@@ -84,66 +78,48 @@ class LaunchSpec:
         return [str(port) if arg == PORT else arg for arg in self.planned]
 
 
-def child_env(base: Mapping[str, str], api_key: str) -> dict[str, str]:
-    """The child's environment: ``base`` with its own API key and offline Hugging Face hub."""
-    env = {k: v for k, v in base.items() if k != ENV_API_KEY}
-    env["HF_HUB_OFFLINE"] = "1"
-    env["VLLM_NO_USAGE_STATS"] = "1"
-    env[ENV_API_KEY] = api_key
-    return env
-
-
 class VllmProcess:
     """One started ``vllm serve`` generation (see the module docstring)."""
 
     def __init__(self, spec: LaunchSpec) -> None:
         self.spec = spec
-        self.generation = secrets.token_hex(16)
-        self._api_key = secrets.token_urlsafe(32)
-        port = free_port(HOST)
-        self.argv = spec.argv(port)
+        self.run = WorkerRun(
+            NAME,
+            spec.work_dir,
+            prefix=RUN_DIR_PREFIX,
+            error_type=VllmStartupError,
+            stop_timeout=STOP_TIMEOUT_S,
+            key_env=ENV_API_KEY,
+            host=HOST,
+        )
+        self.generation = self.run.generation
+        self.argv = spec.argv(self.run.port)
         final = last_value(self.argv[1:], "--port")
-        self.port = int(final) if final is not None and final.isdigit() else port
-        self.managed: ManagedProcess | None = None
-        self.pool = VllmPool(Endpoint(False, HOST, self.port), api_key=self._api_key)
+        if final is not None and final.isdigit():
+            self.run.port = int(final)
+        self.port = self.run.port
+        self.pool = VllmPool(Endpoint(False, HOST, self.port), api_key=self.run.key)
 
     @property
     def pid(self) -> int | None:
-        return self.managed.pid if self.managed is not None else None
+        return self.run.pid
 
     def alive(self) -> bool:
-        return self.managed is not None and self.managed.alive()
+        return self.run.alive()
 
     def start(self) -> VllmProcess:
         """Spawn and wait for ``/health``; on any failure the child is stopped and
         :class:`VllmStartupError` raised (the log tail redacted)."""
-        work = ensure_private_dir(self.spec.work_dir)
-        reap_stale_run_dirs(work, prefix=RUN_DIR_PREFIX, grace=STOP_TIMEOUT_S)
-        run_dir, owner_fd = create_run_dir(work, f"{RUN_DIR_PREFIX}{self.generation}")
-        guarded = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *self.argv]
-        self.managed = ManagedProcess(
-            guarded,
-            log_path=run_dir / "vllm.log",
-            name=NAME,
-            env=child_env(os.environ, self._api_key),
-            cwd=run_dir,
-            record_dir=run_dir,
-            secrets=(self._api_key,),
-            stop_timeout=STOP_TIMEOUT_S,
-            cleanup_dir=run_dir,
-            owner_fd=owner_fd,
-            error_type=VllmStartupError,
+        env = {**os.environ, **CHILD_ENV}
+        self.run.start(
+            self.argv, log_name="vllm.log", startup_timeout=self.spec.startup_timeout, env=env, guard="group"
         )
-        self.managed.start()
-        ready = http_ready(HOST, self.port, "/health")
-        self.managed.wait_ready(ready, timeout=self.spec.startup_timeout)
         log.info("vllm serve generation %s ready (pid %s, port %s)", self.generation[:8], self.pid, self.port)
         return self
 
     def stop(self) -> None:
         self.pool.close()
-        if self.managed is not None:
-            self.managed.stop()
+        self.run.stop()
 
     def __repr__(self) -> str:
         return f"<VllmProcess generation={self.generation[:8]} pid={self.pid} port={self.port}>"

@@ -1,6 +1,6 @@
 """Generate small random-weight ``qwen3_moe`` MLX checkpoints (tests, demos and the bench).
 
-``python -m werk_omlx.testmodel OUT [--preset tiny|mid] [--bits 4] [--seed N]`` writes a model
+``python -m werk_omlx.testing.testmodel OUT [--preset tiny|mid] [--bits 4] [--seed N]`` writes a model
 directory mlx-lm loads offline:
 
 * ``config.json``: ``model_type: qwen3_moe`` with every layer sparse (``decoder_sparse_step``
@@ -185,7 +185,7 @@ def generate(out: Path, shape: MoeShape = TINY, *, seed: int = 0, bits: int | No
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m werk_omlx.testmodel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m werk_omlx.testing.testmodel", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     parser.add_argument("--bits", type=int, choices=(4, 8), default=None)

@@ -19,7 +19,7 @@ the vLLM virtualenv built by ``scripts/setup-vllm.sh``) inside :func:`generate`.
 It does not import ``werk_host`` or ``werk_vllm``, so the plugin can run it by
 path with the vLLM venv's interpreter::
 
-    <vllm venv>/bin/python /path/to/tinymodel.py OUT [--seed N]
+    <vllm venv>/bin/python /path/to/werk_vllm/testing/testmodel.py OUT [--seed N]
 
 which writes the model directory OUT and prints its absolute path.
 """
@@ -111,7 +111,7 @@ def generate(out: Path, *, seed: int = 0) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="tinymodel.py", description="Write a tiny random Llama (Hugging Face format) for vLLM tests."
+        prog="testmodel.py", description="Write a tiny random Llama (Hugging Face format) for vLLM tests."
     )
     parser.add_argument("out", type=Path, help="model directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
