@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import werk_llamacpp.adapter as adapter_module
+import werk_llamacpp.core as core_module
 from werk_llamacpp import snapshot
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.testing.testmodel import generate_model
@@ -235,7 +235,7 @@ def test_each_compatibility_dimension_blocks_reuse_with_its_mismatch_field(
             patch.write(b"\0werk test patch")  # still runs, same --help, another SHA-256
         expected = ["executable_sha256"]
     else:
-        monkeypatch.setattr(adapter_module, "CACHE_LAYOUT", "werk-llamacpp-slot-v0")
+        monkeypatch.setattr(core_module, "CACHE_LAYOUT", "werk-llamacpp-slot-v0")
         expected = ["cache_layout"]
 
     with hosted(home, binary, ctx=ctx) as second:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from werk_host.plugin import DoctorCheck, HostConfig
 
-from .adapter import PLUGIN_NAME
 from .binary import (
     ENV_VAR,
     BinaryInfo,
@@ -33,6 +32,7 @@ from .binary import (
     find_llama_server,
     inspect_executable,
 )
+from .core import PLUGIN_NAME
 from .reasoning import BUDGET_FLAG
 
 #: Bound of each ``--help``/``--version`` run.

@@ -1,8 +1,10 @@
-"""werk-llamacpp's hook implementations: the llama.cpp backend for Werk host.
+"""werk-llamacpp's plugin module: the llama.cpp backend for Werk host (entry point ``llamacpp``).
 
-The host dispatches operation hooks only to the plugin that owns the adapter
-(docs/plugin-hooks.md, "Dispatch rules"), so every ``adapter`` here is a
-:class:`LlamaCppAdapter` this plugin created.
+It holds the collected hooks only: the adapter factory, the doctor checks and the ``werk
+llamacpp`` commands. Every operation (prefill, decode, chat, counting, ...) is a method of
+:class:`~werk_llamacpp.adapter.LlamaCppAdapter` marked ``@hookimpl(specname=...)``; the host
+registers each adapter it creates, so its operations reach that adapter's own methods
+(docs/plugin-kit.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from werk_host.plugin import (
     DecodeWork,
     DeploymentPlan,
     DoctorCheck,
-    ErrorCode,
     HostConfig,
     InferenceResponse,
     JsonObject,
@@ -28,18 +29,17 @@ from werk_host.plugin import (
     ReasoningProfile,
     Snapshot,
     StoredStateRef,
-    WerkError,
     WorkerObservation,
     hookimpl,
 )
 
-from . import doctor, reasoning
-from .adapter import BACKEND_ID, LlamaCppAdapter, accepts, create_adapter
+from . import doctor
+from .adapter import LlamaCppAdapter, accepts, create_adapter
 from .capabilities import REPORTED_CAPABILITIES
 from .cli import werk_cli_commands as werk_cli_commands  # `werk llamacpp`; `werk` imports only .cli
+from .core import BACKEND_ID
 from .options import validate_options
-from .session import LlamaSessionSnapshots, session_snapshots
-from .slots import forward_ordinary
+from .session import LlamaSessionSnapshots
 
 
 @hookimpl
@@ -98,13 +98,12 @@ def werk_release_state(adapter: LlamaCppAdapter, handle: object) -> bool:
 
 @hookimpl
 def werk_state_move(adapter: LlamaCppAdapter, work: MoveWork) -> MoveOutput:
-    raise WerkError(ErrorCode.UNSUPPORTED, "llama.cpp named states live on disk only; ram/vram tiers are unsupported")
+    return adapter.state_move(work)
 
 
 @hookimpl
 def werk_count_tokens(adapter: LlamaCppAdapter, request: ChatRequest) -> int:
-    # with werk.reasoning: the body the chat sends, thinking switch and budget included
-    return adapter.count_tokens(reasoning.counted_request(adapter, request))
+    return adapter.count_request(request)
 
 
 @hookimpl
@@ -114,30 +113,22 @@ def werk_chat_limits(adapter: LlamaCppAdapter, model: str | None) -> ChatLimits:
 
 @hookimpl
 def werk_reasoning_profile(adapter: LlamaCppAdapter, model: str | None, max_output_tokens: int) -> ReasoningProfile:
-    # Tiers only where the running server's budget control is verified (werk_llamacpp.reasoning).
-    return reasoning.reasoning_profile(adapter, model or adapter.manifest.name, max_output_tokens)
-
-
-def _proxy(adapter: LlamaCppAdapter, path: str, body: JsonObject) -> InferenceResponse:
-    """Forward ``body`` (already without ``werk``) to the live llama-server, on an ordinary slot
-    chosen and held by :func:`.slots.forward_ordinary` (never the client's, never the state slot)."""
-    return forward_ordinary(adapter, path, body)
+    return adapter.reasoning_profile(model, max_output_tokens)
 
 
 @hookimpl
 def werk_chat_completion(adapter: LlamaCppAdapter, request: JsonObject) -> InferenceResponse:
-    # a resolved werk.reasoning tier becomes llama-server's thinking switch and budget
-    return _proxy(adapter, "/v1/chat/completions", reasoning.forwarded_chat(request))
+    return adapter.chat_completion(request)
 
 
 @hookimpl
 def werk_text_completion(adapter: LlamaCppAdapter, request: JsonObject) -> InferenceResponse:
-    return _proxy(adapter, "/v1/completions", {k: v for k, v in request.items() if k != "werk"})
+    return adapter.text_completion(request)
 
 
 @hookimpl
 def werk_session_snapshots(adapter: LlamaCppAdapter, model_id: str) -> LlamaSessionSnapshots:
-    return session_snapshots(adapter, model_id)
+    return adapter.session_snapshots(model_id)
 
 
 @hookimpl

@@ -32,13 +32,17 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from werk_host.plugin import ChatRequest, JsonObject, ReasoningProfile, ReasoningTierId
 from werk_host.plugin.reasoning import budget_profile, invalid_tier, unsupported_profile
 
-from .adapter import BACKEND_ID, LlamaCppAdapter
+from .core import BACKEND_ID
 from .native import NativeError, NativeHTTPError
 from .process import LlamaServerProcess, last_flag_value
+
+if TYPE_CHECKING:
+    from .adapter import LlamaCppAdapter
 
 BUDGET_FLAG = "--reasoning-budget"
 _EFFORT_FLAGS = ("--reasoning-effort",)
@@ -181,13 +185,24 @@ def forwarded_chat(body: JsonObject) -> JsonObject:
 
 
 def counted_request(adapter: LlamaCppAdapter, request: ChatRequest) -> ChatRequest:
-    """``request`` as the chat would send it, for counting: a ``werk.reasoning.tier`` resolved
-    against the running server's profile for the request's output allowance (as the host
-    resolves it for the chat) and turned into :func:`with_budget`. ``"default"`` on an
-    unsupported runtime keeps the native default; any other unresolvable tier is
-    ``invalid_reasoning_tier``."""
-    if request.werk is None or request.werk.reasoning is None:
+    """``request`` as the chat sends it, for counting: the body :func:`forwarded_chat` makes of it
+    (``werk`` removed; a tier the host resolved, ``werk.reasoning.resolved_budget_tokens``, as
+    the thinking switch and budget). The host resolves the tier before any hook sees the request
+    (docs/plugin-kit.md); a tier that reaches this hook unresolved is resolved by
+    :func:`_resolved_here`."""
+    if request.werk is None:
         return request
+    body = request.model_dump(mode="json", exclude_none=True)
+    if request.werk.reasoning is not None and _resolved_budget(body) is None:
+        return _resolved_here(adapter, request)
+    return ChatRequest.model_validate(forwarded_chat(body))
+
+
+def _resolved_here(adapter: LlamaCppAdapter, request: ChatRequest) -> ChatRequest:
+    """``request`` whose ``werk.reasoning.tier`` a host left unresolved, resolved against the
+    running server's profile for the request's output allowance (as the host resolves it for the
+    chat) and turned into :func:`with_budget`."""
+    assert request.werk is not None and request.werk.reasoning is not None
     wanted = request.werk.reasoning.tier
     body = request.model_dump(mode="json", exclude_none=True, exclude={"werk"})
     profile = reasoning_profile(adapter, adapter.manifest.name, request.requested_output_tokens())

@@ -42,16 +42,19 @@ import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from werk_host.plugin import ErrorCode, InferenceResponse, JsonObject, Snapshot, StoredStateRef, WerkError, sha256_file
 from werk_host.plugin.http import forward
 
-from .adapter import LlamaCppAdapter, mismatch_fields
+from .core import mismatch_fields
 from .native import NativeError
 from .process import LlamaServerProcess
 from .slots import held_for_life, strip_slot_fields
 from .snapshot import presented
+
+if TYPE_CHECKING:
+    from .adapter import LlamaCppAdapter
 
 __all__ = ["RUNTIME_ENV_PREFIXES", "SESSION_LAYOUT", "LlamaSessionSnapshots", "session_snapshots"]
 

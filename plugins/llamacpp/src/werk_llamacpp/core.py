@@ -1,0 +1,296 @@
+"""The llama.cpp adapter's core: its managed ``llama-server`` child and the evidence about it.
+
+:class:`LlamaServerCore` starts and restarts the child (a fresh generation whenever the last one
+is gone), holds the state slot's lock and owner token, computes the compatibility envelope of
+the live generation, runs the functional probe once per generation and reports capabilities
+from it (the ``werk_capabilities`` and ``werk_producer_envelope`` operations). The state model
+and the envelope's dimensions are described in :mod:`werk_llamacpp.adapter`; named-state work is
+:mod:`.states`, chat forwarding and planning :mod:`.adapter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from werk_host.plugin import (
+    CapabilityId,
+    CapabilityReport,
+    ChatLimits,
+    ErrorCode,
+    HostConfig,
+    ModelManifest,
+    WerkError,
+    hookimpl,
+)
+
+from .binary import find_llama_server
+from .capabilities import capability_reports
+from .integrity import key_id, load_key
+from .native import LlamaServerClient, NativeConnectionError, NativeError, NativeHTTPError
+from .probe import ProbeResult, run_probe
+from .process import LlamaServerProcess, LlamaServerStartupError, last_flag_value
+from .proxy import LlamaConnectionPool as ConnectionPool
+from .slots import SlotRouter
+
+log = logging.getLogger(__name__)
+
+BACKEND_ID = "llama.cpp"
+PLUGIN_NAME = "llamacpp"
+CACHE_LAYOUT = "werk-llamacpp-slot-v3"
+CHUNK = 1 << 20
+#: Bound on one prefill or decode completion on the state slot: a long document on a CPU takes
+#: minutes, far beyond the native client's default request timeout.
+STATE_WORK_TIMEOUT_S = 3600.0
+#: Bound on the ``/health`` answer required before state work (a stopped child never answers).
+HEALTH_TIMEOUT_S = 5.0
+#: Default bound on waiting for a free ordinary slot (backend option ``slot_wait_s``).
+SLOT_WAIT_S = 30.0
+_CTX_FLAGS = ("-c", "--ctx-size")
+
+
+def model_files_fingerprint(manifest: ModelManifest) -> str:
+    """SHA-256 over the size and modification time of every model file, as found now.
+
+    The manifest identity records each file's SHA-256 at install time; this dimension also
+    tells apart a file replaced in place afterwards (the weights a process loaded)."""
+    try:
+        prints = [[st.st_size, st.st_mtime_ns] for st in (os.stat(f.path) for f in manifest.files)]
+    except OSError as err:
+        raise unavailable("a model file of this manifest cannot be read") from err
+    return hashlib.sha256(json.dumps(prints, separators=(",", ":")).encode()).hexdigest()
+
+
+def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str]:
+    """The envelope dimensions whose values differ (or exist on one side only)."""
+    return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
+
+
+def unavailable(message: str) -> WerkError:
+    return WerkError(ErrorCode.UNAVAILABLE, message, retryable=True)
+
+
+class LlamaServerCore:
+    """One installed GGUF model's managed ``llama-server``: its life, state slot and evidence."""
+
+    def __init__(self, config: HostConfig, manifest: ModelManifest, options: dict[str, Any] | None = None) -> None:
+        opts = dict(options or {})
+        self.config = config
+        self.manifest = manifest
+        self.instance_id = f"llamacpp:{manifest.name}"
+        self.binary_path = find_llama_server(opts.get("llama_server"))
+        self.parallel = int(opts.get("parallel", 2))
+        self.ctx = int(opts.get("ctx", 4096 * self.parallel))
+        self.threads = int(opts["threads"]) if "threads" in opts else None
+        self.warmup_tokens = int(opts.get("warmup_tokens", config.warmup_tokens))  # --warmup-tokens
+        self.work_dir = config.home / "backends" / "llamacpp"
+        self._life = threading.RLock()
+        self.slot_lock = threading.Lock()  # held by every user of the state slot: named states, session snapshots
+        self.router = SlotRouter(self.slot_lock, float(opts.get("slot_wait_s", SLOT_WAIT_S)))
+        self._token_key: bytes | None = None
+        self._process: LlamaServerProcess | None = None
+        self._probes: dict[str, ProbeResult] = {}
+        self._model_files: dict[str, str] = {}
+        self._slot_owner: str | None = None
+        self._count_cache: OrderedDict[str, int] = OrderedDict()
+        self._proxy_pools: dict[str, ConnectionPool] = {}
+        self._limits: tuple[tuple[str | None, str | None], ChatLimits] | None = None
+        self.last_decode: dict[str, Any] = {}
+        self.closed = False
+
+    # -- process lifecycle ---------------------------------------------------------------
+    def process(self) -> LlamaServerProcess:
+        """The live child, starting a fresh one (new generation) when none is alive."""
+        with self._life:
+            if self.closed:
+                raise unavailable("the llama.cpp adapter is shut down")
+            proc = self._process
+            if proc is not None and proc.alive():
+                return proc
+            if proc is not None:
+                log.warning("llama-server (generation %s) is gone; starting a fresh child", proc.generation[:8])
+                proc.stop()
+                self._slot_owner = None
+                for pool in self._proxy_pools.values():
+                    pool.close()
+                self._proxy_pools.clear()
+            model_files = model_files_fingerprint(self.manifest)
+            proc = LlamaServerProcess(
+                self.manifest.primary_path,
+                binary=self.binary_path,
+                parallel=self.parallel,
+                ctx=self.ctx,
+                work_dir=self.work_dir,
+                warmup_tokens=self.warmup_tokens,
+                threads=self.threads,
+                extra_args=self._extra_args(),
+            )
+            try:
+                proc.start()
+            except LlamaServerStartupError as err:
+                log.error("llama-server failed to start: %s\n%s", err, err.log_tail)
+                tail = "\n".join(err.log_tail.splitlines()[-12:])
+                raise WerkError(
+                    ErrorCode.UNAVAILABLE, f"llama-server failed to start; native log tail:\n{tail}", retryable=False
+                ) from err
+            self._model_files[proc.generation] = model_files  # before any reader can see proc
+            self._process = proc
+            return proc
+
+    def _extra_args(self) -> list[str]:
+        """``--metrics`` (child counters for observability) and ``--alias`` (the API reports the
+        manifest name, never the model's file path), each only when the help advertises it."""
+        args: list[str] = []
+        if self._advertises("--metrics"):
+            args.append("--metrics")
+        if self._advertises("--alias"):
+            args += ["--alias", self.manifest.name]
+        return args
+
+    def _advertises(self, flag: str) -> bool:
+        from .binary import inspect_executable
+
+        return inspect_executable(self.binary_path).advertises(flag)
+
+    def current(self) -> LlamaServerProcess | None:
+        proc = self._process
+        return proc if proc is not None and proc.alive() else None
+
+    def identity(self) -> str:
+        proc = self.current()
+        return f"{self.instance_id}#{proc.generation if proc else 'none'}"
+
+    def close(self) -> None:
+        with self._life:
+            self.closed = True
+            proc, self._process = self._process, None
+            for pool in self._proxy_pools.values():
+                pool.close()
+            self._proxy_pools.clear()
+        if proc is not None:
+            proc.stop()
+
+    @property
+    def state_slot(self) -> int:
+        proc = self.current()
+        n = proc.effective_parallel() if proc else self.parallel
+        return max(n - 1, 0)
+
+    def client(self, proc: LlamaServerProcess) -> LlamaServerClient:
+        """A dedicated client for the state slot (the process's own one)."""
+        assert proc.client is not None
+        return proc.client
+
+    def native_failure(self, err: NativeError, what: str) -> WerkError:
+        """Map a native failure to a typed error; a dead child is restarted on next use."""
+        log.error("llama-server %s failed: %s", what, err)
+        if isinstance(err, NativeConnectionError) or self.current() is None:
+            self._slot_owner = None
+            return unavailable(f"llama-server stopped answering during {what}")
+        if isinstance(err, NativeHTTPError) and err.status == 503:
+            return unavailable(f"llama-server is busy or loading; {what} did not run")
+        return WerkError(ErrorCode.INTERNAL, f"llama-server {what} failed")
+
+    # -- evidence ------------------------------------------------------------------------
+    def envelope(self, proc: LlamaServerProcess) -> dict[str, str]:
+        """The compatibility envelope of states ``proc`` writes and may restore: every dimension
+        that decides whether a slot snapshot fits it, and not the process generation."""
+        prints = proc.fingerprints()
+        return {
+            "backend": BACKEND_ID,
+            "executable_sha256": prints["executable_sha256"],
+            "help_sha256": prints["help_sha256"],
+            "kv_args_sha256": prints["kv_args_sha256"],
+            "model_identity": self.manifest.identity,
+            "model_files": self._model_files[proc.generation],
+            "cache_layout": CACHE_LAYOUT,
+            "tokens_key": key_id(self.token_key),
+        }
+
+    @property
+    def token_key(self) -> bytes:
+        """This adapter's key for token digests (:func:`.integrity.load_key`)."""
+        with self._life:
+            if self._token_key is None:
+                self._token_key = load_key(self.work_dir)
+            return self._token_key
+
+    def check_answering(self, proc: LlamaServerProcess) -> None:
+        """``unavailable`` (retryable) unless ``proc`` answers ``/health`` within the bound."""
+        try:
+            ready = self.client(proc).health(timeout=HEALTH_TIMEOUT_S)
+        except NativeError as err:
+            raise self.native_failure(err, "health check") from err
+        if not ready:
+            raise unavailable("llama-server is not ready")
+
+    @hookimpl(specname="werk_producer_envelope")
+    def producer_envelope(self, model_id: str) -> dict[str, str]:
+        """:meth:`envelope` of the live process, unless none runs for ``model_id`` or its
+        functional probe failed (then no state is reusable: ``unavailable``). Before the probe
+        has run the envelope is reported; decode runs the probe before any restore."""
+        proc = self.current()
+        if proc is None or model_id != self.manifest.name:
+            raise unavailable("no live llama-server for this model")
+        probe = self._probes.get(proc.generation)
+        if probe is not None and not probe.passed:
+            raise unavailable("the functional slot probe failed for this llama-server generation")
+        return self.envelope(proc)
+
+    def probe_result(self) -> ProbeResult | None:
+        proc = self.current()
+        return self._probes.get(proc.generation) if proc else None
+
+    @hookimpl(specname="werk_capabilities")
+    def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
+        proc = self.current()
+        return capability_reports(proc is not None, self._probes.get(proc.generation) if proc else None)
+
+    def ensure_probed(self, proc: LlamaServerProcess) -> None:
+        """Run the functional probe once per generation (caller holds the slot lock)."""
+        result = self._probes.get(proc.generation)
+        if result is None:
+            result = run_probe(proc, id_slot=self.state_slot)
+            self._probes[proc.generation] = result
+            self._slot_owner = None
+            log.info(
+                "llama-server generation %s state probe %s%s",
+                proc.generation[:8],
+                "passed" if result.passed else "failed",
+                f": {result.reason}" if result.reason else "",
+            )
+        if not result.passed:
+            raise unavailable(f"llama.cpp named state is unavailable: the functional probe failed ({result.reason})")
+
+    # -- slots and connections -----------------------------------------------------------
+    def context_per_slot(self, proc: LlamaServerProcess | None) -> int | None:
+        """Per-request context from the launch arguments (``-c`` split over ``-np`` slots)."""
+        if proc is None:
+            return None
+        argv = proc.argv[1:]
+        if "--kv-unified" in argv or "-kvu" in argv:
+            return None  # a unified cache is shared: no fixed per-request bound from arguments
+        raw = last_flag_value(argv, _CTX_FLAGS)
+        n = proc.effective_parallel()
+        if raw is None or not raw.isdigit() or n < 1 or int(raw) == 0:
+            return None
+        return int(raw) // n
+
+    def proxy_pool(self, proc: LlamaServerProcess) -> ConnectionPool:
+        with self._life:
+            pool = self._proxy_pools.get(proc.generation)
+            if pool is None:
+                pool = ConnectionPool(
+                    proc.host, proc.port or 0, api_key=proc.api_key, bounds=self.config.backend_bounds
+                )
+                self._proxy_pools[proc.generation] = pool
+            return pool
+
+    def forget_slot(self) -> None:
+        """Something other than state work may have used the state slot."""
+        self._slot_owner = None
