@@ -31,7 +31,7 @@ from werk_host.compat.upstream import sse_events
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.errors import retry_after
-from werk_host.http.io import parse_body, principal
+from werk_host.http.io import parse_body, scope
 from werk_host.http.middleware import ANTHROPIC_PREFIX
 from werk_host.service.principals import Principal
 
@@ -93,7 +93,7 @@ class CountTokens:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, CountTokensRequest)
-        count = self.control.count_tokens(principal(req), count_request(request))
+        count = self.control.count_tokens(scope(req), count_request(request))
         _json(req, resp, 200, {"input_tokens": count.input_tokens})
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any, TypeVar
 
 import falcon
@@ -10,8 +9,10 @@ from pydantic import BaseModel, ValidationError
 
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.http.jsonbody import decode_json_body
-from werk_host.protocol.envelope import data_json, success_json, success_json_text
+from werk_host.protocol.envelope import success_json, success_json_text
+from werk_host.service.cache import Shared
 from werk_host.service.principals import Principal
+from werk_host.service.scope import RequestScope
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,40 +55,19 @@ def principal(req: falcon.Request) -> Principal:
     return found
 
 
+def scope(req: falcon.Request) -> RequestScope:
+    """The request's principal and instance, resolved once by the request middleware."""
+    found: RequestScope = req.context.scope
+    return found
+
+
 def render_data(req: falcon.Request, resp: falcon.Response, data: Any, status: int = 200) -> None:
     resp.status = status
     resp.text = success_json(req.context.request_id, data)
 
 
-class _SharedTexts:
-    """The serialized text of the last few shared results, by object identity.
-
-    An entry holds its object, so the identity cannot be reused by another object while the
-    entry lives; results are immutable (:class:`werk_host.control.WerkControl`), so the text
-    stays right for as long as the object is handed out."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._texts: dict[int, tuple[object, str]] = {}
-        self._lock = threading.Lock()
-
-    def text(self, data: object) -> str:
-        hit = self._texts.get(id(data))  # a dict read is atomic; writers hold the lock
-        if hit is not None and hit[0] is data:
-            return hit[1]
-        text = data_json(data)
-        with self._lock:
-            if len(self._texts) >= self._size:
-                del self._texts[next(iter(self._texts))]  # the oldest entry
-            self._texts[id(data)] = (data, text)
-        return text
-
-
-_SHARED = _SharedTexts(64)
-
-
-def render_shared(req: falcon.Request, resp: falcon.Response, data: object) -> None:
-    """:func:`render_data` for a result the service hands out again while unchanged (the
-    capability listing, a page of states): serialized once per object."""
+def render_shared(req: falcon.Request, resp: falcon.Response, shared: Shared[Any]) -> None:
+    """:func:`render_data` for a result the service keeps in its cache layer (the capability
+    listing, a page of states; :mod:`werk_host.service.cache`): its JSON text is made once."""
     resp.status = 200
-    resp.text = success_json_text(req.context.request_id, _SHARED.text(data))
+    resp.text = success_json_text(req.context.request_id, shared.text)

@@ -3,8 +3,11 @@ negotiation, deployment selection and the body bound.
 
 Order per request: request id → authentication (401) → protocol negotiation for
 ``/werk/v1`` (406) → deployment selection for ``/werk/v1`` (400/404) → body bound on POST
-(413) → resource. One middleware does all of it: every request passes here, so each call and
-each header lookup counts (docs/operations.md, "Control-plane throughput").
+(413) → resource. Authentication and selection end in the request's
+:class:`~werk_host.service.scope.RequestScope` (``req.context.scope``), which resources pass
+to the service explicitly and which is closed when the response is done. One middleware does
+all of it: every request passes here, so each call and each header lookup counts
+(docs/operations.md, "Control-plane throughput").
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Any, Final
 
 import falcon
 
+from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_VERSION
 from werk_host.service.principals import Authenticator
 from werk_host.service.runtime import BackendRuntime
+from werk_host.service.scope import RequestScope
 
 PROTOCOL_PREFIX = "/werk/v1"
 OPENAI_PREFIX = "/v1"
@@ -141,10 +146,11 @@ class RequestMiddleware:
     middleware (each request pays one call per phase and classifies its path once).
 
     Sets on ``req.context``: ``request_id``; ``protocol`` (whether the path is under
-    ``/werk/v1``); ``principal`` once authenticated; for ``/werk/v1``
-    with deployments, ``instance_id`` and the instance selection, released when the response
-    is done; ``body``, every POST/PUT/PATCH body up to the 1 MiB bound (chunked bodies too;
-    ``b""`` otherwise). ``/werk/v1`` responses carry the protocol headers."""
+    ``/werk/v1``); ``principal`` and ``scope`` (the principal and its instance: for
+    ``/werk/v1`` the ``X-Werk-Deployment`` one, else the default) once authenticated, the
+    scope closed when the response is done; for ``/werk/v1`` with deployments,
+    ``instance_id``; ``body``, every POST/PUT/PATCH body up to the 1 MiB bound (chunked bodies
+    too; ``b""`` otherwise). ``/werk/v1`` responses carry the protocol headers."""
 
     def __init__(self, auth: Authenticator, runtime: BackendRuntime | None, limit: int = MAX_REQUEST_BYTES) -> None:
         self._auth = auth
@@ -162,28 +168,31 @@ class RequestMiddleware:
             if principal is None:
                 raise WerkError(ErrorCode.UNAUTHORIZED, "missing or invalid API key")
             context.principal = principal
-        if protocol:
-            _negotiate(req.env)
-            if self._runtime is not None:
-                self._select(req)
+            instance = None
+            if protocol:
+                _negotiate(req.env)
+                if self._runtime is not None:
+                    instance = self._select(req)
+            elif self._runtime is not None:
+                instance = self._runtime.default
+            context.scope = RequestScope(principal, instance)
         if req.method in _BODY_METHODS:
             context.body = self._read_body(req)
 
-    def _select(self, req: falcon.Request) -> None:
+    def _select(self, req: falcon.Request) -> Instance | None:
         """The instance a ``/werk/v1`` request controls (``X-Werk-Deployment``, else the default;
-        docs/deployments.md, "Routing"), selected for the whole request. ``/v1`` requests are
-        routed by their body's ``model`` in the inference service instead."""
+        docs/deployments.md, "Routing"), for the whole request. ``/v1`` requests are routed by
+        their body's ``model`` in the inference service instead."""
         assert self._runtime is not None
         header = req.env.get(_DEPLOYMENT_ENV)
         deployments = self._runtime.deployments
         if deployments is None:
             if header is not None:
                 raise WerkError(ErrorCode.NOT_FOUND, "no deployment instance has that id")
-            return
+            return None
         instance = deployments.control(header)
         req.context.instance_id = instance.id
-        req.context.selection = self._runtime.select(instance)
-        req.context.in_use = self._runtime.using()
+        return instance
 
     def _read_body(self, req: falcon.Request) -> bytes:
         length = req.content_length
@@ -206,13 +215,6 @@ class RequestMiddleware:
         context = req.context
         if context.protocol:
             protocol_headers(resp, context.request_id)
-        if self._runtime is None:
-            return
-        in_use = getattr(context, "in_use", None)
-        if in_use is not None:
-            self._runtime.done(in_use)
-            context.in_use = None
-        token = getattr(context, "selection", None)
-        if token is not None:
-            self._runtime.unselect(token)
-            context.selection = None
+        scope = getattr(context, "scope", None)
+        if scope is not None:
+            scope.close()

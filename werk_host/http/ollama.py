@@ -50,7 +50,7 @@ from werk_host.control import WerkControl
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http.io import parse_body, principal
+from werk_host.http.io import parse_body, principal, scope
 from werk_host.http.middleware import OLLAMA_PREFIX
 from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
 from werk_host.service.principals import Principal
@@ -95,7 +95,7 @@ class _Resource:
     def context_of(self, req: falcon.Request, name: str) -> int | None:
         """The served per-request context of ``name``; ``None`` when it is not known now."""
         try:
-            return self.control.chat_limits(principal(req), name).context_tokens
+            return self.control.chat_limits(scope(req), name).context_tokens
         except WerkError as err:
             if err.code is ErrorCode.NOT_FOUND:
                 raise
@@ -136,7 +136,7 @@ class _Generation(_Resource):
         if request.think is not False:
             return
         try:
-            profile = self.control.reasoning(principal(req), served_name(request.model), DEFAULT_OUTPUT_TOKENS)
+            profile = self.control.reasoning(scope(req), served_name(request.model), DEFAULT_OUTPUT_TOKENS)
         except WerkError:
             return  # an unknown model: the chat answers that itself
         if profile.supported:

@@ -10,7 +10,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http.io import parse_body, parse_query, principal, render_data, render_shared
+from werk_host.http.io import parse_body, parse_query, principal, render_data, render_shared, scope
 from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
     ChatRequest,
@@ -33,28 +33,28 @@ class _Resource:
 
 class InfoResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        render_data(req, resp, self.control.info(principal(req)))
+        render_data(req, resp, self.control.info(scope(req)))
 
 
 class CapabilitiesResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        render_shared(req, resp, self.control.capabilities(principal(req)))
+        render_shared(req, resp, self.control.capabilities(scope(req)))
 
 
 class MemoryResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        render_data(req, resp, self.control.memory(principal(req)))
+        render_data(req, resp, self.control.memory())
 
 
 class ObservabilityResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        render_data(req, resp, self.control.observability(principal(req)))
+        render_data(req, resp, self.control.observability())
 
 
 class StatesResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         query = parse_query(req, StateListQuery)
-        render_shared(req, resp, self.control.list_states(principal(req), query))
+        render_shared(req, resp, self.control.list_states(scope(req), query))
 
 
 _STATE_ID = TypeAdapter(StateId)
@@ -67,7 +67,7 @@ class StateActionsResource(_Resource):
         except ValidationError as err:
             raise WerkError(ErrorCode.INVALID_REQUEST, "state_id is not a state id") from err
         request = parse_body(req, StateActionRequest)
-        render_data(req, resp, self.control.state_action(principal(req), state_id, request))
+        render_data(req, resp, self.control.state_action(scope(req), state_id, request))
 
 
 class PruneResource(_Resource):
@@ -79,37 +79,37 @@ class PruneResource(_Resource):
 class ExpertsResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         query = parse_query(req, ExpertListQuery, booleans=("allow_experimental",))
-        render_data(req, resp, self.control.list_experts(principal(req), query))
+        render_data(req, resp, self.control.list_experts(scope(req), query))
 
 
 class ExpertActionsResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, ExpertActionRequest)
-        render_data(req, resp, self.control.expert_action(principal(req), request))
+        render_data(req, resp, self.control.expert_action(scope(req), request))
 
 
 class PrefillResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, PrefillRequest)
-        render_data(req, resp, self.control.prefill(principal(req), request))
+        render_data(req, resp, self.control.prefill(scope(req), request))
 
 
 class DecodeResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, DecodeRequest)
-        render_data(req, resp, self.control.decode(principal(req), request))
+        render_data(req, resp, self.control.decode(scope(req), request))
 
 
 class CountTokensResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, ChatRequest)
-        render_data(req, resp, self.control.count_tokens(principal(req), request))
+        render_data(req, resp, self.control.count_tokens(scope(req), request))
 
 
 class AdmissionResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, ChatRequest)
-        render_data(req, resp, self.control.admission(principal(req), request))
+        render_data(req, resp, self.control.admission(scope(req), request))
 
 
 class ModelQuery(StrictModel):
@@ -124,18 +124,18 @@ class ReasoningQuery(StrictModel):
 class LimitsResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         query = parse_query(req, ModelQuery)
-        render_data(req, resp, self.control.chat_limits(principal(req), query.model))
+        render_data(req, resp, self.control.chat_limits(scope(req), query.model))
 
 
 class ReasoningResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         query = parse_query(req, ReasoningQuery)
-        render_data(req, resp, self.control.reasoning(principal(req), query.model, query.max_output_tokens))
+        render_data(req, resp, self.control.reasoning(scope(req), query.model, query.max_output_tokens))
 
 
 class DeploymentsResource(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        render_data(req, resp, self.control.deployments(principal(req)))
+        render_data(req, resp, self.control.deployments())
 
 
 class OpenApiResource:

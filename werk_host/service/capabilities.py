@@ -14,8 +14,8 @@ dropped as soon as
 * it is :data:`EVIDENCE_TTL_S` old (a process that died on its own, a telemetry sample).
 
 An instance that is not ready is never cached (its state moves on its own). The listing's
-protocol objects are built once per entry and handed out as the same immutable tuple, so the
-HTTP layer serializes them once too (:func:`werk_host.http.io.render_shared`).
+protocol objects are built once per entry and handed out as the same
+:class:`~werk_host.service.cache.Shared` tuple, whose JSON text is made once too.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from werk_host.backend import Adapter, CapabilityReport
 from werk_host.deployments.instances import Instance
 from werk_host.hooks import BackendHooks
 from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityId, CapabilityStatus
+from werk_host.service.cache import Shared
 
-HostEvidence = Callable[[], dict[CapabilityId, CapabilityReport]]
+#: The host's own evidence for the request's adapter (``None``: not ready) on its instance.
+HostEvidence = Callable[[Adapter | None, Instance | None], dict[CapabilityId, CapabilityReport]]
 
 #: How long an adapter's evidence is reused at most (seconds).
 EVIDENCE_TTL_S = 1.0
@@ -105,7 +107,7 @@ class _Evidence:
 
     stamp: EvidenceStamp
     reports: dict[CapabilityId, CapabilityReport]
-    listing: tuple[tuple[Capability, ...], CapabilityReport] | None = None  # (listing, its placement)
+    listing: tuple[Shared[tuple[Capability, ...]], CapabilityReport] | None = None  # (listing, its placement)
 
 
 class CapabilityResolver:
@@ -123,6 +125,15 @@ class CapabilityResolver:
         """The stamp of evidence about ``adapter`` taken now."""
         identity = adapter.identity() if adapter is not None else None
         return EvidenceStamp(identity, self._hooks.operations(), time.monotonic())
+
+    def evidence_key(self, adapter: Adapter) -> tuple[str, int, int]:
+        """What evidence about ``adapter`` kept elsewhere (a listing's producer envelopes) is
+        stored under, in :mod:`werk_host.service.cache`: the process identity, the operation
+        count and the :data:`EVIDENCE_TTL_S` window now. It moves exactly when
+        :meth:`still_good` would let such evidence go (at the latest one TTL later)."""
+        now = time.monotonic()
+        window = int(now // self._ttl_s) if self._ttl_s > 0 else time.monotonic_ns()
+        return adapter.identity(), self._hooks.operations(), window
 
     def still_good(self, taken: EvidenceStamp, now: EvidenceStamp) -> bool:
         """Whether evidence taken under ``taken`` may be reused under ``now``: the same process,
@@ -143,7 +154,7 @@ class CapabilityResolver:
             backend = self._not_ready(instance) if instance is not None else {}
         else:
             backend = dict(self._hooks.capabilities(adapter) or {})
-        host = self._host_evidence()
+        host = self._host_evidence(adapter, instance)
         entry = _Evidence(
             stamp,
             {
@@ -187,9 +198,9 @@ class CapabilityResolver:
             return self._placement_of(adapter, key, entry)
         return entry.reports[cap_id]
 
-    def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> tuple[Capability, ...]:
-        """Every capability as a protocol object: the same immutable tuple while the evidence
-        entry and the placement report are unchanged (never mutate it).
+    def listing(self, adapter: Adapter | None, instance: Instance | None = None) -> Shared[tuple[Capability, ...]]:
+        """Every capability as a protocol object: the same :class:`Shared` immutable tuple while
+        the evidence entry (its stamp) and the placement report are unchanged.
 
         A deployed instance that is not ready (cold, starting, failed) reports the ids its
         backend declares as ``unavailable`` (residency included) with the reason, and the rest
@@ -199,14 +210,16 @@ class CapabilityResolver:
         built = entry.listing
         if built is not None and built[1] == placement:
             return built[0]
-        listing = tuple(
-            Capability(
-                id=cap_id,
-                status=report.status,
-                detail=report.detail,
-                operations=list(report.operations or CAPABILITY_OPERATIONS[cap_id]),
+        listing = Shared(
+            tuple(
+                Capability(
+                    id=cap_id,
+                    status=report.status,
+                    detail=report.detail,
+                    operations=list(report.operations or CAPABILITY_OPERATIONS[cap_id]),
+                )
+                for cap_id, report in ((c, entry.reports.get(c, placement)) for c in CAPABILITY_OPERATIONS)
             )
-            for cap_id, report in ((c, entry.reports.get(c, placement)) for c in CAPABILITY_OPERATIONS)
         )
         entry.listing = (listing, placement)
         return listing

@@ -37,7 +37,8 @@ from werk_host.backend import Adapter, InferenceResponse, JsonObject, client_dis
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError, validation_message
-from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest
+from werk_host.models import ModelManifest
+from werk_host.protocol import ChatLimits, ChatRequest
 from werk_host.protocol.chat import CompletionRequest
 from werk_host.service.admission import FitBounds, estimate_input_tokens, prompt_tokens
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
@@ -45,6 +46,7 @@ from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.principals import Principal
 from werk_host.service.reasoning import apply_reasoning_tier
 from werk_host.service.runtime import BackendRuntime
+from werk_host.service.scope import no_backend
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +152,14 @@ class InferenceService:
         bound = self.bounds.bound(adapter, request)
         return bound if bound is not None and bound <= budget else None
 
-    def admit_chat(self, adapter: Adapter, body: JsonObject) -> JsonObject:
-        """Validate, resolve ``werk.reasoning`` and admit a chat request; returns the body to send."""
-        return self._admit(adapter, body)[0]
+    def admit_chat(self, adapter: Adapter, body: JsonObject, served: ModelManifest | None = None) -> JsonObject:
+        """Validate, resolve ``werk.reasoning`` and admit a chat request for ``adapter``, which
+        serves ``served`` (default: the default instance's model); returns the body to send."""
+        return self._admit(adapter, body, served if served is not None else self.runtime.model)[0]
 
-    def _admit(self, adapter: Adapter, body: JsonObject) -> tuple[JsonObject, UsageCheck | None]:
+    def _admit(
+        self, adapter: Adapter, body: JsonObject, served: ModelManifest | None
+    ) -> tuple[JsonObject, UsageCheck | None]:
         """:meth:`admit_chat`, plus, when the fit bound admitted the request (no exact count),
         a check of the prompt tokens the backend then reports against that bound: a count above
         it withdraws the evidence (:meth:`FitBounds.observe`)."""
@@ -162,13 +167,11 @@ class InferenceService:
             request = ChatRequest.model_validate(body)
         except ValidationError as err:
             raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
-        if request.werk is not None and request.werk.omlx is not None:
-            omlx = (self.runtime.hooks.capabilities(adapter) or {}).get(CapabilityId.OMLX_OPTIONS)
-            if omlx is None or omlx.status is not CapabilityStatus.SUPPORTED:  # docs/omlx.md, "Chat options"
-                raise WerkError(ErrorCode.INVALID_REQUEST, f"werk.omlx is not supported by backend {adapter.backend}")
-        if self.runtime.deployments is None and request.model not in (None, *self.runtime.model_ids()):
-            raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
-        served = self.runtime.model
+        options = self.runtime.hooks.request_options(adapter, request)  # backend members werk.<name>
+        if options:  # the owner's validated options reach the adapter (docs/plugin-hooks.md)
+            werk = body["werk"]
+            body = {**body, "werk": {**(werk if isinstance(werk, dict) else {}), **options}}
+        self._check_served(request.model, served)
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
         body = apply_reasoning_tier(self.runtime.hooks, adapter, body, request, limits)
         output = request.requested_output_tokens()
@@ -197,7 +200,12 @@ class InferenceService:
                 f"input plus requested output needs {needed} tokens; the context holds {limits.context_tokens}",
             )
 
-    def _admit_completion(self, adapter: Adapter, body: JsonObject) -> None:
+    def _check_served(self, model: str | None, served: ModelManifest | None) -> None:
+        """Without deployments, a ``model`` other than the served one is not found."""
+        if self.runtime.deployments is None and model not in (None, *((served.name,) if served else ())):
+            raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
+
+    def _admit_completion(self, adapter: Adapter, body: JsonObject, served: ModelManifest | None) -> None:
         """Validate and admit a ``/v1/completions`` request (and Ollama's ``raw`` generate): the
         same output ceiling as chat, and each prompt's input (:func:`prompt_tokens`) plus the
         requested output within the context."""
@@ -205,9 +213,7 @@ class InferenceService:
             request = CompletionRequest.model_validate(body)
         except ValidationError as err:
             raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
-        if self.runtime.deployments is None and request.model not in (None, *self.runtime.model_ids()):
-            raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
-        served = self.runtime.model
+        self._check_served(request.model, served)
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
         output = request.requested_output_tokens()
         self._check_output(limits, output)
@@ -216,11 +222,11 @@ class InferenceService:
 
     def _route(self, body: JsonObject) -> Instance | None:
         """The instance a ``/v1`` body's ``model`` names (an instance id, a served model name or
-        an alias, advancing the alias's round-robin), else the selected/default instance."""
+        an alias, advancing the alias's round-robin), else the default instance."""
         deployments = self.runtime.deployments
         model = body.get("model")
         if deployments is None or not isinstance(model, str):
-            return self.runtime.instance
+            return self.runtime.default
         return deployments.route(model)
 
     def _enter(self, principal: Principal) -> Ticket | None:
@@ -262,14 +268,15 @@ class InferenceService:
         if instance is not None:
             instance.enter()  # in flight from routing on: keep-alive cannot stop it under this request
         try:
-            with self.runtime.selecting(instance):
-                adapter = self.runtime.require_adapter(what)
-                verify = None
-                if chat:
-                    body, verify = self._admit(adapter, body)
-                else:
-                    self._admit_completion(adapter, body)
-                self._seat(ticket, adapter, instance.id if instance is not None else DEFAULT_INSTANCE)
+            if instance is None:
+                raise no_backend(what)
+            adapter = instance.use()
+            verify = None
+            if chat:
+                body, verify = self._admit(adapter, body, instance.manifest)
+            else:
+                self._admit_completion(adapter, body, instance.manifest)
+            self._seat(ticket, adapter, instance.id)
         except BaseException:
             if instance is not None:
                 instance.leave()

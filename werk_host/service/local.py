@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 from werk_host import __version__
@@ -23,11 +21,11 @@ from werk_host.backend import (
     DecodeOptions,
     DecodeWork,
     MemoryOperation,
-    MoveWork,
     PrefilledState,
     PrefillWork,
     StoredStateRef,
 )
+from werk_host.deployments.instances import Instance
 from werk_host.deployments.report import deployment_report
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import needed
@@ -59,20 +57,16 @@ from werk_host.protocol import (
     ReasoningProfile,
     ReusePolicy,
     RuntimeInfo,
-    StateActionKind,
     StateActionRequest,
     StateActionResult,
     StateListQuery,
     StatePage,
-    StateStatus,
-    StateSummary,
     Tier,
     TokenCount,
     WorkerObservation,
-    tier_moves_in_direction,
 )
-from werk_host.protocol.states import AllSelector, FilterSelector, IdsSelector
-from werk_host.service.capabilities import CapabilityResolver, EvidenceStamp
+from werk_host.service.cache import Shared
+from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.counters import ChatStats, MetricsSnapshot
 from werk_host.service.cursors import CursorCodec
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
@@ -81,28 +75,13 @@ from werk_host.service.planning import ChatPlanning
 from werk_host.service.policy import gate, resolve_prefill_policy
 from werk_host.service.principals import Authenticator, Principal
 from werk_host.service.runtime import BackendRuntime
+from werk_host.service.scope import RequestScope
+from werk_host.service.states import StateCatalog
 from werk_host.store import StateRecord, StateStore
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "werk-host"
-#: Bound on the listing's remembered state summaries (cleared wholesale when reached).
-_MAX_SUMMARIES = 10_000
-#: Bound on the remembered state pages (cleared wholesale when reached).
-_MAX_PAGES = 256
-#: model id -> its producer envelope on the active adapter (None: no adapter)
-_Envelopes = dict[str, dict[str, str] | None]
-
-
-@dataclass(frozen=True)
-class _KeptPage:
-    """A listing answered before (see :meth:`LocalControlService.list_states`): the store's page
-    object, the envelopes it was built under, and when those envelopes were asked."""
-
-    records: list[StateRecord]
-    envelopes: _Envelopes
-    page: StatePage
-    stamp: EvidenceStamp
 
 
 def _now_ms() -> int:
@@ -147,17 +126,23 @@ class LocalControlService:
         self.leases = MemoryLeases(memory, self.hooks)
         self.capability_resolver = CapabilityResolver(self.hooks, self._host_evidence)
         self.planning = ChatPlanning(runtime, self.hooks, self.capability_resolver)
-        # state id -> (record, envelope, expired, summary): see _listed_summary
-        self._summaries: dict[str, tuple[StateRecord, dict[str, str] | None, bool, StateSummary]] = {}
-        # (scope, limit, after) -> the last answer: see list_states
-        self._pages: dict[tuple[str, int, str | None], _KeptPage] = {}
-        self._summaries_lock = threading.Lock()
+        self.states = StateCatalog(
+            store=store,
+            hooks=self.hooks,
+            resolver=self.capability_resolver,
+            cursors=self.cursors,
+            memory=memory,
+            leases=self.leases,
+            gate=self._gate,
+        )
 
     # -- helpers -------------------------------------------------------------------------
-    def _host_evidence(self) -> dict[CapabilityId, CapabilityReport]:
+    def _host_evidence(
+        self, adapter: Adapter | None, instance: Instance | None
+    ) -> dict[CapabilityId, CapabilityReport]:
         host_status, host_detail = self.memory_manager.host_telemetry_status()
         acc_status, acc_detail = self.memory_manager.accelerator_telemetry_status()
-        adapter, model = self.runtime.adapter, self.runtime.model
+        model = instance.manifest if instance is not None else None
         bounded = bool(adapter and model and self.leases.requirement(adapter, MemoryOperation.LOAD, model.name))
         res_status, res_detail = self.memory_manager.reservations_status(bounded)
         return {
@@ -167,18 +152,25 @@ class LocalControlService:
         }
 
     def _gate(
-        self, adapter: Adapter | None, cap_id: CapabilityId, opted_in: bool, *, read_only: bool = False
+        self,
+        scope: RequestScope,
+        adapter: Adapter | None,
+        cap_id: CapabilityId,
+        opted_in: bool,
+        *,
+        read_only: bool = False,
     ) -> CapabilityReport:
-        """Raise what ``cap_id``'s status implies for this use (:func:`gate`); a ``read_only``
-        use (a listing) also passes ``externally_managed``, which permits read-only telemetry."""
-        report = self.capability_resolver.one(adapter, cap_id, self.runtime.instance)
+        """Raise what ``cap_id``'s status implies for this use (:func:`gate`) of ``adapter``
+        (the request's, started or not); a ``read_only`` use (a listing) also passes
+        ``externally_managed``, which permits read-only telemetry."""
+        report = self.capability_resolver.one(adapter, cap_id, scope.instance)
         if read_only and report.status is CapabilityStatus.EXTERNALLY_MANAGED:
             return report
         gate(cap_id, report.status, report.detail, opted_in, probe_on_use=report.probe_on_use)
         return report
 
-    def _status(self, adapter: Adapter | None, cap_id: CapabilityId) -> CapabilityStatus:
-        return self.capability_resolver.one(adapter, cap_id, self.runtime.instance).status
+    def _status(self, scope: RequestScope, adapter: Adapter | None, cap_id: CapabilityId) -> CapabilityStatus:
+        return self.capability_resolver.one(adapter, cap_id, scope.instance).status
 
     def _release_expired_handle(self, record: HandoffRecord) -> None:
         if record.lease_key is not None and record.state_id is None:
@@ -195,70 +187,14 @@ class LocalControlService:
         """The ready adapter a handoff was issued by, whichever instance holds it."""
         return next((a for a in self._ready_adapters() if a.identity() == identity), None)
 
-    def _require_model(self, model_id: str) -> None:
-        if model_id not in self.runtime.model_ids():
+    @staticmethod
+    def _require_model(scope: RequestScope, model_id: str) -> None:
+        if model_id not in scope.model_ids():
             raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
 
-    def _envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
-        try:
-            return self.hooks.producer_envelope(adapter, model_id)
-        except WerkError:
-            return None
-
-    def _summary(self, record: StateRecord, envelope: dict[str, str] | None, now_ms: int) -> StateSummary:
-        expired = record.is_expired(now_ms)
-        return StateSummary(
-            id=record.id,
-            model_id=record.model_id,
-            backend=record.backend,
-            tier=Tier(record.tier),
-            status=StateStatus.UNAVAILABLE if expired else StateStatus.READY,
-            bytes=record.bytes,
-            created_unix_ms=record.created_unix_ms,
-            last_accessed_unix_ms=record.last_accessed_unix_ms,
-            expires_unix_ms=record.expires_unix_ms,
-            pinned=record.pinned,
-            reusable=(not expired) and envelope is not None and envelope == record.envelope,
-        )
-
-    def _listed_summary(self, record: StateRecord, envelope: dict[str, str] | None, now_ms: int) -> StateSummary:
-        """:meth:`_summary`, reused while the store hands out the very same record object.
-
-        The store returns one record object per unchanged state (its look cache), so
-        ``is`` identity means "nothing of this state changed"; the envelope and expiry that
-        the summary also depends on are compared on every use.
-        """
-        expired = record.is_expired(now_ms)
-        cached = self._summaries.get(record.id)  # a dict read is atomic; writers hold the lock
-        if cached is not None and cached[0] is record and cached[1] == envelope and cached[2] == expired:
-            return cached[3]
-        summary = self._summary(record, envelope, now_ms)
-        with self._summaries_lock:
-            if len(self._summaries) >= _MAX_SUMMARIES:
-                self._summaries.clear()
-            self._summaries[record.id] = (record, envelope, expired, summary)
-        return summary
-
-    def _record_or_404(self, principal: Principal, state_id: str) -> StateRecord:
-        record = self.store.get(principal.id, state_id)
-        if record is None:
-            raise WerkError(ErrorCode.NOT_FOUND, "no such state")
-        return record
-
-    def _stored_ref(self, principal: Principal, record: StateRecord) -> StoredStateRef:
-        store, pid, sid = self.store, principal.id, record.id
-        return StoredStateRef(
-            state_id=record.id,
-            envelope=dict(record.envelope),
-            prompt_tokens=record.prompt_tokens,
-            bytes=record.bytes,
-            adapter_meta=dict(record.adapter_meta),
-            open_payload=lambda: store.open_payload(pid, sid),
-        )
-
     # -- discovery -----------------------------------------------------------------------
-    def info(self, principal: Principal) -> RuntimeInfo:
-        instance = self.runtime.instance
+    def info(self, scope: RequestScope) -> RuntimeInfo:
+        instance = scope.instance
         return RuntimeInfo(
             service=SERVICE_NAME,
             service_version=__version__,
@@ -266,16 +202,16 @@ class LocalControlService:
             active_backend=instance.backend if instance else None,
         )
 
-    def capabilities(self, principal: Principal) -> tuple[Capability, ...]:
-        return self.capability_resolver.listing(self.runtime.adapter, self.runtime.instance)
+    def capabilities(self, scope: RequestScope) -> Shared[tuple[Capability, ...]]:
+        return self.capability_resolver.listing(scope.adapter, scope.instance)
 
     def memory_report(self) -> MemoryReport:
         return MemoryReport.model_validate(self.memory_manager.snapshot())
 
-    def memory(self, principal: Principal) -> MemoryReport:
+    def memory(self) -> MemoryReport:
         return self.memory_report()
 
-    def observability(self, principal: Principal) -> Observability:
+    def observability(self) -> Observability:
         workers: list[WorkerObservation] = []
         for adapter in self._ready_adapters():
             workers += self.hooks.workers(adapter) or []
@@ -296,152 +232,49 @@ class LocalControlService:
         candidates = [i.peek() for i in deployments.instances.values()] if deployments else [self.runtime.adapter]
         return [a for a in candidates if a is not None]
 
-    def deployments(self, principal: Principal) -> Deployments:
+    def deployments(self) -> Deployments:
         if self.runtime.deployments is None:
             return Deployments(inventory=[], plans=[], slots=[])
         return deployment_report(self.runtime.deployments, self.hooks)
 
-    # -- states --------------------------------------------------------------------------
-    def list_states(self, principal: Principal, query: StateListQuery) -> StatePage:
-        scope = f"states:{principal.id}:{query.model_id}:{query.tier}"
-        after = self.cursors.decode(query.cursor, scope) if query.cursor else None
-        records, next_after = self.store.list_states(
-            principal.id,
-            model_id=query.model_id,
-            tier=query.tier.value if query.tier else None,
-            limit=query.limit,
-            after=after,
-        )
-        adapter = self.runtime.adapter
-        stamp = self.capability_resolver.stamp(adapter)
-        page_key = (scope, query.limit, after)
-        last = self._pages.get(page_key)  # a dict read is atomic; writers hold the lock
-        if last is not None and last.records is records:
-            # The store's very page (nothing on it changed): its envelopes are evidence, kept
-            # under the capability resolver's rules.
-            if self.capability_resolver.still_good(last.stamp, stamp):
-                return last.page
-            envelopes = {model: self._envelope(adapter, model) if adapter else None for model in last.envelopes}
-            if envelopes == last.envelopes:
-                self._keep_page(page_key, _KeptPage(records, envelopes, last.page, stamp))
-                return last.page
-        else:
-            models = {record.model_id for record in records}
-            envelopes = {model: self._envelope(adapter, model) if adapter else None for model in models}
-        now = _now_ms()
-        summaries = [self._listed_summary(record, envelopes[record.model_id], now) for record in records]
-        cursor = self.cursors.encode(next_after, scope) if next_after else None
-        page = StatePage(states=summaries, next_cursor=cursor)
-        self._keep_page(page_key, _KeptPage(records, envelopes, page, stamp))
-        return page
+    # -- states (werk_host/service/states.py) ------------------------------------------------
+    def list_states(self, scope: RequestScope, query: StateListQuery) -> Shared[StatePage]:
+        return self.states.list_states(scope, query)
 
-    def _keep_page(self, key: tuple[str, int, str | None], kept: _KeptPage) -> None:
-        with self._summaries_lock:
-            if len(self._pages) >= _MAX_PAGES:
-                self._pages.clear()
-            self._pages[key] = kept
-
-    def state_action(self, principal: Principal, state_id: str, request: StateActionRequest) -> StateActionResult:
-        record = self._record_or_404(principal, state_id)
-        adapter = self.runtime.adapter
-        envelope = self._envelope(adapter, record.model_id) if adapter else None
-        now = _now_ms()
-        current = self._summary(record, envelope, now)
-        action = request.action
-        if action in (StateActionKind.PIN, StateActionKind.UNPIN):
-            want = action is StateActionKind.PIN
-            if request.dry_run:
-                return StateActionResult(
-                    state=current.model_copy(update={"pinned": want}), changed=record.pinned != want, dry_run=True
-                )
-            self.memory_manager.check_mutation_allowed()
-            updated = self.store.set_pinned(principal.id, state_id, want)
-            return StateActionResult(
-                state=self._summary(updated, envelope, now), changed=record.pinned != want, dry_run=False
-            )
-        if action is StateActionKind.EVICT:
-            projected = current.model_copy(update={"status": StateStatus.UNAVAILABLE, "reusable": False})
-            if request.dry_run:
-                return StateActionResult(state=projected, changed=True, dry_run=True)
-            self.memory_manager.check_mutation_allowed()
-            removed = self.store.delete(principal.id, state_id)
-            self.leases.release(state_id)
-            return StateActionResult(state=projected, changed=removed, dry_run=False)
-        # promote / demote: direction first, then the target tier's capability, then the adapter.
-        target = request.target_tier
-        assert target is not None  # the DTO guarantees it for promote/demote
-        if not tier_moves_in_direction(current.tier, target, action):
-            raise WerkError(
-                ErrorCode.INVALID_REQUEST, f"{action.value} cannot move a {current.tier.value} state to {target.value}"
-            )
-        adapter = self.runtime.started()
-        self._gate(adapter, CapabilityId.tier(target.value), request.allow_experimental)
-        adapter = self.runtime.require_adapter("state movement")
-        if not request.dry_run:
-            self.memory_manager.check_mutation_allowed()
-        work = MoveWork(self._stored_ref(principal, record), action.value, target, request.dry_run)
-        moved = needed(self.hooks.state_move(adapter, work), "state movement", adapter)
-        projected = current.model_copy(update={"tier": moved.tier})
-        if not request.dry_run and moved.delete_stored:
-            self.store.delete(principal.id, state_id)
-        return StateActionResult(state=projected, changed=moved.changed, dry_run=request.dry_run)
+    def state_action(self, scope: RequestScope, state_id: str, request: StateActionRequest) -> StateActionResult:
+        return self.states.state_action(scope, state_id, request)
 
     def prune_states(self, principal: Principal, request: PruneRequest) -> PruneResult:
-        selector = request.selector
-        kwargs: dict[str, Any] = {}
-        if isinstance(selector, IdsSelector):
-            kwargs["ids"] = list(selector.ids)
-        elif isinstance(selector, FilterSelector):
-            kwargs.update(
-                model_id=selector.model_id,
-                tier=selector.tier.value if selector.tier else None,
-                older_than_unix_ms=selector.older_than_unix_ms,
-            )
-        elif isinstance(selector, AllSelector):
-            kwargs["everything"] = True
-        if not request.dry_run:
-            self.memory_manager.check_mutation_allowed()
-        outcome = self.store.prune(principal.id, dry_run=request.dry_run, **kwargs)
-        if not request.dry_run:
-            self._release_orphaned_leases(principal)
-        return PruneResult(
-            matched=outcome.matched, removed=outcome.removed, bytes=outcome.bytes, dry_run=request.dry_run
-        )
-
-    def _release_orphaned_leases(self, principal: Principal) -> None:
-        for key in self.leases.keys_for(principal.id):
-            if self.store.get(principal.id, key) is None:
-                self.leases.release(key)
+        return self.states.prune_states(principal, request)
 
     # -- experts -------------------------------------------------------------------------
-    def list_experts(self, principal: Principal, query: ExpertListQuery) -> ExpertPage:
-        adapter = self.runtime.started()
-        self._gate(adapter, CapabilityId.EXPERTS, query.allow_experimental, read_only=True)
-        adapter = self.runtime.require_adapter("expert residency")
+    def list_experts(self, scope: RequestScope, query: ExpertListQuery) -> ExpertPage:
+        self._gate(scope, scope.started(), CapabilityId.EXPERTS, query.allow_experimental, read_only=True)
+        adapter = scope.require_adapter("expert residency")
         return needed(self.hooks.list_experts(adapter, query), "expert residency", adapter)
 
-    def expert_action(self, principal: Principal, request: ExpertActionRequest) -> ExpertActionResult:
-        adapter = self.runtime.started()
-        self._gate(adapter, CapabilityId.EXPERTS, request.allow_experimental)
-        adapter = self.runtime.require_adapter("expert residency")
+    def expert_action(self, scope: RequestScope, request: ExpertActionRequest) -> ExpertActionResult:
+        self._gate(scope, scope.started(), CapabilityId.EXPERTS, request.allow_experimental)
+        adapter = scope.require_adapter("expert residency")
         return needed(self.hooks.expert_action(adapter, request), "expert residency", adapter)
 
     # -- prefill / decode ----------------------------------------------------------------
-    def prefill(self, principal: Principal, request: PrefillRequest) -> PrefillResult:
+    def prefill(self, scope: RequestScope, request: PrefillRequest) -> PrefillResult:
+        principal = scope.principal
         policy, opted_in = resolve_prefill_policy(request, self.runtime.config.persistence)
-        adapter = self.runtime.started()
-        self._gate(adapter, CapabilityId.PD_PREFILL, opted_in)
-        self._gate(adapter, CapabilityId.PD_HANDOFF, opted_in)
-        adapter = self.runtime.require_adapter("prefill")
-        self._require_model(request.model_id)
+        started = scope.started()
+        self._gate(scope, started, CapabilityId.PD_PREFILL, opted_in)
+        self._gate(scope, started, CapabilityId.PD_HANDOFF, opted_in)
+        adapter = scope.require_adapter("prefill")
+        self._require_model(scope, request.model_id)
         mode = policy.mode
         if mode is PersistenceMode.MEMORY:
-            statuses = [self._status(adapter, t) for t in (CapabilityId.TIER_RAM, CapabilityId.TIER_VRAM)]
+            statuses = [self._status(scope, adapter, t) for t in (CapabilityId.TIER_RAM, CapabilityId.TIER_VRAM)]
             if all(s in (CapabilityStatus.UNSUPPORTED, CapabilityStatus.METADATA_ONLY) for s in statuses):
                 raise WerkError(ErrorCode.UNSUPPORTED, "memory mode needs an operational RAM or VRAM state tier")
         if mode is PersistenceMode.DISK:
-            self._gate(adapter, CapabilityId.PERSISTENCE, opted_in)
-            self._gate(adapter, CapabilityId.TIER_DISK, opted_in)
+            self._gate(scope, adapter, CapabilityId.PERSISTENCE, opted_in)
+            self._gate(scope, adapter, CapabilityId.TIER_DISK, opted_in)
 
         reservation = self.handoffs.reserve(principal.id)
         with ExitStack() as cleanup:
@@ -518,7 +351,7 @@ class LocalControlService:
         ``incompatible_state`` when a candidate's envelope differs, else ``conflict``.
         """
         candidates = [c for c in self.store.find_by_fingerprint(principal.id, fingerprint) if c.model_id == model_id]
-        envelope = self._envelope(adapter, model_id)
+        envelope = self.states.envelope(adapter, model_id)
         compatible = [c for c in candidates if envelope is not None and c.envelope == envelope]
         record, corrupt_seen = self._newest_intact(principal, compatible)
         if record is not None:
@@ -594,25 +427,25 @@ class LocalControlService:
         finally:
             snapshot.close()
 
-    def decode(self, principal: Principal, request: DecodeRequest) -> DecodeResult:
-        adapter = self.runtime.started()
-        self._gate(adapter, CapabilityId.PD_DECODE, request.allow_experimental)
-        adapter = self.runtime.require_adapter("decode")
+    def decode(self, scope: RequestScope, request: DecodeRequest) -> DecodeResult:
+        principal = scope.principal
+        self._gate(scope, scope.started(), CapabilityId.PD_DECODE, request.allow_experimental)
+        adapter = scope.require_adapter("decode")
         secret = request.handoff.get_secret_value()
         record, replacement = self.handoffs.consume(principal.id, secret, adapter.identity())
         with ExitStack() as cleanup:
             cleanup.callback(replacement.rollback)
             stored: StoredStateRef | None = None
             if record.state_id is not None:
-                stored_record = self._record_or_404(principal, record.state_id)
-                envelope = self._envelope(adapter, record.model_id)
+                stored_record = self.states.record_or_404(principal, record.state_id)
+                envelope = self.states.envelope(adapter, record.model_id)
                 if envelope is None or envelope != stored_record.envelope:
                     raise WerkError(
                         ErrorCode.INCOMPATIBLE_STATE,
                         "the stored state was produced by a different backend configuration",
                         details={"mismatch_fields": mismatch_fields(envelope or {}, stored_record.envelope)},
                     )
-                stored = self._stored_ref(principal, stored_record)
+                stored = self.states.stored_ref(principal, stored_record)
             options = DecodeOptions(
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,
@@ -661,17 +494,17 @@ class LocalControlService:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- chat planning (werk_host/service/planning.py) ------------------------------------
-    def count_tokens(self, principal: Principal, request: ChatRequest) -> TokenCount:
-        return self.planning.count_tokens(request)
+    def count_tokens(self, scope: RequestScope, request: ChatRequest) -> TokenCount:
+        return self.planning.count_tokens(scope, request)
 
-    def admission(self, principal: Principal, request: ChatRequest) -> Admission:
-        return self.planning.admission(request)
+    def admission(self, scope: RequestScope, request: ChatRequest) -> Admission:
+        return self.planning.admission(scope, request)
 
-    def chat_limits(self, principal: Principal, model: str | None) -> ChatLimits:
-        return self.planning.chat_limits(model)
+    def chat_limits(self, scope: RequestScope, model: str | None) -> ChatLimits:
+        return self.planning.chat_limits(scope, model)
 
-    def reasoning(self, principal: Principal, model: str | None, max_output_tokens: int) -> ReasoningProfile:
-        return self.planning.reasoning(model, max_output_tokens)
+    def reasoning(self, scope: RequestScope, model: str | None, max_output_tokens: int) -> ReasoningProfile:
+        return self.planning.reasoning(scope, model, max_output_tokens)
 
     # -- metrics -------------------------------------------------------------------------
     def metrics_snapshot(self) -> MetricsSnapshot:

@@ -1,8 +1,9 @@
 """Chat planning: token counts, admission, limits and reasoning profiles, per model or alias.
 
 ``model`` on a planning request names an instance id, a model name served by instances, or an
-alias (docs/deployments.md, "Routing"); without it the selected instance answers (the
-``X-Werk-Deployment`` header's, else the default). Planning never advances an alias's
+alias (docs/deployments.md, "Routing"); without it the request scope's instance answers (the
+``X-Werk-Deployment`` header's, else the default). A replica is used through
+:meth:`RequestScope.on`, so what it starts stays in flight until the request ends. Planning never advances an alias's
 round-robin. For an alias (docs/protocol.md, "Chat planning"):
 
 * limits are the minimum across replicas, and one replica with an unknown value makes that
@@ -18,7 +19,6 @@ limits and no reasoning profile. Counting and admission use the instance, starti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 
 from werk_host.backend import Adapter
 from werk_host.deployments.instances import Instance
@@ -38,6 +38,7 @@ from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.policy import gate
 from werk_host.service.reasoning import apply_reasoning_tier, unsupported_profile
 from werk_host.service.runtime import BackendRuntime
+from werk_host.service.scope import RequestScope, no_backend
 
 
 def _minimum(values: Sequence[int | None]) -> int | None:
@@ -53,50 +54,44 @@ class ChatPlanning:
         self.resolver = resolver
 
     # -- which instances a request names ----------------------------------------------------
-    def _replicas(self, model: str | None) -> tuple[Instance | None, ...]:
+    def _replicas(self, scope: RequestScope, model: str | None) -> tuple[Instance | None, ...]:
         deployments = self.runtime.deployments
         if model is None or deployments is None:
-            if model is not None and model not in self.runtime.model_ids():
+            if model is not None and model not in scope.model_ids():
                 raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
-            return (self.runtime.instance,)
+            return (scope.instance,)
         replicas = deployments.replicas(model)
         if not replicas:
             raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
         return replicas
 
-    def _one(self, model: str | None) -> Instance | None:
+    def _one(self, scope: RequestScope, model: str | None) -> RequestScope:
+        """The request on the one instance ``model`` names (without advancing an alias)."""
         deployments = self.runtime.deployments
         if model is None or deployments is None:
-            return self._replicas(model)[0]
-        return deployments.route(model, advance=False)
+            return scope.on(self._replicas(scope, model)[0])
+        return scope.on(deployments.route(model, advance=False))
 
-    def _on(self, instance: Instance | None) -> AbstractContextManager[None]:
-        """Select ``instance`` for the block; nothing to do when it is the one in effect."""
-        if instance is None or instance is self.runtime.instance:
-            return nullcontext()
-        return self.runtime.selecting(instance)
-
-    def _name(self, model: str | None) -> str:
-        if model is not None:
-            return model
-        if self.runtime.model is None:
+    @staticmethod
+    def _name(scope: RequestScope) -> str:
+        if scope.model is None:
             raise WerkError(ErrorCode.NOT_FOUND, "no model is selected on this server")
-        return self.runtime.model.name
+        return scope.model.name
 
-    def _using(self, cap_id: CapabilityId, what: str) -> Adapter:
-        """The selected instance's adapter for an operation (started), gated on ``cap_id``."""
-        adapter = self.runtime.started()
-        report = self.resolver.one(adapter, cap_id, self.runtime.instance)
+    def _using(self, scope: RequestScope, cap_id: CapabilityId, what: str) -> Adapter:
+        """The scope's adapter for an operation (started), gated on ``cap_id``."""
+        adapter = scope.started()
+        report = self.resolver.one(adapter, cap_id, scope.instance)
         gate(cap_id, report.status, report.detail, False, probe_on_use=report.probe_on_use)
         if adapter is None:
-            raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported: no backend adapter is active")
+            raise no_backend(what)
         return adapter
 
-    def _discovering(self, cap_id: CapabilityId) -> Adapter | None:
-        """The selected instance's adapter for discovery (never started), gated on ``cap_id``
-        when it is ready; ``None`` when the instance is cold."""
-        adapter = self.runtime.adapter
-        instance = self.runtime.instance
+    def _discovering(self, scope: RequestScope, cap_id: CapabilityId) -> Adapter | None:
+        """The scope's adapter for discovery (never started), gated on ``cap_id`` when it is
+        ready; ``None`` when the instance is cold."""
+        adapter = scope.adapter
+        instance = scope.instance
         if adapter is None and instance is not None:
             return None  # cold: unknown limits, no profile
         report = self.resolver.one(adapter, cap_id, instance)
@@ -105,40 +100,38 @@ class ChatPlanning:
             raise WerkError(ErrorCode.UNSUPPORTED, f"{cap_id.value} is not supported: no backend adapter is active")
         return adapter
 
-    def _check_reasoning_tier(self, adapter: Adapter, model: str, request: ChatRequest) -> None:
-        """``werk.reasoning.tier`` and ``werk.omlx`` on a planning request fail exactly as on chat."""
-        if request.werk is not None and request.werk.omlx is not None:
-            omlx = self.resolver.one(adapter, CapabilityId.OMLX_OPTIONS, self.runtime.instance)
-            if omlx.status is not CapabilityStatus.SUPPORTED:
-                raise WerkError(ErrorCode.INVALID_REQUEST, f"werk.omlx is not supported by backend {adapter.backend}")
+    def _check_reasoning_tier(self, scope: RequestScope, adapter: Adapter, model: str, request: ChatRequest) -> None:
+        """``werk.reasoning.tier`` and backend members ``werk.<name>`` on a planning request fail
+        exactly as on chat."""
+        self.hooks.request_options(adapter, request)
         if request.werk is not None and request.werk.reasoning is not None:
             limits = self.hooks.chat_limits(adapter, model)
             apply_reasoning_tier(self.hooks, adapter, {}, request, limits)
 
     # -- operations ----------------------------------------------------------------------
-    def count_tokens(self, request: ChatRequest) -> TokenCount:
-        with self._on(self._one(request.model)):
-            adapter = self._using(CapabilityId.TOKEN_COUNT, "token counting")
-            model = self._name(None)
-            self._check_reasoning_tier(adapter, model, request)
-            count = needed(self.hooks.count_tokens(adapter, request), "token counting", adapter)
+    def count_tokens(self, scope: RequestScope, request: ChatRequest) -> TokenCount:
+        on = self._one(scope, request.model)
+        adapter = self._using(on, CapabilityId.TOKEN_COUNT, "token counting")
+        model = self._name(on)
+        self._check_reasoning_tier(on, adapter, model, request)
+        count = needed(self.hooks.count_tokens(adapter, request), "token counting", adapter)
         return TokenCount(model=request.model or model, input_tokens=count)
 
-    def admission(self, request: ChatRequest) -> Admission:
-        limits = self.chat_limits(request.model)
-        with self._on(self._one(request.model)):
-            adapter = self._using(CapabilityId.ADMISSION, "admission")
-            model = self._name(None)
-            self._check_reasoning_tier(adapter, model, request)
-            method = "native"
-            count: int | None = None
-            token_count = self.resolver.one(adapter, CapabilityId.TOKEN_COUNT, self.runtime.instance)
-            if token_count.status is CapabilityStatus.SUPPORTED:
-                try:
-                    count = self.hooks.count_tokens(adapter, request)
-                except WerkError as err:
-                    if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
-                        raise
+    def admission(self, scope: RequestScope, request: ChatRequest) -> Admission:
+        limits = self.chat_limits(scope, request.model)
+        on = self._one(scope, request.model)
+        adapter = self._using(on, CapabilityId.ADMISSION, "admission")
+        model = self._name(on)
+        self._check_reasoning_tier(on, adapter, model, request)
+        method = "native"
+        count: int | None = None
+        token_count = self.resolver.one(adapter, CapabilityId.TOKEN_COUNT, on.instance)
+        if token_count.status is CapabilityStatus.SUPPORTED:
+            try:
+                count = self.hooks.count_tokens(adapter, request)
+            except WerkError as err:
+                if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
+                    raise
         if count is None:
             method, count = "estimate", estimate_input_tokens(request)
         return Admission(
@@ -149,41 +142,39 @@ class ChatPlanning:
             token_count_method=method,
         )
 
-    def chat_limits(self, model: str | None) -> ChatLimits:
+    def chat_limits(self, scope: RequestScope, model: str | None) -> ChatLimits:
         found: list[ChatLimits] = []
-        for replica in self._replicas(model):
-            with self._on(replica):
-                adapter = self._discovering(CapabilityId.CHAT_LIMITS)
-                name = self._name(None)
-                if adapter is None:
-                    found.append(
-                        ChatLimits(
-                            model=name, context_tokens=None, max_output_tokens=None, max_concurrent_requests=None
-                        )
-                    )
-                else:
-                    found.append(needed(self.hooks.chat_limits(adapter, name), "chat limits", adapter))
+        for replica in self._replicas(scope, model):
+            on = scope.on(replica)
+            adapter = self._discovering(on, CapabilityId.CHAT_LIMITS)
+            name = self._name(on)
+            if adapter is None:
+                found.append(
+                    ChatLimits(model=name, context_tokens=None, max_output_tokens=None, max_concurrent_requests=None)
+                )
+            else:
+                found.append(needed(self.hooks.chat_limits(adapter, name), "chat limits", adapter))
         if len(found) == 1:
             return found[0] if model is None else found[0].model_copy(update={"model": model})
         return ChatLimits(
-            model=self._name(model),
+            model=model if model is not None else self._name(scope),
             context_tokens=_minimum([f.context_tokens for f in found]),
             max_output_tokens=_minimum([f.max_output_tokens for f in found]),
             max_concurrent_requests=_minimum([f.max_concurrent_requests for f in found]),
         )
 
-    def reasoning(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:
+    def reasoning(self, scope: RequestScope, model: str | None, max_output_tokens: int) -> ReasoningProfile:
         found: list[ReasoningProfile] = []
-        for replica in self._replicas(model):
-            with self._on(replica):
-                adapter = self._discovering(CapabilityId.REASONING)
-                name = self._name(None)
-                backend = replica.backend if replica is not None else None
-                if adapter is None:
-                    found.append(unsupported_profile(name, backend))
-                else:
-                    profile = self.hooks.reasoning_profile(adapter, name, max_output_tokens)
-                    found.append(needed(profile, "reasoning profiles", adapter))
+        for replica in self._replicas(scope, model):
+            on = scope.on(replica)
+            adapter = self._discovering(on, CapabilityId.REASONING)
+            name = self._name(on)
+            backend = replica.backend if replica is not None else None
+            if adapter is None:
+                found.append(unsupported_profile(name, backend))
+            else:
+                profile = self.hooks.reasoning_profile(adapter, name, max_output_tokens)
+                found.append(needed(profile, "reasoning profiles", adapter))
         if len(found) == 1:
             return found[0] if model is None else found[0].model_copy(update={"model": model})
         first = found[0].model_copy(update={"model": model})

@@ -55,12 +55,22 @@ from .records import (
     is_state_id,
     validate_principal,
 )
-from .watch import Page, Watcher
+from .watch import PAGE_STAMPS, Page, Watcher
 
 MAX_PAGE = 100
 MAX_IDS_PER_OPERATION = 100
 #: Bound on the listed pages kept for reuse (cleared wholesale when reached).
 _MAX_PAGES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class ListedPage:
+    """One page of :meth:`StateStore.list_page`: its records (read-only, shared), the id to
+    pass as ``after`` for the next page (``None``: no further state) and the page's stamp."""
+
+    records: list[StateRecord]
+    after: str | None
+    stamp: int
 
 
 class StateStore(CommittingStore, AdminStore):
@@ -103,7 +113,20 @@ class StateStore(CommittingStore, AdminStore):
         limit: int = MAX_PAGE,
         after: str | None = None,
     ) -> tuple[list[StateRecord], str | None]:
-        """One read-only page ordered by id, strictly after ``after``.
+        """:meth:`list_page`'s records and the id to pass as ``after`` for the next page."""
+        page = self.list_page(principal, model_id=model_id, tier=tier, limit=limit, after=after)
+        return page.records, page.after
+
+    def list_page(
+        self,
+        principal: str,
+        *,
+        model_id: str | None = None,
+        tier: str | None = None,
+        limit: int = MAX_PAGE,
+        after: str | None = None,
+    ) -> ListedPage:
+        """One read-only page ordered by id, strictly after ``after``, with its stamp.
 
         Returns the page and the id to pass as ``after`` for the next page (``None`` when
         no further visible state exists). Cost is proportional to the entries examined,
@@ -111,6 +134,8 @@ class StateStore(CommittingStore, AdminStore):
         read are watched (:mod:`.watch`), the same page (the same list object: read-only) is
         returned again while nothing under them changed, no suspect mark changed and no state
         on it expired, for at most :data:`.watch.PAGE_MAX_AGE_S`, without touching the disk.
+        ``stamp`` is equal for two answers only when the second is that same reused page
+        (:data:`.watch.PAGE_STAMPS`): what callers build from a page they key by it.
         """
         validate_principal(principal)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
@@ -122,7 +147,7 @@ class StateStore(CommittingStore, AdminStore):
         if model_id is not None and not isinstance(model_id, str):
             raise invalid("model_id must be a string")
         if tier is not None and tier != DISK_TIER:
-            return [], None
+            return ListedPage([], None, next(PAGE_STAMPS))
         now_ms = self._now_ms()
         watcher = Watcher.shared()
         page_key = (principal, model_id, tier, limit, after)
@@ -131,11 +156,11 @@ class StateStore(CommittingStore, AdminStore):
         if epoch is not None:
             page = self._pages.get(page_key)  # a dict read is atomic; writers hold the lock
             if page is not None and page.reusable(epoch, suspects, now_ms, time.monotonic()):
-                return page.records, page.after
+                return ListedPage(page.records, page.after, page.stamp)
         born = time.monotonic()
         pfd = self._open_principal_ro(principal)
         if pfd is None:
-            return [], None
+            return ListedPage([], None, next(PAGE_STAMPS))
         out: list[StateRecord] = []
         # watched before read (watch.py): reusable only if every directory read is watched
         reusable = epoch is not None and watcher is not None and watcher.watch((self._root, principal), pfd)
@@ -163,15 +188,16 @@ class StateStore(CommittingStore, AdminStore):
                     break
                 out.append(rec)
         except OSError:
-            return out, None
+            return ListedPage(out, None, next(PAGE_STAMPS))
         finally:
             os.close(pfd)
+        stamp = next(PAGE_STAMPS)
         if reusable and epoch is not None:
             with self._cache_lock:
                 if len(self._pages) >= _MAX_PAGES:
                     self._pages.clear()
-                self._pages[page_key] = Page(epoch, suspects, until_ms, born, out, next_after)
-        return out, next_after
+                self._pages[page_key] = Page(epoch, suspects, until_ms, born, out, next_after, stamp)
+        return ListedPage(out, next_after, stamp)
 
     def _watch_state(self, watcher: Watcher, pfd: int, principal: str, sid: str) -> bool:
         """Watch state directory ``sid`` (before it is read); whether it is watched."""

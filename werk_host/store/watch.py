@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import fcntl
+import itertools
 import os
 import struct
 import sys
@@ -30,7 +31,7 @@ import termios
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from .records import StateRecord
 
@@ -162,6 +163,11 @@ class Watcher:
                         self._libc.inotify_rm_watch(self._fd, wd)
 
 
+#: Serial numbers of page reads: each read of a page from disk gets the next one, and a page
+#: reused from memory keeps its own, so an equal stamp means "nothing on the page changed"
+#: (docs/operations.md, "State listings": the service keys what it builds from a page by it).
+PAGE_STAMPS: Final = itertools.count(1)
+
 #: How long a listed page is reused at most, whatever the watcher says (seconds).
 PAGE_MAX_AGE_S = 1.0
 
@@ -180,6 +186,8 @@ class Page:
     born: float
     records: list[StateRecord]
     after: str | None
+    #: this read of the page (:data:`PAGE_STAMPS`): equal only for the very same read
+    stamp: int
 
     def reusable(self, epoch: int, suspects: int, now_ms: int, now: float) -> bool:
         return (
