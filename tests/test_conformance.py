@@ -76,7 +76,7 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
 from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.testing.conformance import ConformanceTarget, WerkConformance
-from werk_host.testing.reference import BACKEND_ID, EXPERIMENTAL_STATE, MemoryBackendPlugin
+from werk_host.testing.reference import BACKEND_ID, EXPERIMENTAL_STATE, MemoryAdapter, MemoryBackendPlugin
 
 
 class Defective(MemoryBackendPlugin):
@@ -130,9 +130,10 @@ def test_a_claim_the_backend_does_not_keep_fails_the_suite(pytester: pytest.Pyte
             reports[CapabilityId.PD_HANDOFF] = CapabilityReport(CapabilityStatus.SUPPORTED, "claimed")
             return reports
 
-        @hookimpl
-        def werk_prefill(self, adapter, work):
-            return None
+        class adapter_class(MemoryAdapter):
+            @hookimpl(specname="werk_prefill")
+            def prefill(self, work):
+                return None
         """,
     )
     assert {"test_prefill_follows_status", "test_disk_prefill_follows_status"} <= failed

@@ -53,10 +53,9 @@ def needed(result: T | None, what: str, adapter: Adapter | None) -> T:
     return result
 
 
-def _defect(adapter: Adapter, hook: str, expected: str) -> WerkError:
-    return WerkError(
-        ErrorCode.INTERNAL, f"plugin {adapter.plugin_name} answered {hook} with something other than {expected}"
-    )
+def _defect(plugins: PluginHost, adapter: Adapter, hook: str, expected: str) -> WerkError:
+    owner = plugins.owner_of(adapter)
+    return WerkError(ErrorCode.INTERNAL, f"plugin {owner} answered {hook} with something other than {expected}")
 
 
 def _json_object(value: object) -> bool:
@@ -79,7 +78,7 @@ class BackendHooks:
         result = self._plugins.dispatch(name, adapter, **kwargs)
         if result is None or isinstance(result, kind):
             return result
-        raise _defect(adapter, name, kind.__name__)
+        raise _defect(self._plugins, adapter, name, kind.__name__)
 
     def _many(self, adapter: Adapter, spec: object, kind: type[T]) -> list[T] | None:
         name = getattr(spec, "__name__", "")
@@ -88,7 +87,7 @@ class BackendHooks:
             return None
         if isinstance(result, list | tuple) and all(isinstance(item, kind) for item in result):
             return list(result)
-        raise _defect(adapter, name, f"a list of {kind.__name__}")
+        raise _defect(self._plugins, adapter, name, f"a list of {kind.__name__}")
 
     # -- discovery -----------------------------------------------------------------------
     def capabilities(self, adapter: Adapter) -> dict[CapabilityId, CapabilityReport] | None:
@@ -97,15 +96,15 @@ class BackendHooks:
         if result is None:
             return None
         if not isinstance(result, Mapping):
-            raise _defect(adapter, name, "a mapping of capability ids to reports")
+            raise _defect(self._plugins, adapter, name, "a mapping of capability ids to reports")
         reports: dict[CapabilityId, CapabilityReport] = {}
         for key, report in result.items():
             if not isinstance(report, CapabilityReport):
-                raise _defect(adapter, name, "CapabilityReport values")
+                raise _defect(self._plugins, adapter, name, "CapabilityReport values")
             try:
                 reports[CapabilityId(key)] = report
             except ValueError:
-                self._plugins.flag(adapter.plugin_name, f"reports unknown capability id {key!r}")
+                self._plugins.flag(self._plugins.owner_of(adapter), f"reports unknown capability id {key!r}")
         return reports
 
     def producer_envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
@@ -115,7 +114,7 @@ class BackendHooks:
             return None
         if isinstance(result, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in result.items()):
             return dict(result)
-        raise _defect(adapter, name, "a mapping of strings to strings")
+        raise _defect(self._plugins, adapter, name, "a mapping of strings to strings")
 
     # -- prefill/decode and states ---------------------------------------------------------
     def prefill(self, adapter: Adapter, work: PrefillWork) -> PrefilledState | None:
@@ -147,7 +146,7 @@ class BackendHooks:
     def count_tokens(self, adapter: Adapter, request: ChatRequest) -> int | None:
         count = self._one(adapter, hookspecs.werk_count_tokens, int, request=request)
         if isinstance(count, bool) or (count is not None and count < 0):
-            raise _defect(adapter, hookspecs.werk_count_tokens.__name__, "a non-negative int")
+            raise _defect(self._plugins, adapter, hookspecs.werk_count_tokens.__name__, "a non-negative int")
         return count
 
     def chat_limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
@@ -174,7 +173,7 @@ class BackendHooks:
         result = self._plugins.dispatch(name, adapter, model_id=model_id)
         if result is None or isinstance(result, SessionSnapshots):
             return result
-        raise _defect(adapter, name, "a SessionSnapshots object")
+        raise _defect(self._plugins, adapter, name, "a SessionSnapshots object")
 
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:
@@ -183,7 +182,7 @@ class BackendHooks:
     def memory_requirement(self, adapter: Adapter, operation: MemoryOperation, model_id: str) -> int | None:
         nbytes = self._one(adapter, hookspecs.werk_memory_requirement, int, operation=operation, model_id=model_id)
         if isinstance(nbytes, bool):
-            raise _defect(adapter, hookspecs.werk_memory_requirement.__name__, "an int")
+            raise _defect(self._plugins, adapter, hookspecs.werk_memory_requirement.__name__, "an int")
         return nbytes
 
     def deployment_plan(self, adapter: Adapter) -> DeploymentPlan | None:

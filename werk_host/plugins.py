@@ -16,10 +16,10 @@ name (docs/plugin-hooks.md).
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib.metadata import Distribution, EntryPoint, entry_points
 
@@ -27,7 +27,7 @@ import pluggy
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pluggy import HookCaller
+from pluggy import HookImpl
 from stevedore import ExtensionManager, NamedExtensionManager
 
 from werk_host import __version__, hookspecs
@@ -117,34 +117,40 @@ def incompatibility(dist: Distribution | None, host_version: str = __version__) 
     return None
 
 
+class _AdapterPlugin:
+    """What the host registers with pluggy for one adapter: the adapter's hookimpl methods,
+    bound. A stand-in compared by identity, so two adapters that compare equal (dataclasses)
+    still register as two plugins; pluggy's ``impl.function`` is the adapter's own method."""
+
+    def __init__(self, adapter: Adapter, owner: str) -> None:
+        self.adapter = adapter
+        self.owner = owner
+        for name in dir(type(adapter)):
+            member = inspect.getattr_static(adapter, name, None)
+            if inspect.isfunction(member) and hasattr(member, _IMPL_MARK):
+                setattr(self, name, getattr(adapter, name))
+
+
+_IMPL_MARK = "werk_impl"
+
+
+def _has_impls(adapter: Adapter) -> bool:
+    return any(
+        inspect.isfunction(m := inspect.getattr_static(adapter, name, None)) and hasattr(m, _IMPL_MARK)
+        for name in dir(type(adapter))
+    )
+
+
 @dataclass(frozen=True)
-class _OwnerCall:
-    """How an operation hook reaches one owner: through pluggy (``caller``), or, when the owner
-    is its only implementation and no plugin wraps it, by calling that implementation directly
-    with its arguments (``function``, ``argnames``): the result pluggy's ``firstresult`` call
-    returns, without its per-call bookkeeping. Built when plugins register; every registration
-    through :meth:`PluginHost.register` drops the built ones."""
+class _Call:
+    """The implementations one operation call on one adapter runs, in pluggy's order: taken
+    from the hook caller under the registration lock, so an adapter registering or closing
+    meanwhile never changes a call that has its list (docs/architecture.md)."""
 
-    caller: HookCaller
-    function: Callable[..., object] | None
-    argnames: tuple[str, ...]
+    impls: tuple[HookImpl, ...]
 
-    @classmethod
-    def of(cls, caller: HookCaller) -> _OwnerCall:
-        impls = caller.get_hookimpls()
-        if len(impls) == 1 and not (impls[0].wrapper or impls[0].hookwrapper or impls[0].kwargnames):
-            return cls(caller, impls[0].function, tuple(impls[0].argnames))
-        return cls(caller, None, ())
-
-    def __call__(self, kwargs: dict[str, object]) -> object:
-        if self.function is None:
-            result: object = self.caller(**kwargs)
-            return result
-        try:
-            args = [kwargs[name] for name in self.argnames]
-        except KeyError as err:
-            raise pluggy.HookCallError(f"hook call must provide argument {err.args[0]!r}") from err
-        return self.function(*args)
+    def run(self, pm: pluggy.PluginManager, hook_name: str, kwargs: dict[str, object]) -> object:
+        return pm._hookexec(hook_name, list(self.impls), kwargs, True)
 
 
 class PluginHost:
@@ -154,7 +160,8 @@ class PluginHost:
         self.pm = pluggy.PluginManager("werk")
         self.pm.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
-        self._calls: dict[tuple[str, str], _OwnerCall] = {}
+        self._calls: dict[tuple[str, str], _Call] = {}
+        self._adapters: dict[int, _AdapterPlugin] = {}
         self._lock = threading.Lock()
         self._operations = 0
 
@@ -218,7 +225,8 @@ class PluginHost:
             return
         hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
         self.records.append(PluginRecord(name, distribution, version, "loaded", hooks=hooks))
-        self._calls.clear()
+        with self._lock:
+            self._calls.clear()
 
     def load_cli_entry_points(self, environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
         """Register each plugin's command module (group ``werk.cli``), for ``werk``'s parser only.
@@ -296,7 +304,7 @@ class PluginHost:
                 continue
             owner = impl.plugin_name
             offered = impl.function(*[{"config": config}[a] for a in impl.argnames])
-            for factory in offered or []:
+            for factory in offered if isinstance(offered, list | tuple) else []:
                 if not isinstance(factory, AdapterFactory):
                     log.error("a plugin offered %s instead of an AdapterFactory; ignored", type(factory).__name__)
                     continue
@@ -331,42 +339,104 @@ class PluginHost:
             found.extend((name, check) for check in offered)
         return found
 
-    def _owner_call(self, hook_name: str, owner: str) -> _OwnerCall:
-        key = (hook_name, owner)
+    # -- adapters as plugins (docs/architecture.md, "Operation dispatch") ----------------
+    def attach(self, adapter: Adapter, factory: AdapterFactory) -> None:
+        """Register a new ``adapter`` that ``factory`` created: its hookimpl methods answer the
+        operation calls made on it from now on. Safe while other threads call hooks."""
+        self._attach(adapter, factory.owner)
+
+    def _attach(self, adapter: Adapter, owner: str) -> _AdapterPlugin:
+        plugin = _AdapterPlugin(adapter, owner)
+        with self._lock:
+            known = self._adapters.get(id(adapter))
+            if known is not None and known.adapter is adapter:
+                return known
+            self.pm.register(plugin, name=f"{owner}/adapter-{id(plugin):x}")
+            self._adapters[id(adapter)] = plugin
+            self._calls.clear()
+        return plugin
+
+    def detach(self, adapter: Adapter) -> None:
+        """Unregister a closing ``adapter`` (:meth:`attach`); nothing when it was not attached."""
+        with self._lock:
+            plugin = self._adapters.pop(id(adapter), None)
+            if plugin is not None:
+                self.pm.unregister(plugin)
+                self._calls.clear()
+
+    def owner_of(self, adapter: Adapter) -> str:
+        """The name of the plugin whose factory created ``adapter``. An adapter the host did not
+        attach (built by hand) is owned by the plugin its ``plugin_name`` attribute names."""
+        plugin = self._adapters.get(id(adapter))
+        if plugin is not None and plugin.adapter is adapter:
+            return plugin.owner
+        return str(getattr(adapter, "plugin_name", ""))
+
+    def operations_of(self, adapter: Adapter) -> set[str]:
+        """The operation hooks ``adapter`` implements: its own methods' (and its owner plugin's,
+        in the hook API 0.2 form)."""
+        plugin = self._adapters.get(id(adapter))
+        own = plugin if plugin is not None and plugin.adapter is adapter else None
+        found: set[str] = set()
+        for holder in (own, self.pm.get_plugin(self.owner_of(adapter))):
+            if holder is not None:
+                found |= {caller.name for caller in self.pm.get_hookcallers(holder) or []}
+        return found & OPERATION_HOOKS
+
+    def _call(self, hook_name: str, adapter: Adapter) -> _Call:
+        plugin = self._adapters.get(id(adapter))
+        if plugin is None or plugin.adapter is not adapter:
+            # built by hand (a test): attached on first use when it has operation methods
+            plugin = self._attach(adapter, self.owner_of(adapter)) if _has_impls(adapter) else None
+        key = (hook_name, f"{id(adapter):x}" if plugin is not None else f"owner:{self.owner_of(adapter)}")
         call = self._calls.get(key)  # a dict read is atomic; building one takes the lock
         if call is not None:
             return call
         with self._lock:
             call = self._calls.get(key)
             if call is None:
-                others = [
-                    plugin
-                    for name, plugin in self.pm.list_name_plugin()
-                    if name != owner and self._provides_adapters(plugin)
-                ]
-                call = _OwnerCall.of(self.pm.subset_hook_caller(hook_name, remove_plugins=others))
+                call = self._build_call(hook_name, adapter, plugin)
                 self._calls[key] = call
             return call
 
-    def _provides_adapters(self, plugin: object) -> bool:
+    def _build_call(self, hook_name: str, adapter: Adapter, plugin: _AdapterPlugin | None) -> _Call:
+        """Under the lock: the adapter's own implementations of ``hook_name`` plus those of
+        plugins that offer no adapters (wrappers). The owner plugin's own implementations (the
+        hook API 0.2 form, kept while plugins migrate) are called too, before the adapter's."""
+        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
         factories = hookspecs.werk_adapter_factories.__name__
-        return any(h.name == factories for h in self.pm.get_hookcallers(plugin) or [])
+        backends = {i.plugin_name for i in getattr(self.pm.hook, factories).get_hookimpls()}
+        adapters = {id(p) for p in self._adapters.values()}
+        owner = self.owner_of(adapter)
+        chosen = [
+            i
+            for i in impls
+            if (plugin is not None and i.plugin is plugin)
+            or i.plugin_name == owner
+            or (i.plugin_name not in backends and id(i.plugin) not in adapters)
+        ]
+        # pluggy calls the list's end first: wrappers (kept at the end), then the owner's
+        # implementations, then the adapter's and the rest
+        plain = [i for i in chosen if not (i.wrapper or i.hookwrapper)]
+        legacy = [i for i in plain if i.plugin_name == owner]
+        rest = [i for i in plain if i.plugin_name != owner]
+        return _Call((*rest, *legacy, *(i for i in chosen if i.wrapper or i.hookwrapper)))
 
     def dispatch(self, hook_name: str, adapter: Adapter, **kwargs: object) -> object:
-        """Call operation hook ``hook_name`` on ``adapter``'s owning plugin only, untyped.
+        """Call operation hook ``hook_name`` on ``adapter``: its own implementations plus those
+        of plugins providing no adapters (cross-cutting wrappers), untyped.
 
-        Plugins providing no adapters (cross-cutting wrappers) still see the call. Returns
-        the hook's raw result (``None``: the owner does not implement it). Host code uses the
-        typed :class:`werk_host.hooks.BackendHooks` instead of calling this directly.
+        Returns the hook's raw result (``None``: the adapter does not implement it). Host code
+        uses the typed :class:`werk_host.hooks.BackendHooks` instead of calling this directly.
         """
         if hook_name not in OPERATION_HOOKS:
             raise ValueError(f"{hook_name} is not an operation hook")
-        call = self._owner_call(hook_name, adapter.plugin_name)
+        call = self._call(hook_name, adapter)
         kwargs["adapter"] = adapter
         if hook_name in OBSERVING_HOOKS:
-            return call(kwargs)
+            return call.run(self.pm, hook_name, kwargs)
         try:
-            result = call(kwargs)
+            result = call.run(self.pm, hook_name, kwargs)
         finally:
             with self._lock:
                 self._operations += 1

@@ -36,6 +36,7 @@ from werk_host.deployments.durations import too_long
 from werk_host.deployments.profile import InstanceSpec
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
+from werk_host.plugins import PluginHost
 from werk_host.protocol.deployments import InstanceStateName
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,10 @@ class Instance:
         config: HostConfig,
         *,
         memory_available: Callable[[], int] = available_host_memory,
+        plugins: PluginHost | None = None,
     ) -> None:
         self.spec = spec
+        self._plugins = plugins  # each adapter is attached while it lives (docs/architecture.md)
         self.manifest = manifest
         self.factory = factory
         self.config = config
@@ -163,7 +166,11 @@ class Instance:
         try:
             self._check_memory()
             adapter = self.factory.create(self.config, self.manifest)
+            if self._plugins is not None:
+                self._plugins.attach(adapter, self.factory)
         except BaseException as err:
+            if adapter is not None:
+                self._close(adapter)
             self._start_failed(err)
             with self._cond:
                 raise self._failure_locked() from err
@@ -305,7 +312,7 @@ class Instance:
             self._state = InstanceStateName.STOPPING
         try:
             if adapter is not None:
-                adapter.close()
+                self._close(adapter)
         except Exception:
             log.warning("instance %s did not close cleanly", self.id, exc_info=True)
         finally:
@@ -327,4 +334,11 @@ class Instance:
             self._held_by_operator = False
             self._cond.notify_all()
         if adapter is not None:
+            self._close(adapter)
+
+    def _close(self, adapter: Adapter) -> None:
+        try:
             adapter.close()
+        finally:
+            if self._plugins is not None:
+                self._plugins.detach(adapter)

@@ -113,7 +113,7 @@ class DeploymentSet:
         factories = plugins.adapter_factories(config)
         self.instances: dict[str, Instance] = {}
         for spec in profile.instances:
-            self.instances[spec.id] = self._instance(spec, registry, factories, config)
+            self.instances[spec.id] = self._instance(spec, registry, factories, config, plugins)
         self.aliases: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in profile.aliases.items()}
         self.default_id = profile.default_instance.id
         self._turns: dict[str, itertools.count[int]] = {}
@@ -124,7 +124,12 @@ class DeploymentSet:
         self.watch = WorkerWatch()
 
     def _instance(
-        self, spec: InstanceSpec, registry: ModelRegistry, factories: list[AdapterFactory], config: HostConfig
+        self,
+        spec: InstanceSpec,
+        registry: ModelRegistry,
+        factories: list[AdapterFactory],
+        config: HostConfig,
+        plugins: PluginHost,
     ) -> Instance:
         if spec.endpoint is not None:  # remote: the model is whatever the endpoint serves under that name
             manifest = ModelManifest(spec.model, (), spec.backend, {})
@@ -150,7 +155,7 @@ class DeploymentSet:
                 factory.validate_options(options)
             except ValueError as err:
                 raise ProfileError(f"{self.profile.source}: instance {spec.id}: options: {err}") from err
-        return Instance(spec, manifest, factory, instance_config(config, factory, options))
+        return Instance(spec, manifest, factory, instance_config(config, factory, options), plugins=plugins)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:

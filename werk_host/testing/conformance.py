@@ -234,19 +234,18 @@ class WerkConformance:
         assert not unknown, f"unknown capability ids reported: {unknown}"
         declared: set[CapabilityId] = set()
         for factory in plugins.adapter_factories(host.host.config):
-            if factory.plugin_name == adapter.plugin_name:
+            if factory.owner == plugins.owner_of(adapter):
                 bad = sorted(str(c) for c in factory.capabilities if c not in known)
                 assert not bad, f"unknown capability ids declared: {bad}"
                 declared |= {CapabilityId(c) for c in factory.capabilities}
         undeclared = sorted(str(k) for k in raw if k not in declared)
         assert not undeclared, f"reported but not declared on the AdapterFactory: {undeclared}"
-        record = next(r for r in plugins.records if r.name == adapter.plugin_name)
+        record = next(r for r in plugins.records if r.name == plugins.owner_of(adapter))
         assert record.status == "loaded" and not record.problems, record.problems
 
     def test_ids_without_their_hooks_are_unsupported(self, conformance_host: ConformanceHost) -> None:
         host = conformance_host
-        plugin = host.host.plugins.pm.get_plugin(host.adapter.plugin_name)
-        implemented = {caller.name for caller in host.host.plugins.pm.get_hookcallers(plugin) or []}
+        implemented = host.host.plugins.operations_of(host.adapter)
         statuses = host.statuses()
         for cap_id, hooks in HOOKS_BEHIND.items():
             missing = [h for h in hooks if h not in implemented]
