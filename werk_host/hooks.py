@@ -149,6 +149,18 @@ class BackendHooks:
             raise _defect(self._plugins, adapter, hookspecs.werk_count_tokens.__name__, "a non-negative int")
         return count
 
+    def request_options(self, adapter: Adapter, request: ChatRequest) -> dict[str, JsonObject]:
+        """Every backend member ``werk.<name>`` of ``request``, as the adapter's own plugin
+        validated it (``werk_request_options``), by name. A member it does not own is
+        ``invalid_request`` (``werk.<name> is not supported by backend <id>``)."""
+        validated: dict[str, JsonObject] = {}
+        for name, options in request.backend_options().items():
+            result = self._one(adapter, hookspecs.werk_request_options, dict, name=name, options=options)
+            if result is None:
+                raise WerkError(ErrorCode.INVALID_REQUEST, f"werk.{name} is not supported by backend {adapter.backend}")
+            validated[name] = result
+        return validated
+
     def chat_limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
         return self._one(adapter, hookspecs.werk_chat_limits, ChatLimits, model=model)
 

@@ -197,6 +197,16 @@ def werk_count_tokens(adapter: Adapter, request: ChatRequest) -> int | None:
 
 
 @hookspec(firstresult=True)
+def werk_request_options(adapter: Adapter, name: str, options: JsonObject) -> JsonObject | None:
+    """Validate ``werk.<name>``, a backend member of a chat request (any ``werk`` member but the
+    host's own ``reasoning``), before the host counts, admits or serves the request: return the
+    validated options (what the chat hooks then receive as ``request["werk"][name]``), or raise
+    ``invalid_request`` naming the field (``werk.<name>.<field>: ...``). ``None`` (not this
+    backend's option) makes the host answer ``invalid_request`` ``werk.<name> is not supported
+    by backend <id>``; chat and the planning routes fail alike (:mod:`werk_host.plugin.options`)."""
+
+
+@hookspec(firstresult=True)
 def werk_chat_limits(adapter: Adapter, model: str | None) -> ChatLimits | None:
     """Context, output ceiling and configured concurrency for ``model`` (default when
     ``None``), read from manifests and launch arguments only; never loads a model."""

@@ -1,5 +1,6 @@
-"""``werk.omlx`` chat options: validated by the API, accepted only where ``api.chat.omlx_options`` is
-``supported`` (the oMLX backend), ``invalid_request`` on every other backend and route."""
+"""``werk.omlx`` chat options: validated by the API through the plugin that owns the adapter
+(``werk_request_options``; the oMLX backend, which reports ``api.chat.omlx_options`` as
+``supported``, owns ``werk.omlx``), ``invalid_request`` on every other backend and route."""
 
 from __future__ import annotations
 
@@ -14,17 +15,30 @@ from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.server import Host
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import make_host, running
-from werk_host.testing.reference import EXPERIMENTAL_STATE, PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin
+from werk_host.testing.reference import BACKEND_ID, EXPERIMENTAL_STATE, PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin
 
 KEY = "sk-werk-omlx-options-0123"
 MESSAGES = [{"role": "user", "content": "hello"}]
+#: The oMLX plugin's own rule for ``werk.omlx``, which a backend reporting ``api.chat.omlx_options``
+#: as ``supported`` applies here.
+omlx_options = pytest.importorskip("werk_omlx.options", reason="the oMLX plugin is not installed")
+
+
+class OmlxOptionsPlugin(MemoryBackendPlugin):
+    """The reference backend owning ``werk.omlx`` as the oMLX plugin does."""
+
+    @hookimpl
+    def werk_request_options(self, adapter: MemoryAdapter, name: str, options: JsonObject) -> JsonObject | None:
+        result: JsonObject | None = omlx_options.validated_options(name, options)
+        return result
 
 
 def serve(tmp_path: Path, omlx: CapabilityStatus | None) -> Host:
     statuses = dict(EXPERIMENTAL_STATE)
     if omlx is not None:
         statuses[CapabilityId.OMLX_OPTIONS] = omlx
-    plugin = MemoryBackendPlugin(statuses=statuses)
+    kind = OmlxOptionsPlugin if omlx is CapabilityStatus.SUPPORTED else MemoryBackendPlugin
+    plugin = kind(statuses=statuses)
     return make_host(tmp_path / "home", plugin=plugin, plugin_name=PLUGIN_NAME, api_keys=(KEY,))
 
 
@@ -39,6 +53,7 @@ def test_other_backends_refuse_werk_omlx_on_every_route(tmp_path: Path, omlx: Ca
         for path in ("/werk/v1/chat/count_tokens", "/werk/v1/chat/admission"):
             status, doc = api.post(path, body)
             assert status == 400 and doc["error"]["code"] == "invalid_request", (path, doc)
+        assert doc["error"]["message"] == f"werk.omlx is not supported by backend {BACKEND_ID}", doc
         status, doc = api.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})
         assert status == 200, doc  # the same request without werk.omlx is served
 
@@ -54,9 +69,14 @@ def test_where_supported_the_options_pass_validation(tmp_path: Path) -> None:
             body = {"messages": MESSAGES, "max_tokens": 4, "werk": {"omlx": bad}}
             status, doc = api.post("/v1/chat/completions", body)
             assert status == 400, (bad, doc)
+            field = next(iter(bad))
+            assert doc["error"]["message"].startswith(f"werk.omlx.{field}: "), doc
+            for path in ("/werk/v1/chat/count_tokens", "/werk/v1/chat/admission"):
+                status, doc = api.post(path, body)
+                assert status == 400 and doc["error"]["code"] == "invalid_request", (path, doc)
 
 
-class RecordingPlugin(MemoryBackendPlugin):
+class RecordingPlugin(OmlxOptionsPlugin):
     """The reference backend, keeping every chat body its adapter received."""
 
     def __init__(self, statuses: Mapping[CapabilityId, CapabilityStatus]) -> None:

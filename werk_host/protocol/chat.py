@@ -8,12 +8,12 @@ so that a count renders the very JSON the chat sends (docs/compat.md, "OpenAI");
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
@@ -35,7 +35,6 @@ from werk_host.protocol.base import (
     NonNegativeJsonInt,
     PositiveJsonInt,
     StrictModel,
-    integral_number,
     present_schema,
 )
 
@@ -58,26 +57,36 @@ class ReasoningSelection(StrictModel):
     )
 
 
-#: The largest MiB value ``werk.omlx`` accepts for a cache size (1 TiB).
-MAX_OMLX_CACHE_MB = 1024 * 1024
-#: A cache size in MiB, at most :data:`MAX_OMLX_CACHE_MB` (``0``: off, where that is allowed).
-OmlxCacheMiB = Annotated[StrictInt, Field(ge=1, le=MAX_OMLX_CACHE_MB), BeforeValidator(integral_number)]
-OmlxCacheMiBOrOff = Annotated[StrictInt, Field(ge=0, le=MAX_OMLX_CACHE_MB), BeforeValidator(integral_number)]
+#: The name of a backend member ``werk.<name>`` (docs/plugin-hooks.md, ``werk_request_options``).
+BACKEND_MEMBER_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+_BACKEND_MEMBER = re.compile(BACKEND_MEMBER_PATTERN)
 
 
-class OmlxChatOptions(StrictModel):
-    """``werk.omlx``: per-request options of the oMLX backend. Accepted only where
-    ``api.chat.omlx_options`` is ``supported`` (``invalid_request`` elsewhere); omitted members
-    inherit the server's settings (docs/omlx.md, "Chat options")."""
+class WerkChatExtension(BaseModel):
+    """``werk`` on a chat request: the host's own member ``reasoning`` and, beside it, backend
+    members ``werk.<name>``, each a JSON object of one backend's request options (the oMLX
+    backend's ``werk.omlx``: docs/omlx.md, "Chat options"). The host checks only their shape
+    here; the plugin that owns the request's adapter validates their content
+    (``werk_request_options``), and a member it does not own is ``invalid_request``."""
 
-    thinking: JsonBool | None = None
-    expert_cache_mb: OmlxCacheMiB | None = None
-    ngram_cache_mb: OmlxCacheMiBOrOff | Literal["auto"] | None = None
-
-
-class WerkChatExtension(StrictModel):
+    model_config = ConfigDict(
+        extra="allow", frozen=True, json_schema_extra={"propertyNames": {"pattern": BACKEND_MEMBER_PATTERN}}
+    )
+    __pydantic_extra__: dict[str, dict[str, JsonValue]] = Field(init=False)
     reasoning: ReasoningSelection | None = None
-    omlx: OmlxChatOptions | None = None
+
+    @model_validator(mode="after")
+    def _backend_member_names(self) -> Self:
+        for name in self.model_extra or {}:
+            if not _BACKEND_MEMBER.match(name):
+                raise PydanticCustomError(
+                    "werk_member", "unknown member: backend members are named like werk.omlx (lowercase)"
+                )
+        return self
+
+    def backend_options(self) -> dict[str, dict[str, JsonValue]]:
+        """The backend members, by name (``{"omlx": {...}}``); never ``reasoning``."""
+        return dict(self.model_extra or {})
 
 
 class ChatRole(StrEnum):
@@ -245,6 +254,10 @@ class ChatRequest(BaseModel):
     def requested_output_tokens(self) -> int:
         explicit = self.max_completion_tokens or self.max_tokens
         return explicit if explicit is not None else DEFAULT_OUTPUT_TOKENS
+
+    def backend_options(self) -> dict[str, dict[str, JsonValue]]:
+        """The backend members of ``werk`` (:meth:`WerkChatExtension.backend_options`)."""
+        return self.werk.backend_options() if self.werk is not None else {}
 
 
 TokenId = Annotated[StrictInt, Field(ge=0)]

@@ -61,7 +61,6 @@ from werk_host.testing.reference_base import (
     EXPERT_BYTES,
     EXPERTS_PER_MODEL,
     MAX_OUTPUT_TOKENS,
-    PLUGIN_NAME,
     _chat_request,
     _echo,
     _include_usage,
@@ -105,7 +104,6 @@ class MemoryAdapter:
     model_name: str
     instance_id: str = ""
     backend: str = BACKEND_ID
-    plugin_name: str = PLUGIN_NAME
     #: the plugin that created it (``None``: built by hand); its session slot's owner
     plugin: object = None
     statuses: dict[CapabilityId, CapabilityStatus] = field(default_factory=lambda: dict(EXPERIMENTAL_STATE))
@@ -305,6 +303,10 @@ class MemoryAdapter:
         return ExpertActionResult(experts=list(after.values()), changed=changed, dry_run=request.dry_run)
 
     # -- chat planning -----------------------------------------------------------------------
+    @hookimpl(specname="werk_request_options")
+    def request_options(self, name: str, options: JsonObject) -> JsonObject | None:
+        return None  # owns no werk.<name> member: the host refuses every one
+
     @hookimpl(specname="werk_count_tokens")
     def count_tokens(self, request: ChatRequest) -> int:
         self.check("count")

@@ -63,6 +63,7 @@ from werk_host.plugin.http import forward
 
 from . import experts
 from .cli import OmlxCliServer, OmlxCliStartupError, find_omlx
+from .options import MIB, ChatOptions, validated_options
 from .runtime import MlxRuntime, RuntimeUnavailable, probe_interpreter, worker_python
 from .workers import WorkerProcess, WorkerSpec, WorkerStartupError
 
@@ -71,7 +72,6 @@ log = logging.getLogger(__name__)
 BACKEND_ID = "omlx"
 PLUGIN_NAME = "omlx"
 ENV_BUDGET = "WERK_OMLX_EXPERT_CACHE_MB"
-MIB = 1024 * 1024
 DEFAULT_MAX_WORKERS = 2
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 CHAT_CAPABILITIES = (CapabilityId.TOKEN_COUNT, CapabilityId.ADMISSION, CapabilityId.CHAT_LIMITS)
@@ -128,32 +128,6 @@ def env_budget_bytes() -> int | None:
     if not raw.isdigit() or int(raw) <= 0:
         raise _unavailable(f"{ENV_BUDGET} must be a positive number of MiB", retryable=False)
     return int(raw) * MIB
-
-
-@dataclass(frozen=True)
-class ChatOptions:
-    """The ``werk.omlx`` members of a chat body, as the host validated them."""
-
-    thinking: bool | None = None
-    budget_bytes: int | None = None
-
-    @classmethod
-    def of(cls, body: JsonObject) -> ChatOptions:
-        werk = body.get("werk")
-        options = werk.get("omlx") if isinstance(werk, dict) else None
-        if not isinstance(options, dict):
-            return cls()
-        ngram = options.get("ngram_cache_mb")
-        if isinstance(ngram, int) and not isinstance(ngram, bool) and ngram > 0:
-            raise WerkError(
-                ErrorCode.INVALID_REQUEST, "werk.omlx.ngram_cache_mb: the Werk MLX worker has no n-gram cache"
-            )
-        thinking = options.get("thinking")
-        budget = options.get("expert_cache_mb")
-        return cls(
-            thinking=thinking if isinstance(thinking, bool) else None,
-            budget_bytes=budget * MIB if isinstance(budget, int) and not isinstance(budget, bool) else None,
-        )
 
 
 class OmlxAdapter:
@@ -362,6 +336,10 @@ class OmlxAdapter:
         return reports
 
     # -- chat planning ---------------------------------------------------------------------
+    def request_options(self, name: str, options: JsonObject) -> JsonObject | None:
+        """``werk.omlx`` validated (:mod:`werk_omlx.options`); ``None`` for another backend's member."""
+        return validated_options(name, options)
+
     def chat_limits(self, model: str | None) -> ChatLimits:
         ceilings = [c for c in (self.manifest.output_ceiling(), self.context - 1 if self.context else None) if c]
         return ChatLimits(

@@ -76,6 +76,11 @@ def werk_count_tokens(adapter: OmlxAdapter, request: ChatRequest) -> int:
 
 
 @hookimpl
+def werk_request_options(adapter: OmlxAdapter, name: str, options: JsonObject) -> JsonObject | None:
+    return adapter.request_options(name, options)
+
+
+@hookimpl
 def werk_chat_limits(adapter: OmlxAdapter, model: str | None) -> ChatLimits:
     return adapter.chat_limits(model)
 
