@@ -20,27 +20,27 @@ import werk_host.service.capabilities as capabilities_module
 from tests.conftest import KEY
 from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.testing.hosts import backend_host
-from werk_host.testing.reference import MemoryBackendPlugin
+from werk_host.testing.reference import MemoryAdapter
 
 
 @pytest.fixture
 def counted(home: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[falcon.testing.TestClient, Any, dict[str, int]]:
     calls = {"plan": 0, "capabilities": 0}
-    real_plan, real_caps = MemoryBackendPlugin.werk_deployment_plan, MemoryBackendPlugin.werk_capabilities
+    real_plan, real_caps = MemoryAdapter.deployment_plan, MemoryAdapter.capabilities
 
     @functools.wraps(real_plan)  # keeps the hook implementation marker
-    def plan(self: MemoryBackendPlugin, adapter: Any) -> Any:
+    def plan(self: MemoryAdapter) -> Any:
         calls["plan"] += 1
-        return real_plan(self, adapter)
+        return real_plan(self)
 
     @functools.wraps(real_caps)
-    def capabilities(self: MemoryBackendPlugin, adapter: Any) -> Any:
+    def capabilities(self: MemoryAdapter) -> Any:
         calls["capabilities"] += 1
-        return real_caps(self, adapter)
+        return real_caps(self)
 
     monkeypatch.setattr(capabilities_module, "EVIDENCE_TTL_S", 3600.0)  # no expiry within the test
-    monkeypatch.setattr(MemoryBackendPlugin, "werk_deployment_plan", plan)
-    monkeypatch.setattr(MemoryBackendPlugin, "werk_capabilities", capabilities)
+    monkeypatch.setattr(MemoryAdapter, "deployment_plan", plan)
+    monkeypatch.setattr(MemoryAdapter, "capabilities", capabilities)
     host, _ = backend_host(home, api_keys=(KEY,))
     client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
     try:
@@ -114,14 +114,14 @@ def test_a_gate_asks_the_report_once_and_never_the_plan(counted: Any) -> None:
 def test_an_expired_plan_is_asked_again(home: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(capabilities_module, "EVIDENCE_TTL_S", 0.0)
     asked: list[object] = []
-    real_plan = MemoryBackendPlugin.werk_deployment_plan
+    real_plan = MemoryAdapter.deployment_plan
 
     @functools.wraps(real_plan)
-    def plan(self: MemoryBackendPlugin, adapter: Any) -> Any:
-        asked.append(adapter)
-        return real_plan(self, adapter)
+    def plan(self: MemoryAdapter) -> Any:
+        asked.append(self)
+        return real_plan(self)
 
-    monkeypatch.setattr(MemoryBackendPlugin, "werk_deployment_plan", plan)
+    monkeypatch.setattr(MemoryAdapter, "deployment_plan", plan)
     host, _ = backend_host(home, api_keys=(KEY,))
     try:
         client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})

@@ -2,7 +2,7 @@
 
 ``GET /werk/v1/states`` answers a page the store kept (nothing on it changed) without asking the
 envelopes again while the capability evidence rules hold: same backend process, no operation
-hook since, younger than the evidence TTL (``werk_host.service.local``, ``list_states``). Any of
+hook since, within the evidence TTL window (``werk_host.service.states``, ``list_states``). Any of
 those changing asks again, so a restarted backend shows its states' new ``reusable`` at once.
 Observed on the reference plugin by counting its hook calls.
 """
@@ -19,7 +19,7 @@ import pytest
 import werk_host.service.capabilities as capabilities_module
 from tests.conftest import KEY
 from werk_host.testing.hosts import backend_host
-from werk_host.testing.reference import MemoryBackendPlugin
+from werk_host.testing.reference import MemoryAdapter
 
 PREFILL = {"model_id": "tiny", "input": {"type": "text", "text": "hello"}, "allow_experimental": True}
 
@@ -33,15 +33,15 @@ def listed(client: falcon.testing.TestClient) -> list[dict[str, Any]]:
 
 def served(home: Any, monkeypatch: pytest.MonkeyPatch, ttl_s: float) -> Iterator[tuple[Any, Any, list[str]]]:
     asked: list[str] = []
-    real = MemoryBackendPlugin.werk_producer_envelope
+    real = MemoryAdapter.producer_envelope
 
     @functools.wraps(real)  # keeps the hook implementation marker
-    def envelope(self: MemoryBackendPlugin, adapter: Any, model_id: str) -> dict[str, str]:
+    def envelope(self: MemoryAdapter, model_id: str) -> dict[str, str]:
         asked.append(model_id)
-        return real(self, adapter, model_id)
+        return real(self, model_id)
 
     monkeypatch.setattr(capabilities_module, "EVIDENCE_TTL_S", ttl_s)
-    monkeypatch.setattr(MemoryBackendPlugin, "werk_producer_envelope", envelope)
+    monkeypatch.setattr(MemoryAdapter, "producer_envelope", envelope)
     host, _ = backend_host(home, api_keys=(KEY,))
     client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
     try:

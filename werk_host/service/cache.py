@@ -3,9 +3,10 @@
 A listing the service hands out again (the capability listing, a page of states) is kept in a
 :class:`StampedCache` under its key together with the *stamp* of everything it was built from:
 the store page's read stamp (:class:`werk_host.store.store.ListedPage`), the capability
-evidence stamp (:class:`werk_host.service.capabilities.EvidenceStamp`: adapter process
-identity, the operation count of :meth:`werk_host.plugins.PluginHost.operations`, instance),
-the producer envelopes it used. An entry is reused only while the caller's current stamp
+evidence key (:meth:`werk_host.service.capabilities.CapabilityResolver.evidence_key`: the
+adapter's process identity, the operation count of
+:meth:`werk_host.plugins.PluginHost.operations`, the evidence TTL window), the producer
+envelopes it used. An entry is reused only while the caller's current stamp
 equals the kept one; nothing is keyed by object identity, so a defensive copy anywhere cannot
 defeat (or fool) it. Each entry is bounded (the map is cleared wholesale when full).
 

@@ -1,17 +1,19 @@
 """Capability discovery: every protocol capability id (docs/protocol.md), each status computed from evidence.
 
-Evidence is cached per (adapter process identity, instance) for :data:`EVIDENCE_TTL_S`
-seconds (:meth:`werk_host.backend.Adapter.identity`): the adapter's own ``werk_capabilities``
-report, the host's evidence (memory telemetry; reservations, from the adapter's declared memory
-requirement) and the backend's resolved plan (``runtime.placement``, which may cost a request to
-the backend). A report changes through what the backend does or with time, so an entry is
+Evidence is cached per (adapter process identity, instance) in the service's one cache layer
+(:mod:`werk_host.service.cache`), under an explicit stamp
+(:meth:`CapabilityResolver.evidence_key`): the adapter's own ``werk_capabilities`` report, the
+host's evidence (memory telemetry; reservations, from the adapter's declared memory
+requirement) and the backend's resolved plan (``runtime.placement``, which may cost a request
+to the backend). A report changes through what the backend does or with time, so an entry is
 dropped as soon as
 
 * the backend process changes (a restarted or replaced process is a new identity),
 * any operation hook that may change a backend's evidence returned or raised
   (:meth:`werk_host.plugins.PluginHost.operations`: an opted-in prefill that ran the
   functional probe is visible to the very next request), or
-* it is :data:`EVIDENCE_TTL_S` old (a process that died on its own, a telemetry sample).
+* its :data:`EVIDENCE_TTL_S` window is over (a process that died on its own, a telemetry
+  sample): evidence is never older than the TTL.
 
 An instance that is not ready is never cached (its state moves on its own). The listing's
 protocol objects are built once per entry and handed out as the same
@@ -20,17 +22,15 @@ protocol objects are built once per entry and handed out as the same
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from werk_host.backend import Adapter, CapabilityReport
 from werk_host.deployments.instances import Instance
 from werk_host.hooks import BackendHooks
 from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityId, CapabilityStatus
-from werk_host.service.cache import Shared
+from werk_host.service.cache import Shared, StampedCache
 
 #: The host's own evidence for the request's adapter (``None``: not ready) on its instance.
 HostEvidence = Callable[[Adapter | None, Instance | None], dict[CapabilityId, CapabilityReport]]
@@ -40,28 +40,6 @@ EVIDENCE_TTL_S = 1.0
 _MAX_KEYS = 64
 #: (adapter identity, instance id): whose evidence a cache entry holds.
 _Key = tuple[str, str | None]
-V = TypeVar("V")
-
-
-class _Timed(Generic[V]):
-    """Values per key, each reused until ``ttl_s`` after it was computed (thread-safe)."""
-
-    def __init__(self, ttl_s: float) -> None:
-        self._ttl_s = ttl_s
-        self._values: dict[_Key, tuple[float, V]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: _Key, compute: Callable[[], V]) -> V:
-        now = time.monotonic()
-        hit = self._values.get(key)  # a dict read is atomic; writers hold the lock
-        if hit is not None and now - hit[0] < self._ttl_s:
-            return hit[1]
-        value = compute()
-        with self._lock:
-            if len(self._values) >= _MAX_KEYS:
-                self._values.clear()
-            self._values[key] = (now, value)
-        return value
 
 
 def _merged(
@@ -88,24 +66,16 @@ def _merged(
     return CapabilityReport(CapabilityStatus.UNSUPPORTED, f"not implemented by backend {adapter.backend}")
 
 
-@dataclass(frozen=True)
-class EvidenceStamp:
-    """When backend evidence was taken: the adapter's process identity (``None``: no adapter),
-    the operation count then (:meth:`werk_host.plugins.PluginHost.operations`) and the monotonic
-    time. Evidence taken under one stamp is still good under a later one per
-    :meth:`CapabilityResolver.still_good` (the module docstring's rules)."""
-
-    identity: str | None
-    operations: int
-    at: float
+#: What a cache entry of evidence is kept under (:meth:`CapabilityResolver.evidence_key`): the
+#: adapter's process identity, the operation count and the evidence TTL window.
+EvidenceKey = tuple[str, int, int]
 
 
 @dataclass
 class _Evidence:
     """One adapter's cached evidence (module docstring): every id's report but the placement
-    one, which :class:`_Timed` keeps, and the listing built from them once asked."""
+    one, which is kept on its own, and the listing built from them once asked."""
 
-    stamp: EvidenceStamp
     reports: dict[CapabilityId, CapabilityReport]
     listing: tuple[Shared[tuple[Capability, ...]], CapabilityReport] | None = None  # (listing, its placement)
 
@@ -117,38 +87,30 @@ class CapabilityResolver:
         self._hooks = hooks
         self._host_evidence = host_evidence
         self._ttl_s = EVIDENCE_TTL_S if ttl_s is None else ttl_s
-        self._placements: _Timed[CapabilityReport] = _Timed(self._ttl_s)
-        self._entries: dict[_Key, _Evidence] = {}
-        self._lock = threading.Lock()
+        #: (identity, instance id) -> the backend's plan report, under the TTL window
+        self._placements: StampedCache[_Key, CapabilityReport] = StampedCache(_MAX_KEYS)
+        #: (identity, instance id) -> its evidence, under :meth:`evidence_key`
+        self._entries: StampedCache[_Key, _Evidence] = StampedCache(_MAX_KEYS)
 
-    def stamp(self, adapter: Adapter | None) -> EvidenceStamp:
-        """The stamp of evidence about ``adapter`` taken now."""
-        identity = adapter.identity() if adapter is not None else None
-        return EvidenceStamp(identity, self._hooks.operations(), time.monotonic())
+    def _window(self) -> int:
+        """The :data:`EVIDENCE_TTL_S` window now (every call its own without a TTL)."""
+        return int(time.monotonic() // self._ttl_s) if self._ttl_s > 0 else time.monotonic_ns()
 
-    def evidence_key(self, adapter: Adapter) -> tuple[str, int, int]:
-        """What evidence about ``adapter`` kept elsewhere (a listing's producer envelopes) is
-        stored under, in :mod:`werk_host.service.cache`: the process identity, the operation
-        count and the :data:`EVIDENCE_TTL_S` window now. It moves exactly when
-        :meth:`still_good` would let such evidence go (at the latest one TTL later)."""
-        now = time.monotonic()
-        window = int(now // self._ttl_s) if self._ttl_s > 0 else time.monotonic_ns()
-        return adapter.identity(), self._hooks.operations(), window
-
-    def still_good(self, taken: EvidenceStamp, now: EvidenceStamp) -> bool:
-        """Whether evidence taken under ``taken`` may be reused under ``now``: the same process,
-        no operation since, and younger than the TTL. Evidence kept elsewhere (a state listing's
-        producer envelopes) follows this same rule."""
-        return taken.identity == now.identity and taken.operations == now.operations and now.at - taken.at < self._ttl_s
+    def evidence_key(self, adapter: Adapter) -> EvidenceKey:
+        """What evidence about ``adapter`` is kept under (here and by the state listing, in
+        :mod:`werk_host.service.cache`): the process identity, the operation count
+        (:meth:`werk_host.plugins.PluginHost.operations`) and the TTL window now. It moves when
+        the process changes, after any operation hook, and at the latest one TTL later."""
+        return adapter.identity(), self._hooks.operations(), self._window()
 
     def _evidence(self, adapter: Adapter | None, instance: Instance | None) -> tuple[_Evidence, _Key | None]:
         """The cached evidence of ``adapter`` (module docstring), computed afresh when stale, and
         its key (``None`` without an adapter: nothing cached)."""
-        stamp = self.stamp(adapter)
-        key = (stamp.identity, instance.id if instance is not None else None) if stamp.identity is not None else None
+        stamp = self.evidence_key(adapter) if adapter is not None else None
+        key = (stamp[0], instance.id if instance is not None else None) if stamp is not None else None
         if key is not None:
-            hit = self._entries.get(key)  # a dict read is atomic; writers hold the lock
-            if hit is not None and self.still_good(hit.stamp, stamp):
+            hit = self._entries.get(key, stamp)
+            if hit is not None:
                 return hit, key
         if adapter is None:
             backend = self._not_ready(instance) if instance is not None else {}
@@ -156,7 +118,6 @@ class CapabilityResolver:
             backend = dict(self._hooks.capabilities(adapter) or {})
         host = self._host_evidence(adapter, instance)
         entry = _Evidence(
-            stamp,
             {
                 cap_id: _merged(cap_id, host, backend, adapter, instance)
                 for cap_id in CAPABILITY_OPERATIONS
@@ -164,10 +125,7 @@ class CapabilityResolver:
             },
         )
         if key is not None:
-            with self._lock:
-                if len(self._entries) >= _MAX_KEYS:
-                    self._entries.clear()
-                self._entries[key] = entry
+            self._entries.put(key, stamp, entry)
         return entry, key
 
     def _placement_of(self, adapter: Adapter | None, key: _Key | None, entry: _Evidence) -> CapabilityReport:
@@ -177,7 +135,7 @@ class CapabilityResolver:
         if found is not None:
             return found
         assert adapter is not None and key is not None  # without an adapter _evidence merged it
-        return self._placements.get(key, lambda: self._placement(adapter))
+        return self._placements.get_or_make(key, self._window(), lambda: self._placement(adapter))
 
     def _placement(self, adapter: Adapter) -> CapabilityReport:
         if self._hooks.deployment_plan(adapter) is not None:
