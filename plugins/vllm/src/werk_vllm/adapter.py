@@ -1,18 +1,22 @@
 """The vLLM adapter: a thin, truthful host over a Werk-started local server or a remote endpoint.
 
-Two kinds of target sit behind one adapter class:
+Two kinds of target sit behind one adapter class (:mod:`werk_vllm.targets`):
 
-* **local** (:class:`LocalTarget`): a registered Hugging Face model directory served by a
-  Werk-started ``vllm serve`` (:mod:`werk_vllm.server`), shared by every adapter with the same
-  launch key, restarted as a new generation after it died, stopped with the last adapter.
-* **remote** (:class:`RemoteTarget`): an ``endpoint`` some other machine runs. Nothing is
-  launched; health is ``GET /health`` (else ``GET /v1/models``); the API key comes from the
-  environment variable ``api_key_env`` names, read once when the adapter is created.
+* **local** (:class:`~werk_vllm.targets.LocalTarget`): a registered Hugging Face model directory
+  served by a Werk-started ``vllm serve`` (:mod:`werk_vllm.server`), shared by every adapter with
+  the same launch key, restarted as a new generation after it died, stopped with the last adapter.
+* **remote** (:class:`~werk_vllm.targets.RemoteTarget`): an ``endpoint`` some other machine runs.
+  Nothing is launched; health is ``GET /health`` (else ``GET /v1/models``); the API key comes
+  from the environment variable ``api_key_env`` names, read once when the adapter is created.
+
+Each operation the host calls is a method marked ``@hookimpl(specname=...)``; the host
+registers every adapter it creates, so a call reaches that adapter's own method.
 
 Everything reported is read from evidence at the time: a live process and its effective argv,
 an endpoint that answers, vLLM's ``/v1/models`` and ``/metrics``. vLLM exposes no named state,
 snapshot, restore, tier or expert control, so none of those capabilities is reported (the host
-answers them ``unsupported``) and none of their hooks is implemented.
+answers them ``unsupported``) and none of their hooks is implemented. No reasoning budget
+control is verified for vLLM, which the reasoning profile says truthfully.
 """
 
 from __future__ import annotations
@@ -21,12 +25,9 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pydantic import JsonValue
@@ -44,16 +45,18 @@ from werk_host.plugin import (
     InferenceResponse,
     JsonObject,
     ModelManifest,
-    PrivateDirError,
+    ReasoningProfile,
     WerkError,
     WorkerObservation,
+    hookimpl,
 )
 from werk_host.plugin.checkpoints import checkpoint_dir
 from werk_host.plugin.http import forward, post_json
+from werk_host.plugin.reasoning import unsupported_profile
 
 from . import server as servers
 from .apc import injected_flag, prefix_cache_report
-from .client import Endpoint, VllmPool, get, get_json
+from .client import get, get_json
 from .executable import InspectionError, VllmNotFound, find_vllm, flag_name, inspect_vllm
 from .launch import (
     LaunchSettings,
@@ -65,7 +68,8 @@ from .launch import (
     parse_options,
 )
 from .metrics import VllmMetrics, parse_metrics
-from .server import LaunchSpec, SharedServer, VllmStartupError
+from .server import LaunchSpec
+from .targets import Live, LocalTarget, RemoteTarget, Target, served_max_model_len, served_names
 
 log = logging.getLogger(__name__)
 
@@ -93,133 +97,12 @@ REPORTED_CAPABILITIES = (
     *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
     CapabilityId.REASONING,
 )
-REACHABLE_TTL_S = 2.0
-REACHABLE_TIMEOUT_S = 2.0
 REMOTE_MODELS_TTL_S = 30.0
 COUNT_CACHE = 256
 
 
 def _unavailable(message: str, *, retryable: bool = True) -> WerkError:
     return WerkError(ErrorCode.UNAVAILABLE, message, retryable=retryable)
-
-
-def served_max_model_len(models: dict[str, Any] | None, served_name: str) -> int | None:
-    """``max_model_len`` of ``served_name`` in a ``/v1/models`` answer (vLLM's own field)."""
-    if models is None or not isinstance(models.get("data"), list):
-        return None
-    for entry in models["data"]:
-        if isinstance(entry, dict) and entry.get("id") == served_name:
-            value = entry.get("max_model_len")
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-def served_names(models: dict[str, Any] | None) -> list[str]:
-    if models is None or not isinstance(models.get("data"), list):
-        return []
-    return [str(e["id"]) for e in models["data"] if isinstance(e, dict) and "id" in e]
-
-
-@dataclass(frozen=True)
-class Live:
-    """A server answering now: how to reach it and what Werk knows of it."""
-
-    pool: VllmPool
-    #: the effective argv of a Werk-started process; ``None`` for a remote endpoint
-    argv: tuple[str, ...] | None
-    pid: int | None
-    generation: str
-
-
-class LocalTarget:
-    """A Werk-started ``vllm serve`` for a local model directory (shared; see the module docstring)."""
-
-    kind = EndpointKind.LOCAL
-
-    def __init__(self, server: SharedServer, model_dir: Path) -> None:
-        self.server = server
-        self.model_dir = model_dir
-        self._closed = False
-
-    @property
-    def spec(self) -> LaunchSpec:
-        return self.server.spec
-
-    def live(self) -> Live | None:
-        proc = self.server.current()
-        if proc is None:
-            return None
-        return Live(proc.pool, tuple(proc.argv), proc.pid, proc.generation)
-
-    def connect(self) -> Live:
-        """The running server, starting one (a new generation) when none runs."""
-        if self._closed:
-            raise _unavailable("the vLLM adapter is shut down", retryable=False)
-        try:
-            proc = self.server.ensure()
-        except VllmStartupError as err:
-            log.error("vllm serve failed to start: %s\n--- vllm log (tail) ---\n%s", err.reason, err.log_tail)
-            if err.returncode is not None:
-                why = f"exited with status {err.returncode} during startup"
-            elif "did not" in err.reason:
-                why = f"did not become healthy within {self.spec.startup_timeout:g}s"
-            else:
-                why = "could not be executed"
-            raise _unavailable(f"vLLM {why}; the server log has its log tail", retryable=False) from err
-        except (OSError, PrivateDirError, RuntimeError) as err:
-            log.error("vllm serve could not be started: %s", err)
-            raise _unavailable("vLLM could not be started; the server log has the details", retryable=False) from err
-        return Live(proc.pool, tuple(proc.argv), proc.pid, proc.generation)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            servers.release(self.server)
-
-
-class RemoteTarget:
-    """A vLLM endpoint running elsewhere (nothing is launched)."""
-
-    kind = EndpointKind.REMOTE
-
-    def __init__(self, settings: RemoteSettings, api_key: str | None) -> None:
-        self.endpoint = Endpoint.parse(settings.endpoint)
-        self.pool = VllmPool(self.endpoint, api_key=api_key, timeout=settings.request_timeout)
-        self.generation = "remote-" + secrets.token_hex(8)
-        self._checked_at = -1e9
-        self._reachable = False
-        self._probe_lock = threading.Lock()
-
-    def probe(self) -> bool:
-        """``GET /health`` answers 200; where the endpoint does not expose it (404, 405: e.g. a
-        proxy passing only ``/v1``), ``GET /v1/models`` answers 200 (uncached)."""
-        health = get(self.pool, "/health", timeout=REACHABLE_TIMEOUT_S)
-        if health is None or health[0] not in (404, 405):
-            return health is not None and health[0] == 200
-        models = get(self.pool, "/v1/models", timeout=REACHABLE_TIMEOUT_S)
-        return models is not None and models[0] == 200
-
-    def reachable(self) -> bool:
-        """:meth:`probe`, cached for :data:`REACHABLE_TTL_S` (discovery asks on every request)."""
-        with self._probe_lock:
-            if time.monotonic() - self._checked_at >= REACHABLE_TTL_S:
-                self._reachable = self.probe()
-                self._checked_at = time.monotonic()
-            return self._reachable
-
-    def live(self) -> Live | None:
-        return Live(self.pool, None, None, self.generation) if self.reachable() else None
-
-    def connect(self) -> Live:
-        # A request to an endpoint that stopped answering fails in the relay (unavailable).
-        return Live(self.pool, None, None, self.generation)
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-Target = LocalTarget | RemoteTarget
 
 
 class VllmAdapter:
@@ -275,6 +158,7 @@ class VllmAdapter:
         return live.argv if live is not None else None
 
     # -- evidence --------------------------------------------------------------------------
+    @hookimpl(specname="werk_capabilities")
     def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
         live = self.live()
         remote = self.remote
@@ -331,6 +215,7 @@ class VllmAdapter:
         return int_flag(target.spec.planned[1:], "--max-num-seqs")
 
     # -- chat planning ---------------------------------------------------------------------
+    @hookimpl(specname="werk_chat_limits")
     def chat_limits(self, model: str | None) -> ChatLimits:
         context = self.max_model_len(self.live())
         ceilings = [c for c in (self.manifest.output_ceiling(), context - 1 if context else None) if c]
@@ -368,6 +253,11 @@ class VllmAdapter:
             payload["chat_template_kwargs"] = kwargs
         return payload
 
+    @hookimpl(specname="werk_reasoning_profile")
+    def reasoning_profile(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:
+        return unsupported_profile(model or self.served_name, BACKEND_ID)
+
+    @hookimpl(specname="werk_count_tokens")
     def count_tokens(self, request: ChatRequest) -> int:
         payload = self.tokenize_body(request)
         live = self.connect()
@@ -397,6 +287,14 @@ class VllmAdapter:
         return count
 
     # -- inference ---------------------------------------------------------------------------
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
+        return self.relay("/v1/chat/completions", request)
+
+    @hookimpl(specname="werk_text_completion")
+    def text_completion(self, request: JsonObject) -> InferenceResponse:
+        return self.relay("/v1/completions", request)
+
     def relay(self, path: str, request: JsonObject) -> InferenceResponse:
         live = self.connect()
         body: dict[str, JsonValue] = {k: v for k, v in request.items() if k != "werk"}
@@ -414,6 +312,7 @@ class VllmAdapter:
             log.warning("vLLM /metrics is not Prometheus text")
             return VllmMetrics()
 
+    @hookimpl(specname="werk_workers")
     def workers(self) -> list[WorkerObservation]:
         live = self.live()
         if live is None:
@@ -435,6 +334,7 @@ class VllmAdapter:
             )
         ]
 
+    @hookimpl(specname="werk_deployment_plan")
     def plan(self) -> DeploymentPlan | None:
         """The running server's placement (``None`` when nothing answers): its effective launch
         arguments (paths ``<path>``, secrets ``<redacted>``; none known for a remote endpoint),
