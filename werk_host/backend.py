@@ -38,13 +38,15 @@ class Adapter(Protocol):
     """A live backend adapter instance.
 
     ``instance_id`` names this adapter (e.g. ``llamacpp:my-model``); ``backend`` is the
-    backend id reported as ``active_backend``; ``plugin_name`` is the name its plugin
-    was registered under, which the host uses to dispatch operation hooks to the owner.
+    backend id reported as ``active_backend``. Its operations are its own methods marked
+    ``@hookimpl(specname="werk_...")``: the host registers each adapter it creates with the
+    plugin manager and calls only that adapter's methods (plus wrapper plugins) for it. Its
+    owner is the plugin whose factory created it; an adapter needs no attribute naming it (one
+    named ``plugin_name`` must agree, docs/plugin-hooks.md, "Ownership").
     """
 
     instance_id: str
     backend: str
-    plugin_name: str
 
     def identity(self) -> str:
         """The exact adapter/process identity; changes whenever the backend process changes.

@@ -33,6 +33,7 @@ from stevedore import ExtensionManager, NamedExtensionManager
 from werk_host import __version__, hookspecs
 from werk_host.backend import Adapter, AdapterFactory, DoctorCheck
 from werk_host.config import HostConfig
+from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol.discovery import CapabilityId
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,13 @@ class _AdapterPlugin:
 _IMPL_MARK = "werk_impl"
 
 
+def _misnamed(what: str, backend: str, said: str, owner: str) -> str:
+    return (
+        f"its {what} for backend {backend} says plugin_name {said!r}, but the plugin is installed as "
+        f"{owner!r} (its entry point): the host derives the owner, so drop plugin_name or make it {owner!r}"
+    )
+
+
 def _has_impls(adapter: Adapter) -> bool:
     return any(
         inspect.isfunction(m := inspect.getattr_static(adapter, name, None)) and hasattr(m, _IMPL_MARK)
@@ -162,6 +170,7 @@ class PluginHost:
         self.records: list[PluginRecord] = []
         self._calls: dict[tuple[str, str], _Call] = {}
         self._adapters: dict[int, _AdapterPlugin] = {}
+        self._refused: dict[int, Adapter] = {}
         self._lock = threading.Lock()
         self._operations = 0
 
@@ -212,6 +221,8 @@ class PluginHost:
         self, plugin: object, name: str, *, distribution: str | None = None, version: str | None = None
     ) -> None:
         """Register a plugin object (module or instance) under ``name``; tolerant of errors."""
+        if self.pm.is_blocked(name):
+            return  # failed earlier (:meth:`fail`)
         try:
             self.pm.register(plugin, name=name)
             self.pm.check_pending()
@@ -304,15 +315,38 @@ class PluginHost:
                 continue
             owner = impl.plugin_name
             offered = impl.function(*[{"config": config}[a] for a in impl.argnames])
+            own: list[AdapterFactory] = []
             for factory in offered if isinstance(offered, list | tuple) else []:
                 if not isinstance(factory, AdapterFactory):
                     log.error("a plugin offered %s instead of an AdapterFactory; ignored", type(factory).__name__)
                     continue
+                if factory.plugin_name is not None and factory.plugin_name != owner:
+                    self.fail(owner, _misnamed("factory", factory.backend, factory.plugin_name, owner))
+                    own = []
+                    break
                 for cap_id in factory.capabilities:
                     if cap_id not in CapabilityId.__members__.values():
                         self.flag(owner, f"declares unknown capability id {cap_id!r}")
-                factories.append(replace(factory, plugin_name=owner))
+                own.append(replace(factory, plugin_name=owner))
+            factories += own
         return factories
+
+    def fail(self, plugin_name: str, reason: str) -> None:
+        """Take a loaded plugin out: it and every adapter it created are unregistered (they
+        answer no operation, its factories are not offered again) and ``werk plugins`` lists it
+        ``failed`` with ``reason``."""
+        with self._lock:
+            if self.pm.get_plugin(plugin_name) is not None:
+                self.pm.set_blocked(plugin_name)
+            for key, plugin in list(self._adapters.items()):
+                if plugin.owner == plugin_name:
+                    self.pm.unregister(plugin)
+                    del self._adapters[key]
+            self._calls.clear()
+            for record in self.records:
+                if record.name == plugin_name and record.status == "loaded":
+                    record.status, record.error, record.hooks = "failed", reason, []
+        log.error("plugin %s failed: %s", plugin_name, reason)
 
     def doctor_checks(self, config: HostConfig) -> list[tuple[str, DoctorCheck]]:
         """Every loaded plugin's ``werk_doctor_checks``, each paired with the plugin's name, in
@@ -346,6 +380,13 @@ class PluginHost:
         self._attach(adapter, factory.owner)
 
     def _attach(self, adapter: Adapter, owner: str) -> _AdapterPlugin:
+        said = getattr(adapter, "plugin_name", None)
+        if said is not None and said != owner:
+            self.fail(owner, _misnamed("adapter", adapter.backend, str(said), owner))
+        if self.pm.is_blocked(owner):
+            with self._lock:
+                self._refused[id(adapter)] = adapter  # held, so that its id is not reused
+            raise WerkError(ErrorCode.INTERNAL, f"plugin {owner} failed; werk plugins says why")
         plugin = _AdapterPlugin(adapter, owner)
         with self._lock:
             known = self._adapters.get(id(adapter))
@@ -386,6 +427,8 @@ class PluginHost:
     def _call(self, hook_name: str, adapter: Adapter) -> _Call:
         plugin = self._adapters.get(id(adapter))
         if plugin is None or plugin.adapter is not adapter:
+            if self._refused.get(id(adapter)) is adapter:
+                raise WerkError(ErrorCode.INTERNAL, f"plugin {self.owner_of(adapter)} failed; werk plugins says why")
             # built by hand (a test): attached on first use when it has operation methods
             plugin = self._attach(adapter, self.owner_of(adapter)) if _has_impls(adapter) else None
         key = (hook_name, f"{id(adapter):x}" if plugin is not None else f"owner:{self.owner_of(adapter)}")

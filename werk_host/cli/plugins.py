@@ -50,6 +50,8 @@ def plugin_fix(record: PluginRecord) -> str | None:
     error = record.error or ""
     if "declares no werk-host requirement" in error:
         return f"ask its authors to declare werk-host>={__version__.rsplit('.', 1)[0]}, or disable it: {disable}"
+    if "says plugin_name" in error:  # the host derives the owner (docs/plugin-hooks.md, "Ownership")
+        return f"ask its authors to drop plugin_name or match the entry point's name, or disable it: {disable}"
     if error.startswith("requires werk-host"):
         return f"install a {dist} built for werk-host {__version__} (pip install -U {dist}), or disable it: {disable}"
     return f"reinstall it (pip install --force-reinstall {dist}), or disable it: {disable}"

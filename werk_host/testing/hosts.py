@@ -65,8 +65,8 @@ def install_model(
 def plugin_name_of(plugin: object) -> str:
     """The name to register ``plugin`` under: its ``PLUGIN_NAME`` or ``name`` string attribute.
 
-    It must equal the ``plugin_name`` its adapters carry (operation hooks are dispatched to the
-    plugin registered under that name); pass ``plugin_name=`` when the plugin has neither."""
+    It becomes the owner of the adapters its factories create (the entry-point name a user's
+    install would give it); pass ``plugin_name=`` when the plugin has neither."""
     for attr in ("PLUGIN_NAME", "name"):
         value = getattr(plugin, attr, None)
         if isinstance(value, str) and value:

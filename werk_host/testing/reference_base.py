@@ -20,7 +20,7 @@ from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import CapabilityId, CapabilityStatus, ChatMessage, ChatRequest
 
-#: The name the reference plugin registers under (``adapter.plugin_name``).
+#: The name the reference plugin registers under (its adapters' owner).
 PLUGIN_NAME: Final = "testbackend"
 #: The backend id its adapters report (``active_backend``).
 BACKEND_ID: Final = "test-backend"
