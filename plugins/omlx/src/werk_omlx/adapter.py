@@ -21,6 +21,10 @@ active offload, ``unsupported`` when the loaded model has no expert blocks it ca
 request. Token counting is exact (the worker's tokenizer and template) while a worker runs.
 Every ``runtime.state.*`` and ``runtime.pd.*`` id is left out: ``unsupported``.
 
+**Hooks.** Each operation the host calls is a method marked ``@hookimpl(specname=...)``; the
+host registers every adapter it creates, so a call reaches that adapter's own method. No
+reasoning budget control is verified for MLX, which the reasoning profile says truthfully.
+
 **Prefix cache.** Under ``werk serve --persistence`` with mode ``auto`` or ``disk`` and reuse
 other than ``disabled``, each worker keeps its exact-prefix cache (docs/omlx.md, "Prefix cache").
 """
@@ -54,12 +58,15 @@ from werk_host.plugin import (
     ModelManifest,
     PersistenceMode,
     PrivateDirError,
+    ReasoningProfile,
     ReusePolicy,
     WerkError,
     WorkerObservation,
+    hookimpl,
 )
 from werk_host.plugin.checkpoints import checkpoint_dir, context_length, safetensors_metadata
 from werk_host.plugin.http import forward
+from werk_host.plugin.reasoning import unsupported_profile
 
 from . import experts
 from .cli import OmlxCliServer, OmlxCliStartupError, find_omlx
@@ -266,6 +273,7 @@ class OmlxAdapter:
         return active[-1] if active else None
 
     # -- evidence --------------------------------------------------------------------------
+    @hookimpl(specname="werk_capabilities")
     def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
         reports: dict[CapabilityId, CapabilityReport] = {
             CapabilityId.OMLX_OPTIONS: CapabilityReport(
@@ -336,10 +344,12 @@ class OmlxAdapter:
         return reports
 
     # -- chat planning ---------------------------------------------------------------------
+    @hookimpl(specname="werk_request_options")
     def request_options(self, name: str, options: JsonObject) -> JsonObject | None:
         """``werk.omlx`` validated (:mod:`werk_omlx.options`); ``None`` for another backend's member."""
         return validated_options(name, options)
 
+    @hookimpl(specname="werk_chat_limits")
     def chat_limits(self, model: str | None) -> ChatLimits:
         ceilings = [c for c in (self.manifest.output_ceiling(), self.context - 1 if self.context else None) if c]
         return ChatLimits(
@@ -349,6 +359,11 @@ class OmlxAdapter:
             max_concurrent_requests=1,
         )
 
+    @hookimpl(specname="werk_reasoning_profile")
+    def reasoning_profile(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:
+        return unsupported_profile(model or self.manifest.name, BACKEND_ID)
+
+    @hookimpl(specname="werk_count_tokens")
     def count_tokens(self, request: ChatRequest) -> int:
         """Exact prompt tokens from a running worker (any budget: same tokenizer); never starts one."""
         if self.cli is not None:
@@ -371,6 +386,14 @@ class OmlxAdapter:
         return count
 
     # -- inference -------------------------------------------------------------------------
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
+        return self.relay("/v1/chat/completions", request)
+
+    @hookimpl(specname="werk_text_completion")
+    def text_completion(self, request: JsonObject) -> InferenceResponse:
+        return self.relay("/v1/completions", request)
+
     def relay(self, path: str, request: JsonObject) -> InferenceResponse:
         options = ChatOptions.of(request)
         body: dict[str, JsonValue] = {k: v for k, v in request.items() if k != "werk"}
@@ -457,15 +480,18 @@ class OmlxAdapter:
             )
         return worker
 
+    @hookimpl(specname="werk_list_experts")
     def list_experts(self, query: ExpertListQuery) -> ExpertPage:
         worker = self._expert_target(query.model_id)
         return experts.list_page(worker, self.manifest.name, query)
 
+    @hookimpl(specname="werk_expert_action")
     def expert_action(self, request: ExpertActionRequest) -> ExpertActionResult:
         worker = self._expert_target(request.model_id)
         return experts.act(worker, self.manifest.name, request)
 
     # -- observation -----------------------------------------------------------------------
+    @hookimpl(specname="werk_workers")
     def workers(self) -> list[WorkerObservation]:
         return [
             WorkerObservation(
