@@ -24,6 +24,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from werk_host.protocol.base import (
@@ -55,6 +56,9 @@ class ReasoningSelection(StrictModel):
     tier: str = Field(
         min_length=1, max_length=32, json_schema_extra={"enum": ["default", *(t.value for t in ReasoningTierId)]}
     )
+    #: Set by the host only, when it resolved ``tier`` (werk_host/service/reasoning.py): what
+    #: every chat hook receives. A client that sends it is refused; not in the schema.
+    resolved_budget_tokens: SkipJsonSchema[int | None] = Field(None, ge=0, le=1 << 24)
 
 
 #: The name of a backend member ``werk.<name>`` (docs/plugin-hooks.md, ``werk_request_options``).

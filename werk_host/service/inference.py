@@ -44,7 +44,7 @@ from werk_host.service.admission import FitBounds, estimate_input_tokens, prompt
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.principals import Principal
-from werk_host.service.reasoning import apply_reasoning_tier
+from werk_host.service.reasoning import resolve_reasoning
 from werk_host.service.runtime import BackendRuntime
 from werk_host.service.scope import no_backend
 
@@ -173,7 +173,7 @@ class InferenceService:
             body = {**body, "werk": {**(werk if isinstance(werk, dict) else {}), **options}}
         self._check_served(request.model, served)
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
-        body = apply_reasoning_tier(self.runtime.hooks, adapter, body, request, limits)
+        body, request = resolve_reasoning(self.runtime.hooks, adapter, body, request, limits)  # once, for every hook
         output = request.requested_output_tokens()
         self._check_output(limits, output)
         if limits is not None and limits.context_tokens is not None:

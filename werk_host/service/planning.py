@@ -36,7 +36,7 @@ from werk_host.protocol import (
 from werk_host.service.admission import estimate_input_tokens
 from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.policy import gate
-from werk_host.service.reasoning import apply_reasoning_tier, unsupported_profile
+from werk_host.service.reasoning import resolved_request, unsupported_profile
 from werk_host.service.runtime import BackendRuntime
 from werk_host.service.scope import RequestScope, no_backend
 
@@ -100,21 +100,23 @@ class ChatPlanning:
             raise WerkError(ErrorCode.UNSUPPORTED, f"{cap_id.value} is not supported: no backend adapter is active")
         return adapter
 
-    def _check_reasoning_tier(self, scope: RequestScope, adapter: Adapter, model: str, request: ChatRequest) -> None:
-        """``werk.reasoning.tier`` and backend members ``werk.<name>`` on a planning request fail
-        exactly as on chat."""
+    def _resolved(self, adapter: Adapter, model: str, request: ChatRequest) -> ChatRequest:
+        """``request`` as the counting hook receives it: ``werk.reasoning.tier`` resolved once
+        (:func:`resolved_request`); it and backend members ``werk.<name>`` on a planning request
+        fail exactly as on chat."""
         self.hooks.request_options(adapter, request)
         if request.werk is not None and request.werk.reasoning is not None:
             limits = self.hooks.chat_limits(adapter, model)
-            apply_reasoning_tier(self.hooks, adapter, {}, request, limits)
+            return resolved_request(self.hooks, adapter, request, limits)
+        return request
 
     # -- operations ----------------------------------------------------------------------
     def count_tokens(self, scope: RequestScope, request: ChatRequest) -> TokenCount:
         on = self._one(scope, request.model)
         adapter = self._using(on, CapabilityId.TOKEN_COUNT, "token counting")
         model = self._name(on)
-        self._check_reasoning_tier(on, adapter, model, request)
-        count = needed(self.hooks.count_tokens(adapter, request), "token counting", adapter)
+        resolved = self._resolved(adapter, model, request)
+        count = needed(self.hooks.count_tokens(adapter, resolved), "token counting", adapter)
         return TokenCount(model=request.model or model, input_tokens=count)
 
     def admission(self, scope: RequestScope, request: ChatRequest) -> Admission:
@@ -122,13 +124,13 @@ class ChatPlanning:
         on = self._one(scope, request.model)
         adapter = self._using(on, CapabilityId.ADMISSION, "admission")
         model = self._name(on)
-        self._check_reasoning_tier(on, adapter, model, request)
+        resolved = self._resolved(adapter, model, request)
         method = "native"
         count: int | None = None
         token_count = self.resolver.one(adapter, CapabilityId.TOKEN_COUNT, on.instance)
         if token_count.status is CapabilityStatus.SUPPORTED:
             try:
-                count = self.hooks.count_tokens(adapter, request)
+                count = self.hooks.count_tokens(adapter, resolved)
             except WerkError as err:
                 if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
                     raise

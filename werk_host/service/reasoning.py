@@ -20,6 +20,7 @@ from werk_host.protocol import (
     ReasoningTier,
     ReasoningTierId,
 )
+from werk_host.protocol.chat import ReasoningSelection
 
 ANSWER_RESERVE_TOKENS = 512
 TIER_BUDGETS: tuple[tuple[ReasoningTierId, str, int], ...] = (
@@ -101,32 +102,62 @@ def invalid_tier(message: str) -> WerkError:
     return WerkError(ErrorCode.INVALID_REQUEST, message, details={"openai_code": "invalid_reasoning_tier"})
 
 
-def apply_reasoning_tier(
-    hooks: BackendHooks, adapter: Adapter, body: JsonObject, request: ChatRequest, limits: ChatLimits | None
-) -> JsonObject:
-    """Resolve ``werk.reasoning.tier`` into ``werk.reasoning.resolved_budget_tokens`` for the
-    adapter, or drop it when ``"default"`` meets an unsupported runtime (native default kept);
-    other ``werk`` members (``werk.omlx``) reach the adapter unchanged.
-    Unknown or unavailable tiers and conflicts with ``reasoning_effort`` are
+def _resolution(
+    hooks: BackendHooks, adapter: Adapter, request: ChatRequest, limits: ChatLimits | None
+) -> JsonObject | None:
+    """The resolved ``werk.reasoning`` of ``request`` (which has one): ``{"tier": ...,
+    "resolved_budget_tokens": N}``, or ``None`` when ``"default"`` meets an unsupported runtime
+    (the member is dropped, the native default kept). Unknown or unavailable tiers, conflicts
+    with ``reasoning_effort`` and a client-sent ``resolved_budget_tokens`` are
     ``invalid_reasoning_tier``."""
-    if request.werk is None or request.werk.reasoning is None:
-        return body
+    assert request.werk is not None and request.werk.reasoning is not None
     wanted = request.werk.reasoning.tier
+    if request.werk.reasoning.resolved_budget_tokens is not None:
+        raise invalid_tier("werk.reasoning.resolved_budget_tokens is set by the server; send only the tier")
     if request.reasoning_effort is not None:
         raise invalid_tier("werk.reasoning.tier cannot be combined with reasoning_effort")
     if wanted != "default" and wanted not in {t.value for t in ReasoningTierId}:
         raise invalid_tier(f"unknown reasoning tier {wanted!r}")
     profile = hooks.reasoning_profile(adapter, limits.model if limits else None, request.requested_output_tokens())
-    werk = body.get("werk")
-    others = {k: v for k, v in werk.items() if k != "reasoning"} if isinstance(werk, dict) else {}
-    stripped = {k: v for k, v in body.items() if k != "werk"}  # other werk members (werk.omlx) are kept
     if profile is None or not profile.supported:
         if wanted == "default":
-            return {**stripped, "werk": others} if others else stripped
+            return None
         raise invalid_tier("this runtime has no verified reasoning profile; only 'default' is accepted")
     tier_id = profile.default_tier.value if wanted == "default" and profile.default_tier else wanted
     tier = next((t for t in profile.tiers if t.id.value == tier_id), None)
     if tier is None or not tier.available:
         raise invalid_tier(f"reasoning tier {tier_id!r} is not available for this request")
-    resolved: JsonObject = {"tier": tier.id.value, "resolved_budget_tokens": tier.reasoning_tokens}
-    return {**stripped, "werk": {**others, "reasoning": resolved}}
+    return {"tier": tier.id.value, "resolved_budget_tokens": tier.reasoning_tokens}
+
+
+def resolve_reasoning(
+    hooks: BackendHooks, adapter: Adapter, body: JsonObject, request: ChatRequest, limits: ChatLimits | None
+) -> tuple[JsonObject, ChatRequest]:
+    """Resolve ``werk.reasoning.tier`` once for a chat body and its validated ``request``: the
+    body to send (``werk.reasoning.resolved_budget_tokens`` for the adapter, or the member
+    dropped when ``"default"`` meets an unsupported runtime, native default kept; other ``werk``
+    members such as ``werk.omlx`` unchanged) and the request every hook that takes a chat
+    request receives (``werk_count_tokens``), resolved alike (docs/plugin-kit.md). Errors as
+    :func:`_resolution`."""
+    if request.werk is None or request.werk.reasoning is None:
+        return body, request
+    resolved = _resolution(hooks, adapter, request, limits)
+    werk = body.get("werk")
+    others = {k: v for k, v in werk.items() if k != "reasoning"} if isinstance(werk, dict) else {}
+    stripped = {k: v for k, v in body.items() if k != "werk"}  # other werk members (werk.omlx) are kept
+    if resolved is None:
+        body = {**stripped, "werk": others} if others else stripped
+    else:
+        body = {**stripped, "werk": {**others, "reasoning": resolved}}
+    reasoning = ReasoningSelection.model_validate(resolved) if resolved is not None else None
+    extension = request.werk.model_copy(update={"reasoning": reasoning})
+    if reasoning is None and not extension.backend_options():
+        return body, request.model_copy(update={"werk": None})
+    return body, request.model_copy(update={"werk": extension})
+
+
+def resolved_request(
+    hooks: BackendHooks, adapter: Adapter, request: ChatRequest, limits: ChatLimits | None
+) -> ChatRequest:
+    """The request :func:`resolve_reasoning` hands the hooks (a planning request: no body)."""
+    return resolve_reasoning(hooks, adapter, {}, request, limits)[1]
