@@ -141,7 +141,6 @@ class OmlxAdapter:
     """Adapter for one MLX checkpoint (see the module docstring)."""
 
     backend = BACKEND_ID
-    plugin_name = PLUGIN_NAME
 
     def __init__(
         self,

@@ -109,7 +109,6 @@ class VllmAdapter:
     """Adapter for one model served by vLLM (see the module docstring)."""
 
     backend = BACKEND_ID
-    plugin_name = PLUGIN_NAME
 
     def __init__(self, config: HostConfig, manifest: ModelManifest, target: Target) -> None:
         self.config = config
