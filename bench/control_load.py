@@ -1,4 +1,4 @@
-"""Control-plane throughput: 32 keep-alive clients on three ``/werk/v1`` routes, Werk vs a bare app.
+"""Control-plane throughput: 32 keep-alive clients on three ``/werk/v1`` routes, Werk vs its own floor.
 
 Targets, each a separate process on loopback, all waitress with the same settings and thread
 count (``werk_host.server.make_server``, ``--threads``, default ``werk serve``'s 8):
@@ -24,10 +24,12 @@ its previous answer is read, driven by one ``selectors`` loop in this process (a
 client, so the client costs little of the 2 cores). For each route, ``--rounds`` rounds of
 ``--seconds`` each run the three targets in an order that rotates and reverses from round to
 round, after a warm-up. Prints requests/s and the p50
-and p99 latency per route and target, and per route the throughput ratio werk/bare: the median
-over rounds of werk's rate over bare's in the same round (a shared machine drifts by tens of
-percent between seconds; the ratio of the two medians is printed beside it), the floor's ratio,
-and the service's share. The last line is the smallest werk/bare ratio (target >= 0.8).
+and p99 latency per route and target, and per route the throughput ratio werk/floor: the median
+over rounds of werk's rate over the floor's in the same round (a shared machine drifts by tens
+of percent between seconds; the ratio of the two medians is printed beside it), werk/bare and
+floor/bare for reference, and the service's share. Then one line per route,
+``RATIO werk_over_floor_<route> = X (target >= 0.85)``: the floor is the honest reference (Werk's
+own HTTP layer over Werk's own answers), so the service may cost at most 15 % of it.
 
 CPUs: with two or more, the servers (both measured in turn, never at once) run on every CPU but
 the first, and the load generator alone on the first (``--no-pin``: all share all). Unpinned, the
@@ -66,7 +68,7 @@ from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
 from bench.proxy_overhead import KEY, MODEL, Target, git_describe, llama_server, werk_serve  # noqa: E402
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
 
-TARGET = 0.8
+TARGET = 0.85
 TARGETS = ("werk", "floor", "bare")
 STATES = 100
 COUNT_BODY = json.dumps({"messages": [{"role": "user", "content": "how many tokens is this request?"}]}).encode()
@@ -188,6 +190,11 @@ def serve_bare(bodies_file: Path, threads: int) -> None:
     server.run()
 
 
+def paired_ratio(over: list[float], under: list[float]) -> float:
+    """The median over rounds of ``over``'s rate divided by ``under``'s in the same round."""
+    return statistics.median(o / u for o, u in zip(over, under, strict=True))
+
+
 def serve_floor(home: Path, bodies_file: Path, threads: int) -> None:
     """The ``floor`` target (module docstring), answering with Werk's own answers (``bodies_file``):
     run with ``werk serve``'s environment."""
@@ -196,11 +203,12 @@ def serve_floor(home: Path, bodies_file: Path, threads: int) -> None:
     from werk_host.config import HostConfig, ServerLimits
     from werk_host.protocol import Capability, StatePage, TokenCount
     from werk_host.server import build_host, make_server
+    from werk_host.service.cache import Shared
 
     data = {name: json.loads(body)["data"] for name, body in json.loads(bodies_file.read_text()).items()}
-    answers: dict[str, object] = {
-        "capabilities": TypeAdapter(tuple[Capability, ...]).validate_python(data["capabilities"]),
-        "list_states": StatePage.model_validate(data["states"]),
+    answers: dict[str, object] = {  # the two listings come from the service's cache layer, kept
+        "capabilities": Shared(TypeAdapter(tuple[Capability, ...]).validate_python(data["capabilities"])),
+        "list_states": Shared(StatePage.model_validate(data["states"])),
         "count_tokens": TokenCount.model_validate(data["count_tokens"]),
     }
     limits = ServerLimits(threads=threads)
@@ -346,18 +354,19 @@ def main() -> int:
             line.append(
                 f"{target} {rps:7.0f} req/s p50 {percentile(lat, 0.5):6.2f} ms p99 {percentile(lat, 0.99):6.2f} ms"
             )
-        # per round, werk's rate over bare's in the same round: less sensitive to the drift of a
-        # shared machine than the ratio of the medians (printed too)
-        paired = [w / b for w, b in zip(rates[name]["werk"], rates[name]["bare"], strict=True)]
-        ratios[name] = statistics.median(paired)
-        medians = statistics.median(rates[name]["werk"]) / statistics.median(rates[name]["bare"])
-        floor_ratio = statistics.median(f / b for f, b in zip(rates[name]["floor"], rates[name]["bare"], strict=True))
+        # per round, werk's rate over the floor's in the same round: less sensitive to the drift
+        # of a shared machine than the ratio of the medians (printed too)
+        ratios[name] = paired_ratio(rates[name]["werk"], rates[name]["floor"])
+        medians = statistics.median(rates[name]["werk"]) / statistics.median(rates[name]["floor"])
+        werk_bare = paired_ratio(rates[name]["werk"], rates[name]["bare"])
+        floor_bare = paired_ratio(rates[name]["floor"], rates[name]["bare"])
         service_us = 1e6 / statistics.median(rates[name]["werk"]) - 1e6 / statistics.median(rates[name]["floor"])
-        line.append(f"ratio {ratios[name]:.2f} (of medians {medians:.2f}) | floor/bare {floor_ratio:.2f}")
+        line.append(f"werk/floor {ratios[name]:.2f} (of medians {medians:.2f})")
+        line.append(f"werk/bare {werk_bare:.2f} | floor/bare {floor_bare:.2f}")
         line.append(f"service share {service_us:5.1f} us/request")
         print(" | ".join(line))
-    worst = min(ratios, key=lambda k: ratios[k])
-    print(f"RATIO werk/bare requests/s, per-round median (lowest: {worst}) = {ratios[worst]:.2f}  (target >= {TARGET})")
+    for name, _, _ in measured:
+        print(f"RATIO werk_over_floor_{name} = {ratios[name]:.2f} (target >= {TARGET})")
     return 0
 
 
