@@ -12,6 +12,9 @@ them:
 * :mod:`werk_host.plugin.reasoning`: reasoning-profile helpers (the host's tier budgets).
 * :mod:`werk_host.plugin.counting`: calibrating admission estimates from a backend's counts.
 * :mod:`werk_host.plugin.cli`: text/``--json`` output for a plugin's ``werk`` commands.
+* :mod:`werk_host.plugin.workers`: an engine's HTTP worker process (run directory, key, readiness).
+* :mod:`werk_host.plugin.checkpoints`: checkpoint directories and model files as manifests.
+* :mod:`werk_host.plugin.options`: validating a backend's ``werk.<name>`` request options.
 """
 
 from __future__ import annotations
