@@ -2,7 +2,10 @@
 
 It implements :class:`werk_host.control.WerkControl` by combining the persistent store,
 the handoff registry and the memory manager, and reaches the backend only through
-operation hooks dispatched to the active adapter's owning plugin.
+operation hooks on the adapter of the request's instance: every operation that needs one
+takes the request's :class:`~werk_host.service.scope.RequestScope` (its principal and
+instance, resolved once by the HTTP layer). Named states live in
+:mod:`werk_host.service.states`, chat planning in :mod:`werk_host.service.planning`.
 """
 
 from __future__ import annotations
