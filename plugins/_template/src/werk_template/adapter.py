@@ -38,7 +38,6 @@ from werk_host.plugin.openai import Reply, Usage
 # COPIERS: your backend id (what `werk models add ... --backend ID` and profiles name, and what
 # /werk/v1 reports as active_backend). Use your entry-point name, as here.
 BACKEND_ID = "template"
-PLUGIN_NAME = "template"
 CONTEXT_TOKENS = 4096
 ROLE_TOKENS_PER_MESSAGE = 2
 
@@ -82,7 +81,6 @@ class TemplateAdapter:
     manifest: ModelManifest
     instance_id: str = ""
     backend: str = BACKEND_ID
-    plugin_name: str = PLUGIN_NAME
     generation: str = field(default_factory=lambda: secrets.token_hex(8))
     closed: bool = False
 

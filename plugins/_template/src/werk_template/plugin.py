@@ -8,22 +8,15 @@ manager when it creates the adapter (docs/plugin-hooks.md).
 
 from __future__ import annotations
 
-from werk_host.plugin import (
-    AdapterFactory,
-    CapabilityId,
-    CapabilityReport,
-    ChatLimits,
-    ChatRequest,
-    DoctorCheck,
-    HostConfig,
-    InferenceResponse,
-    JsonObject,
-    hookimpl,
-)
+from werk_host.plugin import AdapterFactory, DoctorCheck, HostConfig, hookimpl
 
-from .adapter import BACKEND_ID, PLUGIN_NAME, REPORTED, TemplateAdapter, accepts, create_adapter
+from .adapter import BACKEND_ID, REPORTED, accepts, create_adapter
 
 __all__ = ["PLUGIN_NAME", "werk_adapter_factories", "werk_doctor_checks"]
+
+#: The entry-point name (pyproject.toml), under which werk_host.testing registers this module;
+#: the host derives the owner of the adapters from the entry point itself.
+PLUGIN_NAME = BACKEND_ID
 
 
 @hookimpl
@@ -39,26 +32,3 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
 @hookimpl
 def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
     return [DoctorCheck(f"{BACKEND_ID}.engine", "ok", "the template engine runs in werk serve; nothing to install")]
-
-
-# -- forwarders kept until the host registers adapters as plugins (then deleted) ------------------
-
-
-@hookimpl
-def werk_capabilities(adapter: TemplateAdapter) -> dict[CapabilityId, CapabilityReport]:
-    return adapter.capabilities()
-
-
-@hookimpl
-def werk_count_tokens(adapter: TemplateAdapter, request: ChatRequest) -> int:
-    return adapter.count_tokens(request)
-
-
-@hookimpl
-def werk_chat_limits(adapter: TemplateAdapter, model: str | None) -> ChatLimits:
-    return adapter.chat_limits(model)
-
-
-@hookimpl
-def werk_chat_completion(adapter: TemplateAdapter, request: JsonObject) -> InferenceResponse:
-    return adapter.chat(request)

@@ -124,7 +124,6 @@ class CandleAdapter:
     """Adapter for one registered GGUF model on the in-process engine (module docstring)."""
 
     backend = BACKEND_ID
-    plugin_name = PLUGIN_NAME
 
     def __init__(self, manifest: ModelManifest, shared: SharedModel) -> None:
         self.manifest = manifest

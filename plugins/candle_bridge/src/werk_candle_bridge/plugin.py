@@ -14,18 +14,9 @@ from pydantic import JsonValue
 
 from werk_host.plugin import (
     AdapterFactory,
-    CapabilityId,
-    CapabilityReport,
-    ChatLimits,
-    ChatRequest,
-    DeploymentPlan,
     DoctorCheck,
     HostConfig,
-    InferenceResponse,
-    JsonObject,
-    ReasoningProfile,
     WerkError,
-    WorkerObservation,
     hookimpl,
 )
 
@@ -34,7 +25,6 @@ from .adapter import (
     BACKEND_ID,
     PLUGIN_NAME,
     REPORTED_CAPABILITIES,
-    CandleAdapter,
     accepts,
     check_options,
     create_adapter,
@@ -69,46 +59,3 @@ def _validate_options(options: Mapping[str, JsonValue]) -> None:
 @hookimpl
 def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
     return doctor.checks(config)
-
-
-# -- forwarders kept until the host registers adapters as plugins (then deleted) ------------------
-
-
-@hookimpl
-def werk_capabilities(adapter: CandleAdapter) -> dict[CapabilityId, CapabilityReport]:
-    return adapter.capabilities()
-
-
-@hookimpl
-def werk_count_tokens(adapter: CandleAdapter, request: ChatRequest) -> int:
-    return adapter.count_tokens(request)
-
-
-@hookimpl
-def werk_chat_limits(adapter: CandleAdapter, model: str | None) -> ChatLimits:
-    return adapter.chat_limits(model)
-
-
-@hookimpl
-def werk_reasoning_profile(adapter: CandleAdapter, model: str | None, max_output_tokens: int) -> ReasoningProfile:
-    return adapter.reasoning_profile(model)
-
-
-@hookimpl
-def werk_chat_completion(adapter: CandleAdapter, request: JsonObject) -> InferenceResponse:
-    return adapter.chat(request)
-
-
-@hookimpl
-def werk_text_completion(adapter: CandleAdapter, request: JsonObject) -> InferenceResponse:
-    return adapter.complete(request)
-
-
-@hookimpl
-def werk_workers(adapter: CandleAdapter) -> list[WorkerObservation]:
-    return adapter.workers()
-
-
-@hookimpl
-def werk_deployment_plan(adapter: CandleAdapter) -> DeploymentPlan | None:
-    return adapter.plan()
