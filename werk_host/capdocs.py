@@ -48,7 +48,7 @@ CAPABILITY_HOOKS: Final[Mapping[CapabilityId, Backing]] = {
     CapabilityId.ADMISSION: Backing(_names(_h.werk_chat_limits), _names(_h.werk_count_tokens)),
     CapabilityId.CHAT_LIMITS: Backing(_names(_h.werk_chat_limits)),
     CapabilityId.REASONING: Backing(_names(_h.werk_reasoning_profile)),
-    CapabilityId.OMLX_OPTIONS: Backing(_names(_h.werk_chat_completion)),
+    CapabilityId.OMLX_OPTIONS: Backing(_names(_h.werk_request_options), _names(_h.werk_chat_completion)),
     CapabilityId.TELEMETRY_HOST: Backing(host=True),
     CapabilityId.TELEMETRY_ACCELERATOR: Backing(host=True),
     CapabilityId.RESERVATIONS: Backing(_names(_h.werk_memory_requirement), host=True),
