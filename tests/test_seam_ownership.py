@@ -9,6 +9,7 @@ here are planted distributions, found through their entry points as a user's ins
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from werk_host.errors import WerkError
 from werk_host.hooks import BackendHooks
 from werk_host.plugins import PluginHost
 from werk_host.protocol import TextInput
+
+pytest_plugins = ["pytester"]
 
 PLANTED = """
 from werk_host import hookimpl
@@ -126,3 +129,35 @@ def test_a_plugin_whose_names_disagree_never_answers_an_operation(planted: Path,
     assert sys.modules["werk_planted_mislabelled"].CALLS == []
     with pytest.raises(WerkError):  # a later adapter of the failed plugin is refused too
         host.attach(factories["mislabelled"].create(config, None), factories["mislabelled"])
+
+
+SUITE = """
+import pytest
+from werk_host.testing.conformance import ConformanceTarget, WerkConformance
+
+
+class TestPlanted(WerkConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def conformance_target(cls, tmp_path_factory):
+        weights = tmp_path_factory.mktemp("m") / "w.bin"
+        weights.write_bytes(b"w")
+        return ConformanceTarget(entry_point="{name}", model=weights)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("misnamed", "its factory for backend misnamed says plugin_name 'othername'"),
+        ("mislabelled", "its adapter for backend mislabelled says plugin_name 'llamacpp'"),
+    ],
+)
+def test_the_conformance_suite_loads_the_plugin_through_its_entry_point_and_fails_a_misnamed_one(
+    planted: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, name: str, reason: str
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(planted), *sys.path]))
+    pytester.makepyfile(test_planted=SUITE.format(name=name))
+    result = pytester.runpytest_subprocess("-q", "-x", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([f"*{reason}*"])

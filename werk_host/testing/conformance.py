@@ -9,10 +9,13 @@ A plugin's test suite gets all of it with one fixture (docs/plugin-kit.md)::
         @pytest.fixture(scope="class")
         @classmethod
         def conformance_target(cls) -> ConformanceTarget:
-            return ConformanceTarget(plugin=my_plugin_module, plugin_name="mine", model=Path("model.gguf"))
+            return ConformanceTarget(entry_point="mine", model=Path("model.gguf"))
 
-The suite starts a host around the plugin alone (its own ``WERK_HOME``, an API key, an
-ephemeral port) and checks, from behaviour seen over HTTP:
+The suite loads the plugin the way a user's install does: through its entry point in the
+``werk`` group (the plugin must be installed, e.g. ``pip install -e .``), with every load-time
+check (its ``werk-host`` range, names that must agree); a plugin that fails them fails the
+suite with the reason ``werk plugins`` would print. It starts a host around the plugin alone
+(its own ``WERK_HOME``, an API key, an ephemeral port) and checks, from behaviour seen over HTTP:
 
 * every capability id the plugin declares or reports is a :class:`CapabilityId`, and what it
   reports it declared;
@@ -35,10 +38,13 @@ from __future__ import annotations
 
 import re
 import secrets
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib.metadata import Distribution, EntryPoint, entry_points
 from pathlib import Path
-from typing import ClassVar
+from types import ModuleType
+from typing import ClassVar, cast
 
 import pytest
 from pydantic import JsonValue
@@ -47,7 +53,8 @@ from werk_host import hookspecs
 from werk_host.backend import Adapter
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
+from werk_host.plugin.checkpoints import checkpoint_manifest
+from werk_host.plugins import ENTRY_POINT_GROUP, PluginHost, incompatibility
 from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.server import Host, build_host
 from werk_host.testing.api import Api
@@ -80,20 +87,24 @@ PROMPT = "The conformance suite checks that behaviour matches every reported sta
 MESSAGES: list[JsonValue] = [{"role": "user", "content": "Say hello to the conformance suite."}]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ConformanceTarget:
-    """What a plugin hands the suite: itself and a model it can serve.
+    """What a plugin hands the suite: its entry point and a model it can serve.
 
-    ``plugin`` is the object its entry point names (usually the hookimpl module) and
-    ``plugin_name`` the entry-point name. ``model`` is a model file (registered as
-    ``model_name``) or a ready manifest. ``replace_process`` replaces the backend process of
-    a live adapter (e.g. SIGKILL the child and wait for it to exit); without it the identity
+    ``entry_point`` is the plugin's entry-point name in the ``werk`` group; ``plugin`` (the
+    module that entry point names) finds it instead, and ``plugin_name`` is the older spelling
+    of ``entry_point``. A plugin object no entry point names (a test's own plugin class) is
+    registered as ``plugin_name`` directly. ``model`` is a model file or a checkpoint
+    directory (:func:`werk_host.plugin.checkpoints.checkpoint_manifest`, registered as
+    ``model_name``) or a ready manifest. ``replace_process`` replaces the backend process of a
+    live adapter (e.g. SIGKILL the child and wait for it to exit); without it the identity
     check is skipped with that reason. ``backend_options`` are the ``PLUGIN.KEY`` options.
     """
 
-    plugin: object
-    plugin_name: str
     model: Path | ModelManifest
+    entry_point: str | None = None
+    plugin: object = None
+    plugin_name: str | None = None
     model_name: str = "conformance-model"
     replace_process: Callable[[Adapter], None] | None = None
     backend_options: dict[str, dict[str, JsonValue]] = field(default_factory=dict)
@@ -181,6 +192,82 @@ def _data(doc: dict[str, JsonValue]) -> dict[str, JsonValue]:
     return data
 
 
+def _entry_point(target: ConformanceTarget) -> EntryPoint | None:
+    """The installed ``werk`` entry point the target names, or whose module is ``target.plugin``."""
+    name = target.entry_point or target.plugin_name
+    module = getattr(target.plugin, "__name__", None) if isinstance(target.plugin, ModuleType) else None
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name or (name is None and module is not None and ep.module == module):
+            return ep
+    return None
+
+
+@dataclass(frozen=True)
+class _SourceTree:
+    """A plugin run from its source tree, not installed: what its ``pyproject.toml`` declares."""
+
+    name: str
+    requires: list[str]
+
+
+def _source_tree(module: ModuleType) -> _SourceTree | None:
+    """The entry point naming ``module`` in the ``pyproject.toml`` of the tree that holds it."""
+    for parent in Path(str(module.__file__)).resolve().parents:
+        pyproject = parent / "pyproject.toml"
+        if pyproject.is_file():
+            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+            for name, value in project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}).items():
+                if str(value).split(":")[0].strip() == module.__name__:
+                    return _SourceTree(name, [str(r) for r in project.get("dependencies", [])])
+            return None
+    return None
+
+
+def load_target(target: ConformanceTarget) -> tuple[PluginHost, str]:
+    """A plugin host holding the target plugin alone, and the name it is loaded under: through
+    its installed entry point (every other installed plugin disabled), as a user's install
+    loads it. A plugin module run from its source tree (not installed, as ``plugins/_template``)
+    is loaded under the entry-point name its ``pyproject.toml`` declares, after the same
+    ``werk-host`` range check; a test's own plugin object is registered as ``plugin_name``."""
+    plugins = PluginHost()
+    name = target.entry_point or target.plugin_name
+    ep = _entry_point(target)
+    if ep is not None:
+        others = {e.name for e in entry_points(group=ENTRY_POINT_GROUP)} - {ep.name}
+        plugins.load_entry_points(environ={"WERK_DISABLE_PLUGINS": ",".join(sorted(others))})
+        loaded = plugins.pm.get_plugin(ep.name)
+        if target.plugin is not None and loaded is not None and loaded is not target.plugin:
+            pytest.fail(f"the entry point {ENTRY_POINT_GROUP}:{ep.name} names {ep.value}, not the target's plugin")
+        _loaded_or_fail(plugins, ep.name)
+        return plugins, ep.name
+    if isinstance(target.plugin, ModuleType):
+        tree = _source_tree(target.plugin)
+        if tree is None:
+            pytest.fail(
+                f"no {ENTRY_POINT_GROUP} entry point names {target.plugin.__name__}: declare one and install it"
+            )
+        if name is not None and name != tree.name:
+            pytest.fail(f"the plugin's entry point is {ENTRY_POINT_GROUP}:{tree.name}, not {name}")
+        reason = incompatibility(cast(Distribution, tree))
+        if reason is not None:
+            pytest.fail(f"plugin {tree.name} did not load as a user's install would: {reason}")
+        plugins.register(target.plugin, tree.name)
+        return plugins, tree.name
+    if target.plugin is None or name is None:
+        pytest.fail(
+            f"no installed plugin has the entry point {ENTRY_POINT_GROUP}:{name}: install it (pip install -e .)"
+        )
+    plugins.register(target.plugin, name)  # a test's own plugin object, never installed
+    return plugins, name
+
+
+def _loaded_or_fail(plugins: PluginHost, name: str) -> None:
+    record = next((r for r in plugins.records if r.name == name), None)
+    if record is None or record.status != "loaded":
+        why = record.error if record is not None else "it was not found"
+        pytest.fail(f"plugin {name} did not load as a user's install would: {why}")
+
+
 class WerkConformance:
     """Subclass in a plugin's tests and provide a class-scoped ``conformance_target`` fixture."""
 
@@ -203,15 +290,17 @@ class WerkConformance:
         if isinstance(target.model, ModelManifest):
             manifest = target.model
         else:
-            manifest = ModelManifest.from_paths(target.model_name, [target.model])
+            manifest = checkpoint_manifest(target.model, target.model_name)
         ModelRegistry(home).add(manifest)
-        plugins = PluginHost()
-        plugins.register(target.plugin, target.plugin_name)
+        plugins, name = load_target(target)
         key = f"sk-werk-conformance-{secrets.token_hex(8)}"
         config = HostConfig(
             home=home, api_keys=(key,), model=manifest.name, backend_options=dict(target.backend_options)
         )
-        host = build_host(config, plugins=plugins)
+        try:
+            host = build_host(config, plugins=plugins)
+        finally:
+            _loaded_or_fail(plugins, name)
         with running(host) as url:
             yield ConformanceHost(
                 host=host,
