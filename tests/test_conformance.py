@@ -5,13 +5,14 @@ an error message that leaks a path)."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from werk_host.backend import Adapter
 from werk_host.models import ModelManifest
 from werk_host.protocol import CapabilityId, CapabilityStatus
-from werk_host.testing.conformance import ConformanceTarget, WerkConformance
+from werk_host.testing.conformance import ConformanceHost, ConformanceTarget, WerkConformance
 from werk_host.testing.reference import BACKEND_ID, EXPERIMENTAL_STATE, MemoryAdapter, MemoryBackendPlugin
 
 pytest_plugins = ["pytester"]
@@ -36,12 +37,12 @@ def target(tmp: pytest.TempPathFactory, statuses: dict[CapabilityId, CapabilityS
 
 #: Everything the reference backend can really do (it has no vram tier and its states die with
 #: its process generation: claiming either fails the suite).
-EVERYTHING_SUPPORTED = {
+EVERYTHING_SUPPORTED: dict[CapabilityId, CapabilityStatus] = {
     cap_id: CapabilityStatus.SUPPORTED
     for cap_id in CapabilityId
     if "memory" not in cap_id and cap_id not in (CapabilityId.TIER_VRAM, CapabilityId.CROSS_RESTART)
 }
-NOTHING_AVAILABLE = {
+NOTHING_AVAILABLE: dict[CapabilityId, CapabilityStatus] = {
     cap_id: CapabilityStatus.UNAVAILABLE for cap_id in EXPERIMENTAL_STATE if cap_id is not CapabilityId.MODEL_RESIDENCY
 }
 
@@ -58,6 +59,22 @@ class TestReferenceSupported(WerkConformance):
     @classmethod
     def conformance_target(cls, tmp_path_factory: pytest.TempPathFactory) -> ConformanceTarget:
         return target(tmp_path_factory, EVERYTHING_SUPPORTED)
+
+
+class TestReferenceCheckpointDirectory(WerkConformance):
+    """``model`` may be a checkpoint directory: it is registered as a manifest of its files."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def conformance_target(cls, tmp_path_factory: pytest.TempPathFactory) -> ConformanceTarget:
+        checkpoint = tmp_path_factory.mktemp("checkpoint")
+        (checkpoint / "config.json").write_text('{"architectures": ["TinyForCausalLM"]}')
+        (checkpoint / "model.safetensors").write_bytes(b"reference weights")
+        return ConformanceTarget(plugin=MemoryBackendPlugin(), plugin_name="testbackend", model=checkpoint)
+
+    def test_the_directory_is_the_manifest(self, conformance_host: ConformanceHost) -> None:
+        names = {Path(p).name for p in conformance_host.model_paths}
+        assert names == {"config.json", "model.safetensors"}
 
 
 class TestReferenceUnavailable(WerkConformance):
