@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from werk_host import hookimpl
+from werk_host import hookimpl, hookspecs
 from werk_host.backend import DoctorCheck
 from werk_host.cli.plugins import render_inventory
 from werk_host.config import HostConfig
@@ -212,6 +212,9 @@ def test_a_bad_port_is_one_line_with_no_traceback(home: Path) -> None:
 
 
 # -- broken plugins, the hook ------------------------------------------------------------------
+#: The werk-host range a plugin built for this hook API declares.
+API_RANGE = f"werk-host>={hookspecs.HOOK_API_VERSION},<0.{int(hookspecs.HOOK_API_VERSION.split('.')[1]) + 1}"
+
 GOOD = """
 from werk_host import hookimpl
 from werk_host.backend import AdapterFactory, DoctorCheck
@@ -240,9 +243,9 @@ def planted(tmp_path: Path) -> Path:
     site = tmp_path / "site"
     site.mkdir()
     dists = {
-        "goodplug": (GOOD, "werk-host>=0.2,<0.3"),
-        "brokenplug": ("raise ImportError('missing native library libfake.so')\n", "werk-host>=0.2,<0.3"),
-        "raisingplug": (RAISES, "werk-host>=0.2,<0.3"),
+        "goodplug": (GOOD, API_RANGE),
+        "brokenplug": ("raise ImportError('missing native library libfake.so')\n", API_RANGE),
+        "raisingplug": (RAISES, API_RANGE),
         "oldplug": ("raise AssertionError('never imported')\n", "werk-host<0.2"),
     }
     for name, (source, requires) in dists.items():

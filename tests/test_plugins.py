@@ -49,6 +49,8 @@ from werk_host.testing.markers import covers_hooks
 from werk_host.testing.reference import BACKEND_ID, MemoryAdapter, MemoryBackendPlugin
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The werk-host range a plugin built for this hook API declares.
+API_RANGE = f"werk-host>={hookspecs.HOOK_API_VERSION},<0.{int(hookspecs.HOOK_API_VERSION.split('.')[1]) + 1}"
 
 
 def test_hook_reference_is_generated_from_the_hookspecs() -> None:
@@ -121,11 +123,14 @@ def fake_distributions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
     site.mkdir()
     dists = {
         # name: (module source, Requires-Dist lines)
-        "good": (GOOD_PLUGIN.format(name="good", caps='("runtime.pd.prefill",)'), ["werk-host>=0.2,<0.3"]),
-        "broken": ("raise ImportError('missing native library')\n", ["werk-host>=0.2,<0.3"]),
+        "good": (GOOD_PLUGIN.format(name="good", caps='("runtime.pd.prefill",)'), [API_RANGE]),
+        "broken": ("raise ImportError('missing native library')\n", [API_RANGE]),
         "old": ("raise AssertionError('an incompatible plugin was imported')\n", ["werk-host<0.2"]),
         "undeclared": ("raise AssertionError('an undeclared plugin was imported')\n", ["requests"]),
-        "typo": (GOOD_PLUGIN.format(name="typo", caps='("runtime.state.presistence",)'), ["werk-host>=0.2"]),
+        "typo": (
+            GOOD_PLUGIN.format(name="typo", caps='("runtime.state.presistence",)'),
+            [f"werk-host>={hookspecs.HOOK_API_VERSION}"],
+        ),
     }
     for name, (source, requires) in dists.items():
         module = f"werk_fake_{name}"

@@ -1,12 +1,23 @@
 """The plugin contract: every way the host reaches a backend (docs/plugin-hooks.md).
 
-Plugins implement these with ``@werk_host.hookimpl``. ``werk_adapter_factories`` is collected
-from every plugin, and so are ``werk_doctor_checks`` and ``werk_cli_commands``. Every other
-hook is an *operation hook*: ``firstresult``, and the host dispatches it only to the plugin
-that owns the adapter (``adapter.plugin_name``) plus plugins that provide no adapter at all,
-which may wrap the call with ``@hookimpl(wrapper=True)`` to observe or veto it. A backend
-plugin therefore only ever receives adapters it created, and may annotate ``adapter`` with its
-own adapter class.
+Plugins implement these with ``@werk_host.hookimpl`` (``werk_host.plugin.hookimpl``). The
+plugin module implements the *collected* hooks, called on every plugin:
+``werk_adapter_factories``, ``werk_doctor_checks`` and ``werk_cli_commands``. Every other hook
+is an *operation hook* (``firstresult``) and is implemented on the adapter class, once: each
+operation is one method marked ``@hookimpl(specname="werk_prefill")``, without the spec's
+``adapter`` argument (it is ``self``)::
+
+    class EchoAdapter:
+        @hookimpl(specname="werk_prefill")
+        def prefill(self, work: PrefillWork) -> PrefilledState: ...
+
+The host registers each adapter it creates with the plugin manager and unregisters it when it
+closes; a call on an adapter reaches that adapter's methods only, plus the implementations of
+plugins that offer no adapters at all (audit, metrics), which take ``adapter`` as a plain
+argument and may wrap the call with ``@hookimpl(wrapper=True)`` to observe or veto it. The
+owner of an adapter is the plugin whose factory created it (docs/plugin-hooks.md,
+"Ownership"). A backend plugin module that implements an operation hook itself is the hook
+API 0.2 form, still called (before the adapter's method) while plugins migrate.
 
 Errors: an operation hook raises :class:`werk_host.errors.WerkError` with one of the codes
 named in its docstring. Returning ``None`` means "not implemented", which the host reports as
@@ -51,9 +62,10 @@ from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, 
 from werk_host.protocol.telemetry import WorkerObservation
 
 #: The version of this hook API. It changes with the host's minor version while the host is
-#: 0.x: a plugin declares ``werk-host>=0.2,<0.3`` in its requirements and the host refuses to
-#: load a plugin whose declared range excludes the running host (docs/plugin-hooks.md).
-HOOK_API_VERSION: Final = "0.2"
+#: 0.x: a plugin declares ``werk-host>=0.3,<0.4`` in its requirements and the host refuses to
+#: load a plugin whose declared range excludes the running host (docs/plugin-hooks.md). 0.3:
+#: operation hooks are adapter methods; ``AdapterFactory.plugin_name`` is derived.
+HOOK_API_VERSION: Final = "0.3"
 
 hookspec = pluggy.HookspecMarker("werk")
 
@@ -62,8 +74,9 @@ hookspec = pluggy.HookspecMarker("werk")
 def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:  # type: ignore[empty-body]
     """Offer the adapter kinds this plugin provides (collected from every plugin).
 
-    Each :class:`~werk_host.backend.AdapterFactory` names its backend id and owning plugin,
-    says which models it ``accepts`` and builds adapters in ``create``. Must not start
+    Each :class:`~werk_host.backend.AdapterFactory` names its backend id, says which models it
+    ``accepts`` and builds adapters in ``create``; its owner is this plugin (the host fills in
+    ``plugin_name``: one given that is not the plugin's entry-point name fails the plugin). Must not start
     processes: factories are cheap descriptions; work happens in ``create``. A factory may
     give ``validate_options``: the host calls it with each deployment instance's profile
     ``options`` when ``werk serve`` starts, and a :class:`ValueError` it raises refuses the
@@ -113,7 +126,9 @@ def werk_capabilities(adapter: Adapter) -> Mapping[CapabilityId, CapabilityRepor
     it and lists it under the plugin's ``problems`` in ``werk plugins``. Must be cheap and
     side-effect free. The host reuses a report for at most a second per adapter identity, and
     asks afresh as soon as a hook that may change evidence (prefill, restore, decode, chat, ...)
-    has returned (docs/plugin-hooks.md, "Capability ids")."""
+    has returned (docs/plugin-hooks.md, "Capability ids").
+
+    Adapter method: ``@hookimpl(specname="werk_capabilities") def capabilities(self)``."""
 
 
 @hookspec(firstresult=True)
@@ -123,7 +138,9 @@ def werk_producer_envelope(adapter: Adapter, model_id: str) -> dict[str, str] | 
     (binary and flag fingerprints, effective arguments, model identity, cache layout, process
     generation where restores are per process), each a string. A stored state is reusable
     only when its envelope equals this one exactly; there are no wildcards. Raises
-    ``unavailable`` when it cannot be established."""
+    ``unavailable`` when it cannot be established.
+
+    Adapter method: ``@hookimpl(specname="werk_producer_envelope") def producer_envelope(self, model_id)``."""
 
 
 @hookspec(firstresult=True)
@@ -131,7 +148,9 @@ def werk_prefill(adapter: Adapter, work: PrefillWork) -> PrefilledState | None:
     """Evaluate the prompt into backend state and return it (an opaque ``handle``).
 
     Raises ``not_found`` (unknown model), ``unavailable`` (process/probe prerequisite
-    missing), ``resource_exhausted``, ``internal``."""
+    missing), ``resource_exhausted``, ``internal``.
+
+    Adapter method: ``@hookimpl(specname="werk_prefill") def prefill(self, work)``."""
 
 
 @hookspec(firstresult=True)
@@ -139,7 +158,9 @@ def werk_snapshot(adapter: Adapter, state: PrefilledState) -> Snapshot | None:
     """Export ``state`` as an opaque, disk-persistable byte stream (bounded chunks). The host
     streams it into the state store and hashes it; it never interprets the bytes.
 
-    Raises ``unsupported`` when no snapshot can be produced, ``unavailable``, ``internal``."""
+    Raises ``unsupported`` when no snapshot can be produced, ``unavailable``, ``internal``.
+
+    Adapter method: ``@hookimpl(specname="werk_snapshot") def snapshot(self, state)``."""
 
 
 @hookspec(firstresult=True)
@@ -148,7 +169,9 @@ def werk_restore(adapter: Adapter, stored: StoredStateRef) -> PrefilledState | N
 
     Read the payload only through ``stored.open_payload()`` (integrity verified first). Must
     verify the backend's exact acknowledgements; raises ``corrupt_state``,
-    ``incompatible_state``, ``unavailable``."""
+    ``incompatible_state``, ``unavailable``.
+
+    Adapter method: ``@hookimpl(specname="werk_restore") def restore(self, stored)``."""
 
 
 @hookspec(firstresult=True)
@@ -156,32 +179,42 @@ def werk_decode(adapter: Adapter, work: DecodeWork) -> DecodeOutput | None:
     """Generate from a live handle or, when ``work.handle`` is not live, from
     ``work.stored`` after restoring it. May return ``next_state`` for a continuation
     handoff. Raises ``corrupt_state``, ``unavailable``, ``internal``; never retries on
-    another backend."""
+    another backend.
+
+    Adapter method: ``@hookimpl(specname="werk_decode") def decode(self, work)``."""
 
 
 @hookspec(firstresult=True)
 def werk_release_state(adapter: Adapter, handle: object) -> bool | None:
     """Drop a live handle the host no longer references (e.g. an ephemeral state whose
-    handoff expired). Returns ``True`` when released, ``False`` when it was already gone."""
+    handoff expired). Returns ``True`` when released, ``False`` when it was already gone.
+
+    Adapter method: ``@hookimpl(specname="werk_release_state") def release_state(self, handle)``."""
 
 
 @hookspec(firstresult=True)
 def werk_state_move(adapter: Adapter, work: MoveWork) -> MoveOutput | None:
     """Move, pin-prepare or evict a stored state between tiers. With ``dry_run`` it must be
-    side-effect free, and raise ``unsupported`` when it cannot preview."""
+    side-effect free, and raise ``unsupported`` when it cannot preview.
+
+    Adapter method: ``@hookimpl(specname="werk_state_move") def state_move(self, work)``."""
 
 
 @hookspec(firstresult=True)
 def werk_list_experts(adapter: Adapter, query: ExpertListQuery) -> ExpertPage | None:
     """One page of backend-observed expert residency (``ram`` for experts the backend holds,
-    ``external`` for disk-backed ones). Raises ``unsupported``/``unavailable``."""
+    ``external`` for disk-backed ones). Raises ``unsupported``/``unavailable``.
+
+    Adapter method: ``@hookimpl(specname="werk_list_experts") def list_experts(self, query)``."""
 
 
 @hookspec(firstresult=True)
 def werk_expert_action(adapter: Adapter, request: ExpertActionRequest) -> ExpertActionResult | None:
     """Prefetch, pin, unpin or evict explicit experts; a dry run changes nothing. Raises
     ``not_found`` for an unknown expert id, ``invalid_request`` for a target tier the
-    backend cannot hold, ``resource_exhausted`` when pins would exceed the budget."""
+    backend cannot hold, ``resource_exhausted`` when pins would exceed the budget.
+
+    Adapter method: ``@hookimpl(specname="werk_expert_action") def expert_action(self, request)``."""
 
 
 @hookspec(firstresult=True)
@@ -193,7 +226,9 @@ def werk_count_tokens(adapter: Adapter, request: ChatRequest) -> int | None:
     count_tokens and near-limit admission, the host calls it for about 25 short sentinel
     requests once per adapter identity to calibrate its admission upper bound
     (:mod:`werk_host.service.admission`), and checks that bound against the usage the backend
-    later reports, so the count must equal that usage exactly."""
+    later reports, so the count must equal that usage exactly.
+
+    Adapter method: ``@hookimpl(specname="werk_count_tokens") def count_tokens(self, request)``."""
 
 
 @hookspec(firstresult=True)
@@ -203,26 +238,35 @@ def werk_request_options(adapter: Adapter, name: str, options: JsonObject) -> Js
     validated options (what the chat hooks then receive as ``request["werk"][name]``), or raise
     ``invalid_request`` naming the field (``werk.<name>.<field>: ...``). ``None`` (not this
     backend's option) makes the host answer ``invalid_request`` ``werk.<name> is not supported
-    by backend <id>``; chat and the planning routes fail alike (:mod:`werk_host.plugin.options`)."""
+    by backend <id>``; chat and the planning routes fail alike (:mod:`werk_host.plugin.options`).
+
+    Adapter method: ``@hookimpl(specname="werk_request_options") def request_options(self, name, options)``."""
 
 
 @hookspec(firstresult=True)
 def werk_chat_limits(adapter: Adapter, model: str | None) -> ChatLimits | None:
     """Context, output ceiling and configured concurrency for ``model`` (default when
-    ``None``), read from manifests and launch arguments only; never loads a model."""
+    ``None``), read from manifests and launch arguments only; never loads a model.
+
+    Adapter method: ``@hookimpl(specname="werk_chat_limits") def chat_limits(self, model)``."""
 
 
 @hookspec(firstresult=True)
 def werk_reasoning_profile(adapter: Adapter, model: str | None, max_output_tokens: int) -> ReasoningProfile | None:
     """Reasoning tiers verified from running workers' launch configuration; cold or unknown
-    runtimes return ``supported=False`` with no tiers."""
+    runtimes return ``supported=False`` with no tiers.
+
+    Adapter method: ``@hookimpl(specname="werk_reasoning_profile")
+    def reasoning_profile(self, model, max_output_tokens)``."""
 
 
 @hookspec(firstresult=True)
 def werk_chat_completion(adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
     """Serve an OpenAI chat-completions request body (streaming when ``request["stream"]``).
     Returns the backend's response streamed, never buffered whole; honour
-    :data:`werk_host.backend.client_disconnected` while waiting for the first byte."""
+    :data:`werk_host.backend.client_disconnected` while waiting for the first byte.
+
+    Adapter method: ``@hookimpl(specname="werk_chat_completion") def chat_completion(self, request)``."""
 
 
 @hookspec(firstresult=True)
@@ -232,25 +276,34 @@ def werk_session_snapshots(adapter: Adapter, model_id: str) -> SessionSnapshots 
     implementing :class:`~werk_host.backend.SessionSnapshots`. Must be cheap and run no
     inference (the host asks when a session opens). ``None`` (not implemented) means the backend
     keeps no native session snapshots; raise ``unsupported`` when this process cannot take them
-    (e.g. its launch arguments disable slot saving) and ``unavailable`` when none runs."""
+    (e.g. its launch arguments disable slot saving) and ``unavailable`` when none runs.
+
+    Adapter method: ``@hookimpl(specname="werk_session_snapshots") def session_snapshots(self, model_id)``."""
 
 
 @hookspec(firstresult=True)
 def werk_text_completion(adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
-    """Serve an OpenAI (legacy) completions request body, like ``werk_chat_completion``."""
+    """Serve an OpenAI (legacy) completions request body, like ``werk_chat_completion``.
+
+    Adapter method: ``@hookimpl(specname="werk_text_completion") def text_completion(self, request)``."""
 
 
 @hookspec(firstresult=True)
 def werk_workers(adapter: Adapter) -> list[WorkerObservation] | None:
     """Fresh observations of the backend's workers (model, pid, state, slots, context).
-    Only currently valid samples; unknown fields are ``None``."""
+    Only currently valid samples; unknown fields are ``None``.
+
+    Adapter method: ``@hookimpl(specname="werk_workers") def workers(self)``."""
 
 
 @hookspec(firstresult=True)
 def werk_memory_requirement(adapter: Adapter, operation: MemoryOperation, model_id: str) -> int | None:
     """A positive, bounded byte requirement for ``operation`` (``load``, ``restore``,
     ``decode``) before it runs, or ``None`` when the backend cannot bound it. The host
-    reserves it against the memory budget (``runtime.memory.reservations``)."""
+    reserves it against the memory budget (``runtime.memory.reservations``).
+
+    Adapter method: ``@hookimpl(specname="werk_memory_requirement")
+    def memory_requirement(self, operation, model_id)``."""
 
 
 @hookspec(firstresult=True)
@@ -259,4 +312,6 @@ def werk_deployment_plan(adapter: Adapter) -> DeploymentPlan | None:
     (secrets and filesystem paths replaced by placeholders), threads, parallel slots, context
     per slot and device placement, read from the running process's configuration. ``None``
     when nothing runs. An adapter that answers reports ``runtime.placement`` as ``supported``
-    (docs/deployments.md, "Inventory")."""
+    (docs/deployments.md, "Inventory").
+
+    Adapter method: ``@hookimpl(specname="werk_deployment_plan") def deployment_plan(self)``."""
