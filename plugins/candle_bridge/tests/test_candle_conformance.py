@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from werk_candle_bridge import plugin
 
 from werk_host.plugin import ModelManifest
 from werk_host.testing.conformance import ConformanceTarget, WerkConformance
@@ -18,4 +17,4 @@ class TestConformance(WerkConformance):
     @classmethod
     def conformance_target(cls, tiny_gguf: Path) -> ConformanceTarget:
         manifest = ModelManifest.from_paths("tiny-candle", [tiny_gguf], backend="candle")
-        return ConformanceTarget(plugin=plugin, plugin_name="candle", model=manifest)
+        return ConformanceTarget(entry_point="candle", model=manifest)
