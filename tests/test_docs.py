@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
+import sys
+import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from werk_host import capdocs
+from werk_host import capdocs, hookspecs
+from werk_host.config import HostConfig
+from werk_host.models import ModelManifest
 from werk_host.plugins import OPERATION_HOOKS, hook_names
 from werk_host.protocol import CAPABILITY_OPERATIONS, CapabilityId
 from werk_host.testing import pytest_plugin
-from werk_host.testing.conformance import HOOKS_BEHIND
+from werk_host.testing.conformance import HOOKS_BEHIND, ConformanceTarget, WerkConformance
+from werk_host.testing.host import PluginHost, werk_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,7 +111,9 @@ def test_plugin_kit_hooks_and_fixtures_exist() -> None:
     fixture of the test kit (the room table's names are checked above)."""
     text = re.sub(r"^\| `werk_host.*$", "", KIT.read_text(encoding="utf-8"), flags=re.M)
     names = set(re.findall(r"specname=\"(\w+)\"", text))
-    names |= {m for m in _BACKTICKED.findall(text) if re.fullmatch(r"werk_[a-z_]+", m) and m != "werk_host"}
+    names |= {
+        m for m in _BACKTICKED.findall(text) if re.fullmatch(r"werk_[a-z_]+", m) and m not in ("werk_host", "werk_echo")
+    }
     assert {"werk_capabilities", "werk_chat_completion", "werk_count_tokens"} <= names
     for name in sorted(names):
         assert name in hook_names() or hasattr(pytest_plugin, name), name
@@ -116,3 +125,120 @@ def test_plugin_kit_files_exist() -> None:
     bases = [ROOT, *ROOT.glob("plugins/*"), *ROOT.glob("plugins/*/src")]
     for path in {m for m in _BACKTICKED.findall(text) if re.fullmatch(r"[\w./-]+\.py", m) and "/" in m}:
         assert any((base / path).is_file() for base in bases), path
+
+
+def test_plugin_kit_sections_cited_elsewhere_exist() -> None:
+    """Every ``docs/plugin-kit.md, "Section"`` citation in the host, the plugins and the docs
+    names a heading of the kit (its number aside)."""
+    headings = {
+        re.sub(r"^\d+\.\s*", "", h) for h in re.findall(r"^#{2,4} (.+)$", KIT.read_text(encoding="utf-8"), re.M)
+    }
+    sources = [*ROOT.glob("werk_host/**/*.py"), *ROOT.glob("plugins/*/src/**/*.py"), *ROOT.glob("docs/*.md")]
+    cited: set[tuple[str, str]] = set()
+    for path in sources:
+        for section in re.findall(r"plugin-kit\.md,\s+\"([^\"]+)\"", path.read_text(encoding="utf-8")):
+            cited.add((path.relative_to(ROOT).as_posix(), re.sub(r"\s*\n\s*#?\s*", " ", section)))
+    assert cited
+    assert sorted(c for c in cited if c[1] not in headings) == []
+
+
+# -- the kit's echo backend, as a third party would write it from the page -------------------
+
+#: The chat method's block is written into the adapter's class where this line stands.
+CHAT_PLACEHOLDER = '    # werk_chat_completion: "Chat hooks" below\n'
+
+
+def kit_files() -> dict[str, str]:
+    """The files of the kit's running example: each ```python block whose first line is
+    ``# <path>``, with the chat method block put into the adapter."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", KIT.read_text(encoding="utf-8"), flags=re.M | re.S)
+    files = {m.group(1): block for block in blocks if (m := re.match(r"# ((?:src|tests)/[\w/]+\.py)\b", block))}
+    chat = [b for b in blocks if b.lstrip().startswith('@hookimpl(specname="werk_chat_completion")')]
+    assert len(chat) == 1 and CHAT_PLACEHOLDER in files["src/werk_echo/adapter.py"]
+    files["src/werk_echo/adapter.py"] = files["src/werk_echo/adapter.py"].replace(CHAT_PLACEHOLDER, chat[0])
+    return files
+
+
+def kit_entry_points() -> str:
+    """The page's ``pyproject.toml`` entry points, as ``entry_points.txt`` of an installed wheel."""
+    toml = re.findall(r"^```toml\n(.*?)^```$", KIT.read_text(encoding="utf-8"), flags=re.M | re.S)
+    project = tomllib.loads(next(t for t in toml if "[project]" in t))["project"]
+    groups = project["entry-points"]
+    assert set(groups) == {"werk", "werk.cli"}
+    return "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for g, eps in groups.items())
+
+
+def kit_requirement() -> str:
+    found = re.findall(r'dependencies = \["(werk-host[^"]*)"\]', KIT.read_text(encoding="utf-8"))
+    assert len(found) == 1
+    return str(found[0])
+
+
+def test_plugin_kit_requirement_is_the_hook_api_of_this_host() -> None:
+    major, minor = (int(p) for p in hookspecs.HOOK_API_VERSION.split("."))
+    assert kit_requirement() == f"werk-host>={major}.{minor},<{major}.{minor + 1}"
+    assert f"Hook API {hookspecs.HOOK_API_VERSION}." in KIT.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="class")
+def kit_echo_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The kit's ``werk-echo`` installed the way pip leaves it: its package and a dist-info with
+    the page's requirement and entry point on ``sys.path``."""
+    site = tmp_path_factory.mktemp("site")
+    for name, source in kit_files().items():
+        if name.startswith("src/"):
+            path = site / name.removeprefix("src/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(source, encoding="utf-8")
+    (site / "werk_echo" / "__init__.py").write_text('"""werk-echo: the kit\'s example backend."""\n')
+    info = site / "werk_echo-0.1.0.dist-info"
+    info.mkdir()
+    meta = ["Metadata-Version: 2.1", "Name: werk-echo", "Version: 0.1.0", f"Requires-Dist: {kit_requirement()}"]
+    (info / "METADATA").write_text("\n".join(meta) + "\n")
+    (info / "entry_points.txt").write_text(kit_entry_points())
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    try:
+        yield site
+    finally:
+        sys.path.remove(str(site))
+        for module in [m for m in sys.modules if m == "werk_echo" or m.startswith("werk_echo.")]:
+            del sys.modules[module]
+
+
+@pytest.mark.usefixtures("kit_echo_installed")
+class TestKitEchoInstalled:
+    """What ``werk`` itself makes of the page's werk-echo: it loads, and its command runs."""
+
+    def test_werk_plugins_lists_it_loaded(self, tmp_path: Path) -> None:
+        plugins = PluginHost()
+        plugins.load_entry_points(environ={})
+        record = next(r for r in plugins.inventory() if r["name"] == "echo")
+        assert (record["status"], record["distribution"], record["error"]) == ("loaded", "werk-echo", None)
+        factories = [f for f in plugins.adapter_factories(HostConfig(home=tmp_path)) if f.backend == "echo"]
+        assert [f.owner for f in factories] == ["echo"]
+
+    def test_its_werk_command_runs(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert werk_main(["echo", "fetch", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {"engine": "echo", "fetched": False}
+
+
+@pytest.mark.usefixtures("kit_echo_installed")
+class TestKitEchoConformance(WerkConformance):
+    """The page's echo backend passes the whole conformance suite, loaded through its entry point."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def conformance_target(
+        cls, kit_echo_installed: Path, tmp_path_factory: pytest.TempPathFactory
+    ) -> ConformanceTarget:
+        test_module = kit_files()["tests/test_conformance.py"]
+        assert 'ConformanceTarget(entry_point="echo", model=manifest, replace_process=reload)' in test_module
+        namespace: dict[str, object] = {}
+        exec(compile(test_module, "tests/test_conformance.py", "exec"), namespace)  # the page's reload()
+        weights = tmp_path_factory.mktemp("model") / "echo.txt"
+        weights.write_text("an echo model has no weights\n")
+        manifest = ModelManifest.from_paths("echo-model", [weights], backend="echo")
+        replace = namespace["reload"]
+        assert callable(replace)
+        return ConformanceTarget(entry_point="echo", model=manifest, replace_process=replace)
