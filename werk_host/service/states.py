@@ -47,8 +47,11 @@ from werk_host.store import StateRecord, StateStore
 #: Bound on the kept pages and envelopes (each map cleared wholesale when reached).
 _MAX_PAGES = 256
 _MAX_ENVELOPES = 256
-#: model id -> its producer envelope on the request's adapter (None: none, or no adapter)
-Envelopes = tuple[tuple[str, tuple[tuple[str, str], ...] | None], ...]
+#: One producer envelope in hashable form (its sorted items; ``None``: none, or no adapter),
+#: in a 1-tuple so that a kept ``None`` is told from a miss.
+Envelope = tuple[tuple[tuple[str, str], ...] | None]
+#: (model id, its envelope on the request's adapter) per model of a page
+Envelopes = tuple[tuple[str, Envelope], ...]
 Gate = Callable[[RequestScope, "Adapter | None", CapabilityId, bool], CapabilityReport]
 
 
@@ -98,10 +101,10 @@ class StateCatalog:
         self._gate = gate
         #: (listing scope, limit, after) -> the page, under (store page stamp, envelopes)
         self._pages: StampedCache[tuple[str, int, str | None], Shared[StatePage]] = StampedCache(_MAX_PAGES)
+        #: (listing scope, limit, after) -> the models on the page, under the store page stamp
+        self._models: StampedCache[tuple[str, int, str | None], tuple[str, ...]] = StampedCache(_MAX_PAGES)
         #: (adapter identity, instance id, model) -> its envelope, under the evidence key
-        self._envelopes: StampedCache[tuple[str, str | None, str], tuple[dict[str, str] | None]] = StampedCache(
-            _MAX_ENVELOPES
-        )
+        self._envelopes: StampedCache[tuple[str, str | None, str], Envelope] = StampedCache(_MAX_ENVELOPES)
 
     def envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
         """``model_id``'s producer envelope on ``adapter`` now (``None``: it has none)."""
@@ -110,22 +113,24 @@ class StateCatalog:
         except WerkError:
             return None
 
-    def _kept_envelopes(self, scope: RequestScope, models: list[str]) -> Envelopes:
+    def _kept_envelopes(self, scope: RequestScope, models: tuple[str, ...]) -> Envelopes:
         """The envelope of each of ``models`` on the request's adapter, asked again only when
         the evidence key moved (module docstring)."""
         adapter = scope.adapter
         if adapter is None:
-            return tuple((model, None) for model in models)
+            return tuple((model, (None,)) for model in models)
         stamp = self.resolver.evidence_key(adapter)
-        found: list[tuple[str, tuple[tuple[str, str], ...] | None]] = []
+        found: list[tuple[str, Envelope]] = []
         instance = scope.instance.id if scope.instance is not None else None
         for model in models:
             key = (stamp[0], instance, model)
             held = self._envelopes.get(key, stamp)
             if held is None:
-                held = self._envelopes.put(key, stamp, (self.envelope(adapter, model),))
-            kept = held[0]
-            found.append((model, tuple(sorted(kept.items())) if kept is not None else None))
+                envelope = self.envelope(adapter, model)
+                held = self._envelopes.put(
+                    key, stamp, (tuple(sorted(envelope.items())) if envelope is not None else None,)
+                )
+            found.append((model, held))
         return tuple(found)
 
     # -- the listing -----------------------------------------------------------------------
@@ -140,14 +145,16 @@ class StateCatalog:
             limit=query.limit,
             after=after,
         )
-        models = sorted({record.model_id for record in listed.records})
+        key = (where, query.limit, after)
+        models = self._models.get(key, listed.stamp)  # the page's models, once per store read
+        if models is None:
+            models = self._models.put(key, listed.stamp, tuple(sorted({r.model_id for r in listed.records})))
         envelopes = self._kept_envelopes(scope, models)
         stamp = (listed.stamp, envelopes)
-        key = (where, query.limit, after)
         kept = self._pages.get(key, stamp)
         if kept is not None:
             return kept
-        by_model = {model: dict(items) if items is not None else None for model, items in envelopes}
+        by_model = {model: dict(held[0]) if held[0] is not None else None for model, held in envelopes}
         now = _now_ms()
         states = [summary(record, by_model[record.model_id], now) for record in listed.records]
         cursor = self.cursors.encode(listed.after, where) if listed.after else None
