@@ -146,11 +146,14 @@ class Instance:
             return self._state is InstanceStateName.FAILED and time.monotonic() - self._failed_at < RETRY_AFTER_S
 
     # -- start ---------------------------------------------------------------------------
-    def use(self) -> Adapter:
+    def use(self, *, enter: bool = False) -> Adapter:
         """The ready adapter, starting the instance first when it is cold (once, however many
         requests arrive together). Raises the recorded failure (503, retryable) while a failed
-        start is recent."""
+        start is recent. ``enter``: first count the caller in flight (:meth:`enter`, under the
+        same lock), whether or not the start then succeeds; the caller calls :meth:`leave`."""
         with self._cond:
+            if enter:
+                self._in_flight += 1
             while True:
                 if self._state is InstanceStateName.READY and self._adapter is not None:
                     self._touch_locked()

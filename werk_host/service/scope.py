@@ -72,10 +72,11 @@ class RequestScope:
         if self._started is not None or self.instance is None:
             return self._started
         instance = self.instance
-        if instance not in self._held:
-            instance.enter()  # before the start: keep-alive cannot stop it between the two
+        held = instance in self._held
+        if not held:
             self._held.append(instance)
-        self._started = instance.use()
+        # in flight from before the start on: keep-alive cannot stop it in between
+        self._started = instance.use(enter=not held)
         return self._started
 
     def require_adapter(self, what: str) -> Adapter:
