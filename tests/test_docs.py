@@ -16,10 +16,12 @@ from werk_host import capdocs, hookspecs
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest
 from werk_host.plugins import OPERATION_HOOKS, hook_names
-from werk_host.protocol import CAPABILITY_OPERATIONS, CapabilityId
+from werk_host.protocol import CAPABILITY_OPERATIONS, CapabilityId, CapabilityStatus
 from werk_host.testing import pytest_plugin
+from werk_host.testing.api import Api
 from werk_host.testing.conformance import HOOKS_BEHIND, ConformanceTarget, WerkConformance
 from werk_host.testing.host import PluginHost, werk_main
+from werk_host.testing.hosts import backend_host, running
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,6 +142,26 @@ def test_plugin_kit_sections_cited_elsewhere_exist() -> None:
             cited.add((path.relative_to(ROOT).as_posix(), re.sub(r"\s*\n\s*#?\s*", " ", section)))
     assert cited
     assert sorted(c for c in cited if c[1] not in headings) == []
+
+
+def test_capability_table_says_who_reports_each_status(tmp_path: Path) -> None:
+    """A backend reporting every id: the listing carries its report exactly for the ids the
+    table marks as the plugin's (placement too, since it reports that), the host's for the rest."""
+    everything = dict.fromkeys(CapabilityId, CapabilityStatus.SUPPORTED)
+    host, _ = backend_host(tmp_path, api_keys=("k" * 32,), adapter_kwargs={"statuses": everything})
+    with running(host) as base:
+        api = Api(base, "k" * 32)
+        assert (
+            api.call("POST", "/werk/v1/chat/count_tokens", {"messages": [{"role": "user", "content": "hi"}]})[0] == 200
+        )
+        status, doc = api.call("GET", "/werk/v1/capabilities")
+    assert status == 200, doc
+    listing = doc["data"]
+    assert isinstance(listing, list)
+    from_plugin = {
+        str(c["id"]) for c in listing if isinstance(c, dict) and str(c["detail"]).startswith("reference adapter")
+    }
+    assert from_plugin == {c.value for c, backing in capdocs.CAPABILITY_HOOKS.items() if not backing.host}
 
 
 # -- the kit's echo backend, as a third party would write it from the page -------------------
