@@ -61,6 +61,28 @@ DISTRIBUTIONS = {
     "misnamed": ("", ', plugin_name="othername"'),
     "mislabelled": ('plugin_name = "llamacpp"', ""),
     "named": ('plugin_name = "named"', ', plugin_name="named"'),
+    "oldstyle": ("", ""),
+}
+#: more module source by entry-point name: a backend module still answering an operation
+#: itself (the hook API 0.2 form), and a wrapper-only plugin
+EXTRA = {
+    "oldstyle": """
+
+@hookimpl
+def werk_prefill(adapter, work):
+    CALLS.append("module prefill")
+""",
+    "audit": """
+from werk_host import hookimpl
+
+SEEN = []
+
+
+@hookimpl(wrapper=True)
+def werk_prefill(adapter, work):
+    SEEN.append(adapter.backend)
+    return (yield)
+""",
 }
 
 
@@ -68,9 +90,11 @@ DISTRIBUTIONS = {
 def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     site = tmp_path / "site"
     site.mkdir()
-    for name, (attribute, keyword) in DISTRIBUTIONS.items():
+    for name in {*DISTRIBUTIONS, *EXTRA}:
         module = f"werk_planted_{name}"
-        source = PLANTED.format(name=name, attribute=attribute, keyword=keyword)
+        attribute, keyword = DISTRIBUTIONS.get(name, ("", ""))
+        source = PLANTED.format(name=name, attribute=attribute, keyword=keyword) if name in DISTRIBUTIONS else ""
+        source += EXTRA.get(name, "")
         (site / f"{module}.py").write_text(textwrap.dedent(source))
         info = site / f"{module}-1.0.0.dist-info"
         info.mkdir()
@@ -80,7 +104,7 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         (info / "entry_points.txt").write_text(f"[werk]\n{name} = {module}\n")
     monkeypatch.syspath_prepend(str(site))
     yield site
-    for name in DISTRIBUTIONS:
+    for name in {*DISTRIBUTIONS, *EXTRA}:
         sys.modules.pop(f"werk_planted_{name}", None)
 
 
@@ -129,6 +153,24 @@ def test_a_plugin_whose_names_disagree_never_answers_an_operation(planted: Path,
     assert sys.modules["werk_planted_mislabelled"].CALLS == []
     with pytest.raises(WerkError):  # a later adapter of the failed plugin is refused too
         host.attach(factories["mislabelled"].create(config, None), factories["mislabelled"])
+
+
+def test_a_backend_module_still_answering_an_operation_itself_is_failed(planted: Path, tmp_path: Path) -> None:
+    host = PluginHost()
+    host.load_entry_points(environ={})
+    records = _records(host)
+    oldstyle = records["oldstyle"]
+    assert oldstyle["status"] == "failed" and "(werk_prefill), the hook API 0.2 form" in str(oldstyle["error"])
+    assert records["audit"]["status"] == "loaded"  # a wrapper-only plugin implements operation hooks
+    config = HostConfig(home=tmp_path)
+    factories = {f.backend: f for f in host.adapter_factories(config)}
+    assert "oldstyle" not in factories
+    adapter = factories["named"].create(config, None)
+    host.attach(adapter, factories["named"])
+    with pytest.raises(AssertionError, match="a failed plugin answered"):  # the planted adapter's own method
+        BackendHooks(host).prefill(adapter, PrefillWork("m", TextInput(type="text", text="a"), want_snapshot=False))
+    assert sys.modules["werk_planted_audit"].SEEN == ["named"]  # the installed wrapper wrapped it
+    assert sys.modules["werk_planted_oldstyle"].CALLS == []
 
 
 SUITE = """

@@ -16,8 +16,8 @@ closes; a call on an adapter reaches that adapter's methods only, plus the imple
 plugins that offer no adapters at all (audit, metrics), which take ``adapter`` as a plain
 argument and may wrap the call with ``@hookimpl(wrapper=True)`` to observe or veto it. The
 owner of an adapter is the plugin whose factory created it (docs/plugin-hooks.md,
-"Ownership"). A backend plugin module that implements an operation hook itself is the hook
-API 0.2 form, still called (before the adapter's method) while plugins migrate.
+"Ownership"). An installed backend plugin whose module still implements an operation hook
+itself (the hook API 0.2 form) is listed ``failed`` and never loaded into the seam.
 
 Errors: an operation hook raises :class:`werk_host.errors.WerkError` with one of the codes
 named in its docstring. Returning ``None`` means "not implemented", which the host reports as

@@ -135,6 +135,13 @@ class _AdapterPlugin:
 _IMPL_MARK = "werk_impl"
 
 
+def _module_operations(hooks: list[str]) -> str:
+    return (
+        f"its plugin module implements operation hooks itself ({', '.join(hooks)}), the hook API 0.2 "
+        "form: since 0.3 each operation is a method of its adapter class, @hookimpl(specname=...)"
+    )
+
+
 def _misnamed(what: str, backend: str, said: str, owner: str) -> str:
     return (
         f"its {what} for backend {backend} says plugin_name {said!r}, but the plugin is installed as "
@@ -171,6 +178,8 @@ class PluginHost:
         self._calls: dict[tuple[str, str], _Call] = {}
         self._adapters: dict[int, _AdapterPlugin] = {}
         self._refused: dict[int, Adapter] = {}
+        #: plugins loaded from entry points: their modules never answer operations themselves
+        self._installed: set[str] = set()
         self._lock = threading.Lock()
         self._operations = 0
 
@@ -211,6 +220,10 @@ class PluginHost:
         for ext in manager.extensions:
             dist, version = _dist_of(found[ext.name])
             self.register(ext.plugin, ext.name, distribution=dist, version=version)
+            self._installed.add(ext.name)
+            own = self._own_operations(ext.name)
+            if own:
+                self.fail(ext.name, _module_operations(own))
         for name, err in sorted(failures.items()):
             dist, version = _dist_of(found[name])
             error = f"{type(err).__name__}: {err}"
@@ -442,15 +455,33 @@ class PluginHost:
                 self._calls[key] = call
             return call
 
+    def _own_operations(self, name: str) -> list[str]:
+        """The operation hooks plugin ``name`` implements itself (not as a wrapper), when it
+        offers adapter factories: the hook API 0.2 form."""
+        plugin = self.pm.get_plugin(name)
+        callers = (self.pm.get_hookcallers(plugin) or []) if plugin is not None else []
+        if hookspecs.werk_adapter_factories.__name__ not in {c.name for c in callers}:
+            return []
+        return sorted(
+            c.name
+            for c in callers
+            if c.name in OPERATION_HOOKS
+            and any(i.plugin is plugin and not (i.wrapper or i.hookwrapper) for i in c.get_hookimpls())
+        )
+
     def _build_call(self, hook_name: str, adapter: Adapter, plugin: _AdapterPlugin | None) -> _Call:
         """Under the lock: the adapter's own implementations of ``hook_name`` plus those of
-        plugins that offer no adapters (wrappers). The owner plugin's own implementations (the
-        hook API 0.2 form, kept while plugins migrate) are called too, before the adapter's."""
+        plugins that offer no adapters (wrappers). A plugin object registered in process (not
+        from an entry point, whose module :meth:`load_entry_points` fails for it) may still
+        implement an operation for its adapters itself, the hook API 0.2 form: it is called
+        before the adapter's method."""
         impls = getattr(self.pm.hook, hook_name).get_hookimpls()
         factories = hookspecs.werk_adapter_factories.__name__
         backends = {i.plugin_name for i in getattr(self.pm.hook, factories).get_hookimpls()}
         adapters = {id(p) for p in self._adapters.values()}
-        owner = self.owner_of(adapter)
+        owner: str | None = self.owner_of(adapter)
+        if owner in self._installed:
+            owner = None
         chosen = [
             i
             for i in impls
