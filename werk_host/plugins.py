@@ -1,4 +1,4 @@
-"""Plugin discovery, tolerant loading, inventory and owner-only hook dispatch.
+"""Plugin discovery, tolerant loading, inventory, ownership and operation dispatch.
 
 Plugins are modules named by entry points in the group ``werk``. Before a plugin is imported,
 its distribution's declared ``werk-host`` requirement is checked against the running host
@@ -9,8 +9,18 @@ Operators can disable plugins with ``WERK_DISABLE_PLUGINS=name,name`` (``*`` dis
 To build the ``werk`` parser the host loads, by the same rules, only each plugin's command
 module, named in the group ``werk.cli`` (:meth:`PluginHost.load_cli_entry_points`), and
 collects ``werk_cli_commands`` from it; a hook that raises adds no command and is flagged.
-Host code calls operation hooks through :class:`werk_host.hooks.BackendHooks`, never here by
-name (docs/plugin-hooks.md).
+Ownership is derived (docs/plugin-hooks.md, "Ownership"): a factory belongs to the plugin
+whose ``werk_adapter_factories`` returned it, and so does every adapter it creates. A factory
+or adapter naming another plugin, or an installed backend module that implements an operation
+hook itself, makes the plugin ``failed`` (:meth:`PluginHost.fail`): it is unregistered with its
+adapters and answers nothing. Each adapter an instance creates is registered with the pluggy
+manager (:meth:`PluginHost.attach`, undone by :meth:`PluginHost.detach` when it closes); an
+operation call on it runs its own hookimpl methods plus the implementations of plugins that
+offer no factories (wrappers), as a list chosen once per hook and adapter under the
+registration lock and dropped on every registration: pluggy's subset callers filter the live
+implementation list by a fixed set of plugins, so a later registration would join them, and
+they need hashable plugins. Host code calls operation hooks through
+:class:`werk_host.hooks.BackendHooks`, never here by name (docs/plugin-hooks.md).
 """
 
 from __future__ import annotations
