@@ -32,7 +32,8 @@ def hook_reference() -> str:
     """The generated section: one heading, signature and docstring per hook."""
     parts = [f"Hook API version `{hookspecs.HOOK_API_VERSION}`.", ""]
     for name in [n for n in vars(hookspecs) if n in hook_names()]:  # definition order
-        kind = "operation hook: an adapter method, firstresult" if name in OPERATION_HOOKS else "collected from every plugin"
+        operation = name in OPERATION_HOOKS
+        kind = "operation hook: an adapter method, firstresult" if operation else "collected from every plugin"
         doc = inspect.cleandoc(getattr(hookspecs, name).__doc__ or "")
         doc = _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", doc)
         doc = doc.replace("``", "`")
