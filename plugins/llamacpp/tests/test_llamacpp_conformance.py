@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-from werk_llamacpp import plugin
 from werk_llamacpp.adapter import LlamaCppAdapter
 
 from werk_host.plugin import Adapter
@@ -35,8 +34,7 @@ class TestConformance(WerkConformance):
     @classmethod
     def conformance_target(cls, llama_server_path: Path, tiny_model: Path) -> ConformanceTarget:
         return ConformanceTarget(
-            plugin=plugin,
-            plugin_name="llamacpp",
+            entry_point="llamacpp",  # loaded as a user's install loads it
             model=tiny_model,
             model_name="tiny-llama",
             replace_process=kill_child,

@@ -75,7 +75,6 @@ class LlamaCppAdapter(StateOperations):
     """Adapter for one installed GGUF model served by a Werk-managed ``llama-server``."""
 
     backend = BACKEND_ID
-    plugin_name = PLUGIN_NAME
 
     @hookimpl(specname="werk_deployment_plan")
     def plan(self) -> DeploymentPlan | None:
@@ -193,7 +192,7 @@ class LlamaCppAdapter(StateOperations):
     def count_request(self, request: ChatRequest) -> int:
         """The exact count of the body the chat sends for ``request`` (:func:`.reasoning.counted_request`:
         a tier the host resolved becomes the thinking switch and budget)."""
-        return self.count_tokens(reasoning.counted_request(self, request))
+        return self.count_tokens(reasoning.counted_request(request))
 
     @hookimpl(specname="werk_reasoning_profile")
     def reasoning_profile(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:

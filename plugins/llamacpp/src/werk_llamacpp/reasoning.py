@@ -21,10 +21,11 @@ With verified control, :func:`reasoning_profile` is the host resolver's budget p
 output ceiling; otherwise it is unsupported. A chat body whose ``werk.reasoning`` the host
 resolved (``resolved_budget_tokens``) is forwarded with the thinking switch and budget
 llama-server reads per request (:func:`forwarded_chat`): ``chat_template_kwargs.enable_thinking``
-(``false`` for a zero budget) and ``reasoning_budget_tokens``. Counting a request with
-``werk.reasoning`` renders exactly that body (:func:`counted_request`), so the count equals the
-prompt the chat then sends. A tier combined with the request's own thinking switch or budget
-field is ``invalid_reasoning_tier``.
+(``false`` for a zero budget) and ``reasoning_budget_tokens``. The host resolves the tier once
+per request and hands ``werk_count_tokens`` the request resolved alike, so counting renders
+exactly that body (:func:`counted_request`) and the count equals the prompt the chat then sends;
+this module never resolves a tier itself. A tier combined with the request's own thinking switch
+or budget field is ``invalid_reasoning_tier``.
 """
 
 from __future__ import annotations
@@ -184,34 +185,11 @@ def forwarded_chat(body: JsonObject) -> JsonObject:
     return with_budget(body, budget)
 
 
-def counted_request(adapter: LlamaCppAdapter, request: ChatRequest) -> ChatRequest:
-    """``request`` as the chat sends it, for counting: the body :func:`forwarded_chat` makes of it
-    (``werk`` removed; a tier the host resolved, ``werk.reasoning.resolved_budget_tokens``, as
-    the thinking switch and budget). The host resolves the tier before any hook sees the request
-    (docs/plugin-kit.md); a tier that reaches this hook unresolved is resolved by
-    :func:`_resolved_here`."""
+def counted_request(request: ChatRequest) -> ChatRequest:
+    """``request`` as the chat sends it, for counting: what :func:`forwarded_chat` makes of its
+    body (``werk`` removed; the tier the host resolved before any hook sees the request,
+    ``werk.reasoning.resolved_budget_tokens``, as the thinking switch and budget). Nothing is
+    resolved here (docs/plugin-kit.md: every chat hook receives the resolved request)."""
     if request.werk is None:
         return request
-    body = request.model_dump(mode="json", exclude_none=True)
-    if request.werk.reasoning is not None and _resolved_budget(body) is None:
-        return _resolved_here(adapter, request)
-    return ChatRequest.model_validate(forwarded_chat(body))
-
-
-def _resolved_here(adapter: LlamaCppAdapter, request: ChatRequest) -> ChatRequest:
-    """``request`` whose ``werk.reasoning.tier`` a host left unresolved, resolved against the
-    running server's profile for the request's output allowance (as the host resolves it for the
-    chat) and turned into :func:`with_budget`."""
-    assert request.werk is not None and request.werk.reasoning is not None
-    wanted = request.werk.reasoning.tier
-    body = request.model_dump(mode="json", exclude_none=True, exclude={"werk"})
-    profile = reasoning_profile(adapter, adapter.manifest.name, request.requested_output_tokens())
-    if not profile.supported:
-        if wanted != "default":
-            raise invalid_tier("this runtime has no verified reasoning profile; only 'default' is accepted")
-        return ChatRequest.model_validate(body)
-    tier_id = profile.default_tier.value if wanted == "default" and profile.default_tier is not None else wanted
-    tier = next((t for t in profile.tiers if t.id.value == tier_id), None)
-    if tier is None or not tier.available or tier.reasoning_tokens is None:
-        raise invalid_tier(f"reasoning tier {tier_id!r} is not available for this request")
-    return ChatRequest.model_validate(with_budget(body, tier.reasoning_tokens))
+    return ChatRequest.model_validate(forwarded_chat(request.model_dump(mode="json", exclude_none=True)))
