@@ -434,7 +434,8 @@ class PluginHost:
         plugin = self._adapters.get(id(adapter))
         if plugin is not None and plugin.adapter is adapter:
             return plugin.owner
-        return str(getattr(adapter, "plugin_name", ""))
+        said = getattr(adapter, "plugin_name", None)
+        return said if isinstance(said, str) else ""
 
     def operations_of(self, adapter: Adapter) -> set[str]:
         """The operation hooks ``adapter`` implements: its own methods' (and its owner plugin's,

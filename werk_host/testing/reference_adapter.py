@@ -124,6 +124,13 @@ class MemoryAdapter:
         self.instance_id = self.instance_id or f"test:{self.model_name}"
         self.experts = self.experts or default_experts(self.model_name)
 
+    @property
+    def plugin_name(self) -> str | None:
+        """The name of the plugin that created it (its ``name``, which must be the name it is
+        registered under); ``None`` when built by hand."""
+        name = getattr(self.plugin, "name", None)
+        return name if isinstance(name, str) else None
+
     def identity(self) -> str:
         return f"{self.instance_id}#{self.generation}"
 
