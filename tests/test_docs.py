@@ -144,6 +144,19 @@ def test_plugin_kit_sections_cited_elsewhere_exist() -> None:
     assert sorted(c for c in cited if c[1] not in headings) == []
 
 
+def test_plugin_kit_anchors_linked_elsewhere_exist() -> None:
+    """Every ``plugin-kit.md#anchor`` link in the docs and the README is a heading's anchor."""
+    titles = re.findall(r"^#{1,4} (.+)$", KIT.read_text(encoding="utf-8"), re.M)
+    anchors = {re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", t.lower()).strip()) for t in titles}
+    linked = {
+        (path.name, anchor)
+        for path in [ROOT / "README.md", *ROOT.glob("docs/*.md")]
+        for anchor in re.findall(r"plugin-kit\.md#([\w-]+)", path.read_text(encoding="utf-8"))
+    }
+    assert linked
+    assert sorted(a for a in linked if a[1] not in anchors) == []
+
+
 def test_capability_table_says_who_reports_each_status(tmp_path: Path) -> None:
     """A backend reporting every id: the listing carries its report exactly for the ids the
     table marks as the plugin's (placement too, since it reports that), the host's for the rest."""
