@@ -320,7 +320,7 @@ def test_unexpected_errors_log_one_line_and_throttle_tracebacks(env: Env, caplog
     records = [r for r in caplog.records if r.name == "werk_host.http"]
     assert len(records) == 20
     assert sum(1 for r in records if r.exc_info) == 1
-    assert all("req_" in r.getMessage() and "RuntimeError at reference.py:" in r.getMessage() for r in records)
+    assert all("req_" in r.getMessage() and "RuntimeError at reference_adapter.py:" in r.getMessage() for r in records)
 
 
 def test_traceback_throttle_is_per_site_and_per_interval() -> None:
