@@ -24,8 +24,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil  # type: ignore[import-untyped]
@@ -221,16 +220,6 @@ class Instance:
     def _touch_locked(self) -> None:
         self._last_used_ms = _now_ms()
         self._last_used_mono = time.monotonic()
-
-    @contextmanager
-    def serving(self) -> Iterator[Adapter]:
-        """Use the instance for one request: starts it when cold, counts the request in flight."""
-        adapter = self.use()
-        self.enter()
-        try:
-            yield adapter
-        finally:
-            self.leave()
 
     def enter(self) -> None:
         with self._cond:
