@@ -15,6 +15,7 @@ them:
 * :mod:`werk_host.plugin.workers`: an engine's HTTP worker process (run directory, key, readiness).
 * :mod:`werk_host.plugin.checkpoints`: checkpoint directories and model files as manifests.
 * :mod:`werk_host.plugin.options`: validating a backend's ``werk.<name>`` request options.
+* :mod:`werk_host.plugin.openai`: OpenAI answers and SSE chunks for in-process engines.
 """
 
 from __future__ import annotations
