@@ -40,7 +40,7 @@ def populate(root: Path, n: int, principal: str = PRINCIPAL) -> None:
             principal,
             model_id=f"model-{i % 3}",
             backend="llamacpp",
-            envelope={"process_generation": "g1"},
+            compat_key={"process_generation": "g1"},
             payload=io.BytesIO(i.to_bytes(8, "big") * 16),
             prompt_fingerprint=f"fp-{i}",
             adapter_meta={"n_tokens": i},
@@ -116,7 +116,7 @@ def main() -> None:
             for i in range(5):
                 payload = io.BytesIO(bytes(64 + i))
                 t0 = time.perf_counter()
-                store.commit(PRINCIPAL, model_id="m", backend="b", envelope={}, payload=payload)
+                store.commit(PRINCIPAL, model_id="m", backend="b", compat_key={}, payload=payload)
                 times.append(time.perf_counter() - t0)
             commit_ms[n] = statistics.median(times) * 1000
         print(

@@ -1,7 +1,7 @@
 """A state listing is kept under explicit stamps (werk_host/service/cache.py, service/states.py).
 
 It is the same kept result, with the same JSON text, while neither the store page's stamp nor
-the producer envelopes' evidence moved, even when a layer below hands out copies; and it
+the compatibility keys' evidence moved, even when a layer below hands out copies; and it
 changes exactly when one of them does: a commit, a delete, a backend restart.
 """
 
@@ -84,7 +84,7 @@ def test_a_listing_changes_exactly_when_a_stamp_does(env: tuple[Host, falcon.tes
 
     adapter = host.runtime.adapter
     assert adapter is not None and after_delete.value.states[0].reusable is True
-    adapter.restart()  # a new backend process: new evidence, another envelope
+    adapter.restart()  # a new backend process: new evidence, another compatibility key
     after_restart = listing(host)  # at once: the store did not change, the evidence did
     assert after_restart is not after_delete and after_restart.value.states[0].reusable is False
     assert listing(host) is after_restart

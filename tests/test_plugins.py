@@ -417,13 +417,13 @@ def test_hook_werk_capabilities(facade: tuple[BackendHooks, MemoryAdapter, Plugi
     assert reports is not None and reports[CapabilityId.PD_PREFILL].status is CapabilityStatus.UNAVAILABLE
 
 
-@covers_hooks("werk_producer_envelope")
-def test_hook_werk_producer_envelope(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+@covers_hooks("werk_compat_key")
+def test_hook_werk_compat_key(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
     hooks, adapter, _ = facade
-    envelope = hooks.producer_envelope(adapter, "tiny")
-    assert envelope is not None and envelope["generation"] == adapter.generation
+    compat_key = hooks.compat_key(adapter, "tiny")
+    assert compat_key is not None and compat_key["generation"] == adapter.generation
     adapter.restart()
-    assert hooks.producer_envelope(adapter, "tiny") != envelope
+    assert hooks.compat_key(adapter, "tiny") != compat_key
 
 
 @covers_hooks("werk_prefill", "werk_snapshot", "werk_release_state")
@@ -445,7 +445,7 @@ def _payload(data: bytes) -> Iterator[BinaryIO]:
 @covers_hooks("werk_restore")
 def test_hook_werk_restore(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
     hooks, adapter, _ = facade
-    ref = StoredStateRef("st_x", adapter.envelope(), 3, 5, {}, lambda: _payload(b"p q r"))
+    ref = StoredStateRef("st_x", adapter.compat_key_now(), 3, 5, {}, lambda: _payload(b"p q r"))
     state = needed(hooks.restore(adapter, ref), "restore", adapter)
     out = needed(hooks.decode(adapter, DecodeWork(state.handle, None, DecodeOptions(max_tokens=8))), "decode", adapter)
     assert (state.prompt_tokens, out.text) == (3, "p q r")
@@ -462,7 +462,7 @@ def test_hook_werk_decode(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]
 @covers_hooks("werk_state_move")
 def test_hook_werk_state_move(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
     hooks, adapter, _ = facade
-    ref = StoredStateRef("st_x", adapter.envelope(), 1, 1, {}, lambda: _payload(b"z"))
+    ref = StoredStateRef("st_x", adapter.compat_key_now(), 1, 1, {}, lambda: _payload(b"z"))
     with pytest.raises(WerkError) as err:  # the default reference backend holds no ram tier
         hooks.state_move(adapter, MoveWork(ref, "promote", Tier.RAM, dry_run=True))
     assert err.value.code is ErrorCode.UNSUPPORTED

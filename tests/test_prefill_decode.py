@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KEY
-from werk_host.config import PersistenceDefaults
+from werk_host.config import PersistenceDefaults, ServerLimits
 from werk_host.protocol import CapabilityStatus, PersistenceMode, ReusePolicy
 from werk_host.server import Host
 from werk_host.service import capabilities as capabilities_module
@@ -154,7 +154,7 @@ def test_disk_mode_gates_persistence(evidence_uncached: None, env: Env) -> None:
     err(env.prefill(policy={"mode": "disk"}, allow_experimental=True), 501, "unsupported")
 
 
-# -- reuse and the compatibility envelope -------------------------------------------------
+# -- reuse and the compatibility key -------------------------------------------------
 def test_prefer_reuses_an_exactly_compatible_state(env: Env) -> None:
     first = ok(env.prefill(allow_experimental=True))
     second = ok(env.prefill(allow_experimental=True))
@@ -188,7 +188,7 @@ def test_required_reuse_with_no_match_is_conflict(env: Env) -> None:
 
 def test_required_reuse_with_incompatible_candidate(env: Env) -> None:
     ok(env.prefill(allow_experimental=True))
-    env.adapter.restart()  # new process generation: same prompt, different envelope
+    env.adapter.restart()  # new process generation: same prompt, different compatibility key
     error = err(env.prefill(policy={"reuse": "required"}, allow_experimental=True), 409, "incompatible_state")
     assert error["details"] == {"mismatch_fields": ["generation"]}
     # prefer falls through to a fresh prefill instead
@@ -381,7 +381,9 @@ def test_per_principal_bound_is_retryable_and_isolated(env: Env) -> None:
 
 def test_concurrent_prefills_never_exceed_bounds_or_leak(home: Path) -> None:
     keys = tuple(f"sk-werk-load-{i:02d}-abcdef" for i in range(10))
-    for e in make_env(home, extra_keys=keys):
+    # room in the inference gate for all 64 clients at once, so that only the handoff bounds
+    # refuse (docs/operations.md, "Inference concurrency")
+    for e in make_env(home, extra_keys=keys, limits=ServerLimits(threads=96, inference_slots=64)):
         registry = e.host.service.handoffs
         peak = {"total": 0, "per": 0}
         lock = threading.Lock()

@@ -144,15 +144,15 @@ class PrefillWork:
 class PrefilledState:
     """A backend's prefilled state.
 
-    ``handle`` is opaque to the host. ``envelope`` is the complete producer compatibility
-    envelope (every dimension a string). ``snapshot_capable`` says whether ``werk_snapshot``
+    ``handle`` is opaque to the host. ``compat_key`` is the complete producer compatibility
+    key (every dimension a string). ``snapshot_capable`` says whether ``werk_snapshot``
     can produce a disk-persistable snapshot of this state. ``volatile_tier`` is the live tier
     the backend can retain the state in as a named volatile state, or ``None``.
     """
 
     handle: object
     prompt_tokens: int
-    envelope: dict[str, str]
+    compat_key: dict[str, str]
     snapshot_capable: bool
     volatile_tier: Tier | None = None
     bytes: int | None = None
@@ -178,7 +178,7 @@ class StoredStateRef:
     """A stored state the backend may need to restore before decoding."""
 
     state_id: str
-    envelope: dict[str, str]
+    compat_key: dict[str, str]
     prompt_tokens: int | None
     bytes: int | None
     adapter_meta: JsonObject
@@ -247,7 +247,7 @@ class SessionSnapshots(Protocol):
     file and every rule around it (:mod:`werk_host.chat.native`); the backend only moves bytes
     into and out of its session slot, serves requests on that slot and reads its own counters."""
 
-    def envelope(self) -> dict[str, str]:
+    def session_key(self) -> dict[str, str]:
         """Every dimension that decides whether a snapshot taken now can be restored into another
         process of this backend: model files, runtime binary and libraries, environment,
         effective launch arguments, snapshot layout; each a string, compared for exact equality.
@@ -265,8 +265,8 @@ class SessionSnapshots(Protocol):
         """Load a snapshot into the idle session slot; returns the number of tokens it holds.
 
         Read it only through ``stored.open_payload()``, which yields a real file (``fileno()``)
-        whose size and SHA-256 the host has checked on that very descriptor; ``stored.envelope``
-        is the envelope it was saved under and ``stored.adapter_meta`` what the snapshot's
+        whose size and SHA-256 the host has checked on that very descriptor; ``stored.compat_key``
+        is the compatibility key it was saved under and ``stored.adapter_meta`` what the snapshot's
         ``adapter_meta`` said. Requires the backend's exact restore acknowledgements. On any
         failure the slot is cleared before ``corrupt_state`` (or ``unavailable``) is raised."""
         ...

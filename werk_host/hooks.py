@@ -107,8 +107,8 @@ class BackendHooks:
                 self._plugins.flag(self._plugins.owner_of(adapter), f"reports unknown capability id {key!r}")
         return reports
 
-    def producer_envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
-        name = hookspecs.werk_producer_envelope.__name__
+    def compat_key(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
+        name = hookspecs.werk_compat_key.__name__
         result = self._plugins.dispatch(name, adapter, model_id=model_id)
         if result is None:
             return None

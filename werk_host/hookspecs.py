@@ -132,15 +132,15 @@ def werk_capabilities(adapter: Adapter) -> Mapping[CapabilityId, CapabilityRepor
 
 
 @hookspec(firstresult=True)
-def werk_producer_envelope(adapter: Adapter, model_id: str) -> dict[str, str] | None:
-    """The complete producer compatibility envelope a new state for ``model_id`` would carry
+def werk_compat_key(adapter: Adapter, model_id: str) -> dict[str, str] | None:
+    """The complete producer compatibility key a new state for ``model_id`` would carry
     now, without doing work: every dimension that decides whether a snapshot can be restored
     (binary and flag fingerprints, effective arguments, model identity, cache layout, process
     generation where restores are per process), each a string. A stored state is reusable
-    only when its envelope equals this one exactly; there are no wildcards. Raises
+    only when its compatibility key equals this one exactly; there are no wildcards. Raises
     ``unavailable`` when it cannot be established.
 
-    Adapter method: ``@hookimpl(specname="werk_producer_envelope") def producer_envelope(self, model_id)``."""
+    Adapter method: ``@hookimpl(specname="werk_compat_key") def compat_key(self, model_id)``."""
 
 
 @hookspec(firstresult=True)

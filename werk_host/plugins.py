@@ -553,7 +553,7 @@ OBSERVING_HOOKS: frozenset[str] = frozenset(
     spec.__name__
     for spec in (
         hookspecs.werk_capabilities,
-        hookspecs.werk_producer_envelope,
+        hookspecs.werk_compat_key,
         hookspecs.werk_count_tokens,
         hookspecs.werk_chat_limits,
         hookspecs.werk_reasoning_profile,

@@ -36,7 +36,7 @@ def test_the_hook_hands_out_typed_session_snapshots(home: Path) -> None:
     adapter = plugin.create(HostConfig(home=home), None)
     snapshots = BackendHooks(plugins).session_snapshots(adapter, "none")
     assert isinstance(snapshots, MemorySessionSnapshots)
-    assert "generation" not in snapshots.envelope()  # a snapshot is meant to outlive its process
+    assert "generation" not in snapshots.session_key()  # a snapshot is meant to outlive its process
 
     class Broken:
         @hookimpl

@@ -1,7 +1,7 @@
-"""A state listing does not ask the backend for its producer envelope on every request.
+"""A state listing does not ask the backend for its compatibility key on every request.
 
 ``GET /werk/v1/states`` answers a page the store kept (nothing on it changed) without asking the
-envelopes again while the capability evidence rules hold: same backend process, no operation
+compatibility keys again while the capability evidence rules hold: same backend process, no operation
 hook since, within the evidence TTL window (``werk_host.service.states``, ``list_states``). Any of
 those changing asks again, so a restarted backend shows its states' new ``reusable`` at once.
 Observed on the reference plugin by counting its hook calls.
@@ -33,15 +33,15 @@ def listed(client: falcon.testing.TestClient) -> list[dict[str, Any]]:
 
 def served(home: Any, monkeypatch: pytest.MonkeyPatch, ttl_s: float) -> Iterator[tuple[Any, Any, list[str]]]:
     asked: list[str] = []
-    real = MemoryAdapter.producer_envelope
+    real = MemoryAdapter.compat_key
 
     @functools.wraps(real)  # keeps the hook implementation marker
-    def envelope(self: MemoryAdapter, model_id: str) -> dict[str, str]:
+    def compat_key(self: MemoryAdapter, model_id: str) -> dict[str, str]:
         asked.append(model_id)
         return real(self, model_id)
 
     monkeypatch.setattr(capabilities_module, "EVIDENCE_TTL_S", ttl_s)
-    monkeypatch.setattr(MemoryAdapter, "producer_envelope", envelope)
+    monkeypatch.setattr(MemoryAdapter, "compat_key", compat_key)
     host, _ = backend_host(home, api_keys=(KEY,))
     client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
     try:
@@ -66,7 +66,7 @@ def test_a_kept_page_does_not_ask_again_until_the_process_changes(kept: Any) -> 
         assert listed(client) == [state]
     assert len(asked) == first  # nothing changed: not asked again
 
-    host.runtime.adapter.restart()  # a new process: its envelope differs from the state's
+    host.runtime.adapter.restart()  # a new process: its compatibility key differs from the state's
     (after,) = listed(client)
     assert len(asked) == first + 1
     assert after["id"] == state["id"] and after["reusable"] is False  # shown at once

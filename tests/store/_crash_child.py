@@ -41,7 +41,7 @@ def commit_loop(store: StateStore, principal: str, base: int, limit: int | None,
             principal,
             model_id="crash-model",
             backend="test",
-            envelope={"gen": str(base)},
+            compat_key={"gen": str(base)},
             payload=io.BytesIO(payload_for(seed, size)),
             adapter_meta={"seed": seed, "size": size},
             pinned=rng.random() < 0.2,
@@ -99,7 +99,7 @@ def main() -> int:
             sys.stdin.readline()
             yield data[1 << 20 :]
 
-        rec = store.commit(principal, model_id="slow", backend="test", envelope={}, payload=chunks())
+        rec = store.commit(principal, model_id="slow", backend="test", compat_key={}, payload=chunks())
         emit(f"ack {rec.id} {base} {3 << 20}\n")
         return 0
     if mode.startswith("reconcile:"):

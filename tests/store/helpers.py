@@ -37,7 +37,7 @@ def payload_for(seed: int, size: int) -> bytes:
 def commit(store: StateStore, principal: str = P1, data: bytes = b"state-bytes", **kw: Any) -> StateRecord:
     kw.setdefault("model_id", "tiny-model")
     kw.setdefault("backend", "llamacpp")
-    kw.setdefault("envelope", ENV)
+    kw.setdefault("compat_key", ENV)
     return store.commit(principal, payload=io.BytesIO(data), **kw)
 
 

@@ -77,7 +77,7 @@ def test_writer_states_are_checked_byte_for_byte(root: Path) -> None:
         P1,
         model_id="m",
         backend="b",
-        envelope={},
+        compat_key={},
         payload=io.BytesIO(payload_for(3, 900)),
         adapter_meta={"seed": 3, "size": 900},
     )
@@ -85,7 +85,7 @@ def test_writer_states_are_checked_byte_for_byte(root: Path) -> None:
         P1,
         model_id="m",
         backend="b",
-        envelope={},
+        compat_key={},
         payload=io.BytesIO(payload_for(4, 900)),
         adapter_meta={"seed": 3, "size": 900},
     )

@@ -40,7 +40,7 @@ def leftovers(root: Path) -> list[str]:
 
 
 def commit_stream(store: StateStore, principal: str, chunks: Iterator[bytes]) -> object:
-    return store.commit(principal, model_id="m", backend="b", envelope=ENV, payload=chunks)
+    return store.commit(principal, model_id="m", backend="b", compat_key=ENV, payload=chunks)
 
 
 def state_bytes(root: Path, principal: str, state_id: str) -> int:

@@ -56,7 +56,7 @@ def test_ids_are_random_not_prompt_derived(store: StateStore) -> None:
 def test_iterable_payload_and_expected_sha(store: StateStore) -> None:
     chunks: list[bytes | bytearray | memoryview] = [b"abc", bytearray(b"def"), memoryview(b"ghi")]
     want = hashlib.sha256(b"abcdefghi").hexdigest()
-    rec = store.commit(P1, model_id="m", backend="b", envelope={}, payload=iter(chunks), expected_sha256=want)
+    rec = store.commit(P1, model_id="m", backend="b", compat_key={}, payload=iter(chunks), expected_sha256=want)
     assert rec.bytes == 9 and rec.payload_sha256 == want
 
 
@@ -79,7 +79,7 @@ def test_payload_bound_enforced_while_streaming(make_store: Callable[..., StateS
             yield b"y" * 100
 
     with pytest.raises(WerkError) as err:
-        store.commit(P1, model_id="m", backend="b", envelope={}, payload=gen())
+        store.commit(P1, model_id="m", backend="b", compat_key={}, payload=gen())
     assert err.value.code is ErrorCode.RESOURCE_EXHAUSTED
     assert produced == 11  # stopped at the first chunk over the bound, not after buffering all
     assert store.list_states(P1) == ([], None)
@@ -93,7 +93,7 @@ def test_failing_source_leaves_nothing(store: StateStore, root: Path) -> None:
         raise RuntimeError("backend died")
 
     with pytest.raises(RuntimeError):
-        store.commit(P1, model_id="m", backend="b", envelope={}, payload=gen())
+        store.commit(P1, model_id="m", backend="b", compat_key={}, payload=gen())
     assert staging_leftovers(root) == []
     assert store.list_states(P1) == ([], None)
 
@@ -102,7 +102,7 @@ def test_failing_source_leaves_nothing(store: StateStore, root: Path) -> None:
     "kw",
     [
         {"model_id": ""},
-        {"envelope": {"k": 1}},
+        {"compat_key": {"k": 1}},
         {"ttl_seconds": 0},
         {"ttl_seconds": 2_592_001},
         {"prompt_tokens": -1},
@@ -277,5 +277,5 @@ def test_concurrent_threads_commit_and_list(store: StateStore) -> None:
 
 def test_readinto_source(store: StateStore) -> None:
     data = payload_for(3, 2_500_000)
-    rec = store.commit(P1, model_id="m", backend="b", envelope={}, payload=io.BufferedReader(io.BytesIO(data)))
+    rec = store.commit(P1, model_id="m", backend="b", compat_key={}, payload=io.BufferedReader(io.BytesIO(data)))
     assert read_payload(store, P1, rec.id) == data

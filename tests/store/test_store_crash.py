@@ -90,4 +90,4 @@ def test_live_commit_in_another_process_is_not_reaped_and_does_not_block(tmp_pat
 
 
 def commit_one(store: StateStore) -> StateRecord:
-    return store.commit(P1, model_id="m", backend="b", envelope={}, payload=iter([b"x" * 10]))
+    return store.commit(P1, model_id="m", backend="b", compat_key={}, payload=iter([b"x" * 10]))

@@ -125,7 +125,7 @@ def test_a_commit_whose_metadata_finds_the_disk_full_leaves_nothing(small_fs: Pa
         fillers.append(fill(small_fs))  # after the last chunk: nothing is left for metadata.json
 
     with pytest.raises(WerkError) as info:
-        fs_store.commit(P1, model_id="m", backend="b", envelope=ENV, payload=payload())
+        fs_store.commit(P1, model_id="m", backend="b", compat_key=ENV, payload=payload())
     assert info.value.code is ErrorCode.RESOURCE_EXHAUSTED
     assert fillers
     assert leftovers(root) == []

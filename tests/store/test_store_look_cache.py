@@ -30,7 +30,7 @@ for op, arg in ops:
             out[op] = len(f.read())
     elif op == "commit":
         rec = store.commit(principal, model_id="tiny-model", backend="llamacpp",
-                           envelope={"backend_fingerprint": "bin-1", "process_generation": "gen-1"},
+                           compat_key={"backend_fingerprint": "bin-1", "process_generation": "gen-1"},
                            payload=io.BytesIO(b"from-another-process"))
         out[op] = rec.id
 print(json.dumps(out))

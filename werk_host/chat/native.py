@@ -3,16 +3,16 @@
 Files, in the session's private ``native/`` directory (0700; files 0600, never through a link)::
 
     snapshot-<sha16>.bin   the backend's opaque snapshot bytes
-    snapshot.json          index: envelope, file name, SHA-256, size, backend acknowledgements
-    capability.json        receipt: observed restored reuse under one exact envelope
+    snapshot.json          index: session key (member ``envelope``), file name, SHA-256, size, acknowledgements
+    capability.json        receipt: observed restored reuse under one exact session key
 
 Rules (docs/chat.md, "Native snapshots"):
 
 * **No snapshot, no restore work.** Opening a session reads the index and receipt only; it never
   runs a synthetic prompt. :meth:`NativeCache.open` reports ``available`` (no usable snapshot),
-  ``unverified`` (a snapshot, no receipt for this envelope) or ``verified`` (a receipt records
-  observed reuse under this exact envelope: historical evidence, not a promise of a hit).
-* **Verified before use, restored on the first real request.** The index's envelope must equal
+  ``unverified`` (a snapshot, no receipt for this session key) or ``verified`` (a receipt records
+  observed reuse under this exact session key: historical evidence, not a promise of a hit).
+* **Verified before use, restored on the first real request.** The index's session key must equal
   the backend's current one exactly; the file must be a private regular file of the recorded
   size whose SHA-256 matches, checked on the open descriptor before the backend gets it; the
   backend checks its own restore acknowledgements (:class:`~werk_host.chat.seam.SessionSnapshots`).
@@ -137,13 +137,13 @@ def _read_json(dir_fd: int, name: str, limit: int) -> dict[str, object] | None:
 
 
 def mismatched(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
-    """The envelope dimensions (names only) on which two envelopes differ."""
+    """The session key dimensions (names only) on which two session keys differ."""
     return sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
 
 
 @dataclass(frozen=True)
 class SnapshotIndex:
-    envelope: dict[str, str]
+    session_key: dict[str, str]
     file: str
     sha256: str
     size: int
@@ -153,9 +153,9 @@ class SnapshotIndex:
     def parse(cls, doc: dict[str, object] | None) -> SnapshotIndex | None:
         if doc is None or doc.get("schema") != INDEX_SCHEMA:
             return None
-        envelope, name, digest, size = doc.get("envelope"), doc.get("file"), doc.get("sha256"), doc.get("bytes")
+        session_key, name, digest, size = doc.get("envelope"), doc.get("file"), doc.get("sha256"), doc.get("bytes")
         meta = doc.get("backend_meta", {})
-        env = _string_map(envelope)
+        env = _string_map(session_key)
         if env is None or not isinstance(name, str) or not _SNAPSHOT_FILE.fullmatch(name):
             return None
         if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
@@ -168,7 +168,7 @@ class SnapshotIndex:
     def encode(self) -> bytes:
         doc = {
             "schema": INDEX_SCHEMA,
-            "envelope": self.envelope,
+            "envelope": self.session_key,
             "file": self.file,
             "sha256": self.sha256,
             "bytes": self.size,
@@ -184,7 +184,7 @@ class NativeCache:
     def __init__(self, directory: Path, snapshots: SessionSnapshots) -> None:
         self.directory = directory
         self.snapshots = snapshots
-        self.envelope: dict[str, str] | None = None
+        self.session_key: dict[str, str] | None = None
         self._pending: SnapshotIndex | None = None
         self._awaiting_evidence = False
 
@@ -200,7 +200,7 @@ class NativeCache:
     def open(self) -> NativeReport:
         """Say what the session's native cache can do; reads small files only, runs nothing."""
         try:
-            self.envelope = self.snapshots.envelope()
+            self.session_key = self.snapshots.session_key()
         except WerkError as err:
             return NativeReport(NativeStatus.UNAVAILABLE, f"the backend cannot identify its runtime ({err.message})")
         with self._dir() as fd:
@@ -208,7 +208,7 @@ class NativeCache:
             receipt = _read_json(fd, RECEIPT_NAME, MAX_RECEIPT_BYTES)
         if index is None:
             return NativeReport(NativeStatus.AVAILABLE, "no snapshot yet; the first complete response is saved")
-        differ = mismatched(index.envelope, self.envelope)
+        differ = mismatched(index.session_key, self.session_key)
         if differ:
             return NativeReport(
                 NativeStatus.AVAILABLE,
@@ -229,11 +229,11 @@ class NativeCache:
         )
 
     def _receipt_time(self, receipt: dict[str, object] | None) -> str | None:
-        if receipt is None or receipt.get("schema") != RECEIPT_SCHEMA or self.envelope is None:
+        if receipt is None or receipt.get("schema") != RECEIPT_SCHEMA or self.session_key is None:
             return None
-        envelope = _string_map(receipt.get("envelope"))
+        session_key = _string_map(receipt.get("envelope"))
         when, cached = receipt.get("observed_unix_ms"), receipt.get("cached_tokens")
-        if envelope != self.envelope or not _positive_int(when) or not _positive_int(cached) or cached == 0:
+        if session_key != self.session_key or not _positive_int(when) or not _positive_int(cached) or cached == 0:
             return None
         assert isinstance(when, int)
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when / 1000))
@@ -249,7 +249,7 @@ class NativeCache:
         try:
             stored = StoredStateRef(
                 state_id=self.directory.parent.name,
-                envelope=index.envelope,
+                compat_key=index.session_key,
                 prompt_tokens=None,
                 bytes=index.size,
                 adapter_meta=index.backend_meta,
@@ -325,11 +325,11 @@ class NativeCache:
         return CommitOutcome(cached, prompt_tokens, evidence, observed, saved, time.monotonic() - started)
 
     def _write_receipt(self, cached: int, prompt_tokens: int | None) -> bool:
-        if self.envelope is None:
+        if self.session_key is None:
             return False
         doc = {
             "schema": RECEIPT_SCHEMA,
-            "envelope": self.envelope,
+            "envelope": self.session_key,
             "observed_unix_ms": int(time.time() * 1000),
             "cached_tokens": cached,
             "prompt_tokens": prompt_tokens,
@@ -342,8 +342,8 @@ class NativeCache:
     def _save(self) -> int:
         """Stream the backend's snapshot into a new private file (hashed in the same pass),
         fsync it, publish the index atomically, then drop older snapshot files."""
-        if self.envelope is None:
-            raise WerkError(ErrorCode.UNAVAILABLE, "the backend's runtime envelope is unknown")
+        if self.session_key is None:
+            raise WerkError(ErrorCode.UNAVAILABLE, "the backend's session key is unknown")
         snapshot: Snapshot = self.snapshots.save()
         tmp = f"{TMP_PREFIX}{secrets.token_hex(8)}"
         digest = hashlib.sha256()
@@ -367,8 +367,8 @@ class NativeCache:
                 sha = digest.hexdigest()
                 name = f"snapshot-{sha[:16]}.bin"
                 os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                assert self.envelope is not None
-                index = SnapshotIndex(self.envelope, name, sha, size, dict(snapshot.adapter_meta))
+                assert self.session_key is not None
+                index = SnapshotIndex(self.session_key, name, sha, size, dict(snapshot.adapter_meta))
                 replace_file(INDEX_NAME, dfd, index.encode(), durable=True)
                 fsync_fd(dfd)
                 for other in os.listdir(dfd):

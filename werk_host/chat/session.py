@@ -177,7 +177,7 @@ class ChatSession:
             elif restored is not None:
                 self.note(
                     f"restore: {restored.tokens} tokens from the native snapshot in {restored.seconds:.3f} s "
-                    "(envelope, size and SHA-256 verified)"
+                    "(session key, size and SHA-256 verified)"
                 )
         started = time.monotonic()
         try:

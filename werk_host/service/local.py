@@ -351,11 +351,11 @@ class LocalControlService:
         quarantined by the store and the next is tried. ``None`` lets ``prefer`` fall
         through to a fresh prefill; ``required`` never does: it is ``conflict`` (409) with
         ``details.reason == "corrupt_state"`` when a compatible candidate was corrupt, else
-        ``incompatible_state`` when a candidate's envelope differs, else ``conflict``.
+        ``incompatible_state`` when a candidate's compatibility key differs, else ``conflict``.
         """
         candidates = [c for c in self.store.find_by_fingerprint(principal.id, fingerprint) if c.model_id == model_id]
-        envelope = self.states.envelope(adapter, model_id)
-        compatible = [c for c in candidates if envelope is not None and c.envelope == envelope]
+        compat_key = self.states.compat_key(adapter, model_id)
+        compatible = [c for c in candidates if compat_key is not None and c.compat_key == compat_key]
         record, corrupt_seen = self._newest_intact(principal, compatible)
         if record is not None:
             secret = self.handoffs.issue(
@@ -376,13 +376,13 @@ class LocalControlService:
                     "reuse is required but the compatible stored state failed integrity validation",
                     details={"reason": "corrupt_state"},
                 )
-            incompatible = [c for c in candidates if c.envelope != envelope]
-            if incompatible and envelope is not None:
+            incompatible = [c for c in candidates if c.compat_key != compat_key]
+            if incompatible and compat_key is not None:
                 newest = max(incompatible, key=lambda c: (c.created_unix_ms, c.id))
                 raise WerkError(
                     ErrorCode.INCOMPATIBLE_STATE,
-                    "a stored state matches the prompt but its producer envelope differs",
-                    details={"mismatch_fields": mismatch_fields(envelope, newest.envelope)},
+                    "a stored state matches the prompt but its compatibility key differs",
+                    details={"mismatch_fields": mismatch_fields(compat_key, newest.compat_key)},
                 )
             raise WerkError(ErrorCode.CONFLICT, "reuse is required but no compatible state exists")
         return None
@@ -419,7 +419,7 @@ class LocalControlService:
                 principal.id,
                 model_id=model_id,
                 backend=adapter.backend,
-                envelope=dict(state.envelope),
+                compat_key=dict(state.compat_key),
                 payload=snapshot.chunks,
                 prompt_fingerprint=fingerprint,
                 prompt_tokens=state.prompt_tokens,
@@ -441,12 +441,12 @@ class LocalControlService:
             stored: StoredStateRef | None = None
             if record.state_id is not None:
                 stored_record = self.states.record_or_404(principal, record.state_id)
-                envelope = self.states.envelope(adapter, record.model_id)
-                if envelope is None or envelope != stored_record.envelope:
+                compat_key = self.states.compat_key(adapter, record.model_id)
+                if compat_key is None or compat_key != stored_record.compat_key:
                     raise WerkError(
                         ErrorCode.INCOMPATIBLE_STATE,
                         "the stored state was produced by a different backend configuration",
-                        details={"mismatch_fields": mismatch_fields(envelope or {}, stored_record.envelope)},
+                        details={"mismatch_fields": mismatch_fields(compat_key or {}, stored_record.compat_key)},
                     )
                 stored = self.states.stored_ref(principal, stored_record)
             options = DecodeOptions(

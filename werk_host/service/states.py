@@ -1,9 +1,9 @@
 """Named states: the listing, state actions and prune (``/werk/v1/states``), per principal.
 
 A page of a listing is built from one store page (:meth:`werk_host.store.StateStore.list_page`)
-and the producer envelopes of its models on the request's instance, and kept in the service's
+and the compatibility keys of its models on the request's instance, and kept in the service's
 one cache layer (:mod:`werk_host.service.cache`) under their stamps: the store page's read
-stamp, and the envelopes themselves. The envelopes are evidence about the adapter and are
+stamp, and the compatibility keys themselves. The compatibility keys are evidence about the adapter and are
 asked again only when the evidence stamp moves (another adapter process, any operation hook
 since, or the next :data:`~werk_host.service.capabilities.EVIDENCE_TTL_S` window;
 :meth:`~werk_host.service.capabilities.CapabilityResolver.evidence_key`). So a listing changes
@@ -44,14 +44,14 @@ from werk_host.service.principals import Principal
 from werk_host.service.scope import RequestScope
 from werk_host.store import StateRecord, StateStore
 
-#: Bound on the kept pages and envelopes (each map cleared wholesale when reached).
+#: Bound on the kept pages and compatibility keys (each map cleared wholesale when reached).
 _MAX_PAGES = 256
-_MAX_ENVELOPES = 256
-#: One producer envelope in hashable form (its sorted items; ``None``: none, or no adapter),
+_MAX_COMPAT_KEYS = 256
+#: One compatibility key in hashable form (its sorted items; ``None``: none, or no adapter),
 #: in a 1-tuple so that a kept ``None`` is told from a miss.
-Envelope = tuple[tuple[tuple[str, str], ...] | None]
-#: (model id, its envelope on the request's adapter) per model of a page
-Envelopes = tuple[tuple[str, Envelope], ...]
+CompatKey = tuple[tuple[tuple[str, str], ...] | None]
+#: (model id, its compatibility key on the request's adapter) per model of a page
+CompatKeys = tuple[tuple[str, CompatKey], ...]
 Gate = Callable[[RequestScope, "Adapter | None", CapabilityId, bool], CapabilityReport]
 
 
@@ -59,8 +59,8 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def summary(record: StateRecord, envelope: dict[str, str] | None, now_ms: int) -> StateSummary:
-    """``record`` as the protocol lists it; ``reusable`` when ``envelope`` (the producer envelope
+def summary(record: StateRecord, compat_key: dict[str, str] | None, now_ms: int) -> StateSummary:
+    """``record`` as the protocol lists it; ``reusable`` when ``compat_key`` (the compatibility key
     of its model on the instance now) equals the one it was stored under."""
     expired = record.is_expired(now_ms)
     return StateSummary(
@@ -74,7 +74,7 @@ def summary(record: StateRecord, envelope: dict[str, str] | None, now_ms: int) -
         last_accessed_unix_ms=record.last_accessed_unix_ms,
         expires_unix_ms=record.expires_unix_ms,
         pinned=record.pinned,
-        reusable=(not expired) and envelope is not None and envelope == record.envelope,
+        reusable=(not expired) and compat_key is not None and compat_key == record.compat_key,
     )
 
 
@@ -99,36 +99,36 @@ class StateCatalog:
         self.memory_manager = memory
         self.leases = leases
         self._gate = gate
-        #: (listing scope, limit, after) -> the page, under (store page stamp, envelopes)
+        #: (listing scope, limit, after) -> the page, under (store page stamp, compat_keys)
         self._pages: StampedCache[tuple[str, int, str | None], Shared[StatePage]] = StampedCache(_MAX_PAGES)
         #: (listing scope, limit, after) -> the models on the page, under the store page stamp
         self._models: StampedCache[tuple[str, int, str | None], tuple[str, ...]] = StampedCache(_MAX_PAGES)
-        #: (adapter identity, instance id, model) -> its envelope, under the evidence key
-        self._envelopes: StampedCache[tuple[str, str | None, str], Envelope] = StampedCache(_MAX_ENVELOPES)
+        #: (adapter identity, instance id, model) -> its compatibility key, under the evidence key
+        self._compat_keys: StampedCache[tuple[str, str | None, str], CompatKey] = StampedCache(_MAX_COMPAT_KEYS)
 
-    def envelope(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
-        """``model_id``'s producer envelope on ``adapter`` now (``None``: it has none)."""
+    def compat_key(self, adapter: Adapter, model_id: str) -> dict[str, str] | None:
+        """``model_id``'s compatibility key on ``adapter`` now (``None``: it has none)."""
         try:
-            return self.hooks.producer_envelope(adapter, model_id)
+            return self.hooks.compat_key(adapter, model_id)
         except WerkError:
             return None
 
-    def _kept_envelopes(self, scope: RequestScope, models: tuple[str, ...]) -> Envelopes:
-        """The envelope of each of ``models`` on the request's adapter, asked again only when
+    def _kept_compat_keys(self, scope: RequestScope, models: tuple[str, ...]) -> CompatKeys:
+        """The compatibility key of each of ``models`` on the request's adapter, asked again only when
         the evidence key moved (module docstring)."""
         adapter = scope.adapter
         if adapter is None:
             return tuple((model, (None,)) for model in models)
         stamp = self.resolver.evidence_key(adapter)
-        found: list[tuple[str, Envelope]] = []
+        found: list[tuple[str, CompatKey]] = []
         instance = scope.instance.id if scope.instance is not None else None
         for model in models:
             key = (stamp[0], instance, model)
-            held = self._envelopes.get(key, stamp)
+            held = self._compat_keys.get(key, stamp)
             if held is None:
-                envelope = self.envelope(adapter, model)
-                held = self._envelopes.put(
-                    key, stamp, (tuple(sorted(envelope.items())) if envelope is not None else None,)
+                compat_key = self.compat_key(adapter, model)
+                held = self._compat_keys.put(
+                    key, stamp, (tuple(sorted(compat_key.items())) if compat_key is not None else None,)
                 )
             found.append((model, held))
         return tuple(found)
@@ -149,12 +149,12 @@ class StateCatalog:
         models = self._models.get(key, listed.stamp)  # the page's models, once per store read
         if models is None:
             models = self._models.put(key, listed.stamp, tuple(sorted({r.model_id for r in listed.records})))
-        envelopes = self._kept_envelopes(scope, models)
-        stamp = (listed.stamp, envelopes)
+        compat_keys = self._kept_compat_keys(scope, models)
+        stamp = (listed.stamp, compat_keys)
         kept = self._pages.get(key, stamp)
         if kept is not None:
             return kept
-        by_model = {model: dict(held[0]) if held[0] is not None else None for model, held in envelopes}
+        by_model = {model: dict(held[0]) if held[0] is not None else None for model, held in compat_keys}
         now = _now_ms()
         states = [summary(record, by_model[record.model_id], now) for record in listed.records]
         cursor = self.cursors.encode(listed.after, where) if listed.after else None
@@ -165,9 +165,9 @@ class StateCatalog:
         principal = scope.principal
         record = self.record_or_404(principal, state_id)
         adapter = scope.adapter
-        envelope = self.envelope(adapter, record.model_id) if adapter else None
+        compat_key = self.compat_key(adapter, record.model_id) if adapter else None
         now = _now_ms()
-        current = summary(record, envelope, now)
+        current = summary(record, compat_key, now)
         action = request.action
         if action in (StateActionKind.PIN, StateActionKind.UNPIN):
             want = action is StateActionKind.PIN
@@ -178,7 +178,7 @@ class StateCatalog:
             self.memory_manager.check_mutation_allowed()
             updated = self.store.set_pinned(principal.id, state_id, want)
             return StateActionResult(
-                state=summary(updated, envelope, now), changed=record.pinned != want, dry_run=False
+                state=summary(updated, compat_key, now), changed=record.pinned != want, dry_run=False
             )
         if action is StateActionKind.EVICT:
             projected = current.model_copy(update={"status": StateStatus.UNAVAILABLE, "reusable": False})
@@ -243,7 +243,7 @@ class StateCatalog:
         store, pid, sid = self.store, principal.id, record.id
         return StoredStateRef(
             state_id=record.id,
-            envelope=dict(record.envelope),
+            compat_key=dict(record.compat_key),
             prompt_tokens=record.prompt_tokens,
             bytes=record.bytes,
             adapter_meta=dict(record.adapter_meta),

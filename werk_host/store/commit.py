@@ -39,7 +39,7 @@ from .records import (
     StateRecord,
     checksum_text,
     validate_adapter_meta,
-    validate_envelope,
+    validate_compat_key,
     validate_name,
     validate_principal,
 )
@@ -101,7 +101,7 @@ class CommittingStore(VerifyingStore, QuotaStore):
         *,
         model_id: str,
         backend: str,
-        envelope: dict[str, str],
+        compat_key: dict[str, str],
         payload: BinaryIO | Iterable[bytes | bytearray | memoryview],
         prompt_fingerprint: str | None = None,
         prompt_tokens: int | None = None,
@@ -125,7 +125,7 @@ class CommittingStore(VerifyingStore, QuotaStore):
         validate_principal(principal)
         validate_name(model_id, "model_id")
         validate_name(backend, "backend")
-        env = validate_envelope(envelope)
+        env = validate_compat_key(compat_key)
         meta_extra = validate_adapter_meta(adapter_meta)
         if prompt_fingerprint is not None and (
             not isinstance(prompt_fingerprint, str) or not 0 < len(prompt_fingerprint) <= MAX_FINGERPRINT
@@ -152,7 +152,7 @@ class CommittingStore(VerifyingStore, QuotaStore):
             payload_sha256="0" * 64,
             created_unix_ms=10**15,
             expires_unix_ms=10**15,
-            envelope=env,
+            compat_key=env,
             prompt_fingerprint=prompt_fingerprint,
             prompt_tokens=prompt_tokens,
             adapter_meta=meta_extra,
@@ -189,7 +189,7 @@ class CommittingStore(VerifyingStore, QuotaStore):
                         principal,
                         model_id=model_id,
                         backend=backend,
-                        envelope=env,
+                        compat_key=env,
                         size=size,
                         digest=digest,
                         prompt_fingerprint=prompt_fingerprint,
@@ -255,7 +255,7 @@ class CommittingStore(VerifyingStore, QuotaStore):
         *,
         model_id: str,
         backend: str,
-        envelope: dict[str, str],
+        compat_key: dict[str, str],
         size: int,
         digest: str,
         prompt_fingerprint: str | None,
@@ -284,7 +284,7 @@ class CommittingStore(VerifyingStore, QuotaStore):
             payload_sha256=digest,
             created_unix_ms=now_ms,
             expires_unix_ms=None if ttl_seconds is None else now_ms + ttl_seconds * 1000,
-            envelope=envelope,
+            compat_key=compat_key,
             prompt_fingerprint=prompt_fingerprint,
             prompt_tokens=prompt_tokens,
             adapter_meta=adapter_meta,

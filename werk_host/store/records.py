@@ -49,9 +49,9 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 MAX_METADATA_BYTES = 64 * 1024
 MAX_ADAPTER_META_BYTES = 16 * 1024
-MAX_ENVELOPE_ENTRIES = 64
-MAX_ENVELOPE_KEY = 128
-MAX_ENVELOPE_VALUE = 1024
+MAX_COMPAT_KEY_ENTRIES = 64
+MAX_COMPAT_KEY_KEY = 128
+MAX_COMPAT_KEY_VALUE = 1024
 MAX_NAME = 256
 MAX_FINGERPRINT = 256
 MAX_TTL_SECONDS = 2_592_000
@@ -61,9 +61,9 @@ MAX_TTL_SECONDS = 2_592_000
 class StateRecord:
     """One committed, validated, non-corrupt state as the store sees it.
 
-    ``tier`` is always ``"disk"``. ``envelope``, ``prompt_fingerprint`` and
+    ``tier`` is always ``"disk"``. ``compat_key``, ``prompt_fingerprint`` and
     ``adapter_meta`` are internal: the service must not put them in public summaries.
-    ``envelope`` and ``adapter_meta`` are per-record shallow copies; treat nested values
+    ``compat_key`` and ``adapter_meta`` are per-record shallow copies; treat nested values
     as read-only.
     """
 
@@ -78,7 +78,7 @@ class StateRecord:
     expires_unix_ms: int | None
     pinned: bool
     payload_sha256: str
-    envelope: dict[str, str] = field(default_factory=dict)
+    compat_key: dict[str, str] = field(default_factory=dict)
     prompt_fingerprint: str | None = None
     prompt_tokens: int | None = None
     adapter_meta: dict[str, Any] = field(default_factory=dict)
@@ -158,7 +158,7 @@ class Metadata:
     payload_sha256: str
     created_unix_ms: int
     expires_unix_ms: int | None
-    envelope: dict[str, str]
+    compat_key: dict[str, str]
     prompt_fingerprint: str | None
     prompt_tokens: int | None
     adapter_meta: dict[str, Any]
@@ -175,7 +175,7 @@ class Metadata:
             "payload_sha256": self.payload_sha256,
             "created_unix_ms": self.created_unix_ms,
             "expires_unix_ms": self.expires_unix_ms,
-            "envelope": self.envelope,
+            "envelope": self.compat_key,
             "prompt_fingerprint": self.prompt_fingerprint,
             "prompt_tokens": self.prompt_tokens,
             "adapter_meta": self.adapter_meta,
@@ -195,7 +195,7 @@ class Metadata:
             expires_unix_ms=self.expires_unix_ms,
             pinned=pinned,
             payload_sha256=self.payload_sha256,
-            envelope=dict(self.envelope),
+            compat_key=dict(self.compat_key),
             prompt_fingerprint=self.prompt_fingerprint,
             prompt_tokens=self.prompt_tokens,
             adapter_meta=dict(self.adapter_meta),
@@ -241,7 +241,7 @@ def decode_metadata(data: bytes, checksum: bytes, *, expected_id: str, expected_
         exp = doc["expires_unix_ms"]
         if exp is not None and not _is_int(exp):
             return None
-        validate_envelope(doc["envelope"])
+        validate_compat_key(doc["envelope"])
         fp = doc["prompt_fingerprint"]
         if fp is not None and (not isinstance(fp, str) or len(fp) > MAX_FINGERPRINT):
             return None
@@ -262,7 +262,7 @@ def decode_metadata(data: bytes, checksum: bytes, *, expected_id: str, expected_
         payload_sha256=sha,
         created_unix_ms=doc["created_unix_ms"],
         expires_unix_ms=exp,
-        envelope=dict(doc["envelope"]),
+        compat_key=dict(doc["envelope"]),
         prompt_fingerprint=fp,
         prompt_tokens=tokens,
         adapter_meta=meta,
@@ -280,16 +280,16 @@ def is_state_id(value: object) -> bool:
     return isinstance(value, str) and STATE_ID_RE.fullmatch(value) is not None
 
 
-def validate_envelope(envelope: object) -> dict[str, str]:
-    """A producer envelope is a small mapping of string dimensions to string values."""
-    if not isinstance(envelope, dict) or len(envelope) > MAX_ENVELOPE_ENTRIES:
+def validate_compat_key(compat_key: object) -> dict[str, str]:
+    """A compatibility key is a small mapping of string dimensions to string values."""
+    if not isinstance(compat_key, dict) or len(compat_key) > MAX_COMPAT_KEY_ENTRIES:
         raise invalid("envelope must be a mapping of at most 64 string entries")
-    for k, v in envelope.items():
+    for k, v in compat_key.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise invalid("envelope keys and values must be strings")
-        if not 0 < len(k) <= MAX_ENVELOPE_KEY or len(v) > MAX_ENVELOPE_VALUE:
+        if not 0 < len(k) <= MAX_COMPAT_KEY_KEY or len(v) > MAX_COMPAT_KEY_VALUE:
             raise invalid("envelope entry out of bounds")
-    return dict(envelope)
+    return dict(compat_key)
 
 
 def validate_adapter_meta(meta: object) -> dict[str, Any]:

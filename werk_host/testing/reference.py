@@ -142,8 +142,8 @@ class MemoryBackendPlugin:
     def werk_capabilities(self, adapter: MemoryAdapter) -> Mapping[CapabilityId, CapabilityReport]:
         return adapter.capabilities()
 
-    def werk_producer_envelope(self, adapter: MemoryAdapter, model_id: str) -> dict[str, str]:
-        return adapter.producer_envelope(model_id)
+    def werk_compat_key(self, adapter: MemoryAdapter, model_id: str) -> dict[str, str]:
+        return adapter.compat_key(model_id)
 
     def werk_prefill(self, adapter: MemoryAdapter, work: PrefillWork) -> PrefilledState:
         return adapter.prefill(work)

@@ -142,7 +142,7 @@ class MemoryAdapter:
         self.ram.clear()
         self.session_slot = []
 
-    def envelope(self) -> dict[str, str]:
+    def compat_key_now(self) -> dict[str, str]:
         return {"backend": BACKEND_ID, "model": self.model_name, "generation": self.generation, "layout": "1"}
 
     def close(self) -> None:
@@ -178,9 +178,9 @@ class MemoryAdapter:
     def capabilities(self) -> Mapping[CapabilityId, CapabilityReport]:
         return {k: CapabilityReport(v, f"reference adapter reports {v.value}") for k, v in self.statuses.items()}
 
-    @hookimpl(specname="werk_producer_envelope")
-    def producer_envelope(self, model_id: str) -> dict[str, str]:
-        return self.envelope()
+    @hookimpl(specname="werk_compat_key")
+    def compat_key(self, model_id: str) -> dict[str, str]:
+        return self.compat_key_now()
 
     # -- prefill/decode and states ---------------------------------------------------------
     @hookimpl(specname="werk_prefill")
@@ -192,7 +192,7 @@ class MemoryAdapter:
         return PrefilledState(
             handle=self.store(data),
             prompt_tokens=len(data.split()),
-            envelope=self.envelope(),
+            compat_key=self.compat_key_now(),
             snapshot_capable="no-snapshot" not in self.fail,
             bytes=len(data),
         )
@@ -210,7 +210,7 @@ class MemoryAdapter:
         self.check("restore")
         with stored.open_payload() as payload:
             data = payload.read()
-        return PrefilledState(self.store(data), len(data.split()), self.envelope(), True, bytes=len(data))
+        return PrefilledState(self.store(data), len(data.split()), self.compat_key_now(), True, bytes=len(data))
 
     @hookimpl(specname="werk_decode")
     def decode(self, work: DecodeWork) -> DecodeOutput:
@@ -228,7 +228,7 @@ class MemoryAdapter:
             text = "x" * ((1 << 20) + 1)
         next_state = None
         if "continue" in self.fail:
-            next_state = PrefilledState(None, len(out), self.envelope(), False)
+            next_state = PrefilledState(None, len(out), self.compat_key_now(), False)
         return DecodeOutput(text=text, completion_tokens=len(out), finish_reason=finish, next_state=next_state)
 
     @hookimpl(specname="werk_release_state")
@@ -440,7 +440,7 @@ class MemorySessionSnapshots:
     plugin: object
     adapter: MemoryAdapter
 
-    def envelope(self) -> dict[str, str]:
+    def session_key(self) -> dict[str, str]:
         return {"backend": BACKEND_ID, "model": self.adapter.model_name, "layout": "session-1"}
 
     def chat(self, request: JsonObject) -> InferenceResponse:

@@ -14,7 +14,7 @@ COLLECTED = {"werk_adapter_factories", "werk_doctor_checks", "werk_cli_commands"
 #: The operations this backend implements (docs/plugin-hooks.md lists every hook).
 OPERATIONS = {
     "werk_capabilities",
-    "werk_producer_envelope",
+    "werk_compat_key",
     "werk_prefill",
     "werk_snapshot",
     "werk_restore",

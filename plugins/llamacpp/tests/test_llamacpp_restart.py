@@ -1,10 +1,10 @@
 """Named states across restarts, against a real llama-server behind a real Werk host.
 
 A state written by one llama-server generation is restored by a later one only when that
-generation's functional probe passed, the compatibility envelope is exactly equal, the payload
+generation's functional probe passed, the compatibility key is exactly equal, the payload
 verifies and llama-server acknowledges the restore exactly (docs/states.md). Restore and decode
 equality run on the real SmolLM2 model; the mismatch and corruption cases use the generated
-tiny model (the envelope and the store decide them, not the weights).
+tiny model (the compatibility key and the store decide them, not the weights).
 """
 
 from __future__ import annotations
@@ -259,10 +259,10 @@ def test_a_generation_whose_probe_fails_restores_nothing(
         ok(first.decode(written["handoff"]))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
-    # A neutral flag for the envelope, but it escapes the private snapshot directory: the probe fails.
+    # A neutral flag for the compatibility key, but it escapes the private snapshot directory: the probe fails.
     monkeypatch.setenv("WERK_LLAMA_ARGS", f"--slot-save-path {elsewhere}")
     with hosted(home, llama_server_path) as second:
-        again = ok(second.prefill({"reuse": "required"}))  # same envelope; the probe has not run yet
+        again = ok(second.prefill({"reuse": "required"}))  # same compatibility key; the probe has not run yet
         assert again["reused"] is True
         status, body = second.decode(again["handoff"])
         assert (status, body["error"]["code"]) == (503, "unavailable")  # the probe ran first and failed

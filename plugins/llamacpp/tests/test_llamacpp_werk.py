@@ -92,7 +92,7 @@ def ok(result: tuple[int, dict[str, Any]]) -> dict[str, Any]:
     "werk_prefill",
     "werk_snapshot",
     "werk_decode",
-    "werk_producer_envelope",
+    "werk_compat_key",
 )
 def test_probe_gates_capabilities_then_prefill_decode_works(env: Env) -> None:
     caps = env.caps()
@@ -224,7 +224,7 @@ def test_killed_llama_server_gives_typed_error_and_a_fresh_child(env: Env) -> No
     fresh = env.adapter.current()
     assert fresh is not None and fresh.generation != old_generation
     old = next(s for s in ok(env.api.get("/werk/v1/states"))["states"] if s["id"] == before[0]["id"])
-    assert old["reusable"] is True  # same compatibility envelope: the fresh generation may restore it
+    assert old["reusable"] is True  # same compatibility key: the fresh generation may restore it
     again = ok(env.prefill(policy={"reuse": "required"}))
     assert again["reused"] is True and again["state_id"] == before[0]["id"]
     ok(env.decode(again["handoff"]))

@@ -18,10 +18,10 @@ State model (docs/architecture.md, "llama.cpp slot use" and "Snapshot format of 
   host verified the payload's size and SHA-256 before.
 * Before state work the child must answer ``/health`` within :data:`HEALTH_TIMEOUT_S` (a
   stopped child is a retryable ``unavailable``, and is never probed).
-* Compatibility (docs/states.md): a state's envelope is :meth:`LlamaCppAdapter.envelope`
+* Compatibility (docs/states.md): a state's compatibility key is :meth:`LlamaCppAdapter.compat_key_of`
   (executable and help SHA-256, the KV-relevant effective arguments, model identity and files,
   cache layout). The process generation is not part of it: a state written by an earlier
-  generation is restored when the envelope is exactly equal, the payload verifies and the
+  generation is restored when the compatibility key is exactly equal, the payload verifies and the
   acknowledgements are exact, and only by a generation whose functional probe passed. Only such
   a generation reports the state, prefill/decode and cross-restart capabilities as
   ``experimental``. Handoffs and live slot contents still die with their generation.
@@ -29,7 +29,7 @@ State model (docs/architecture.md, "llama.cpp slot use" and "Snapshot format of 
 Every operation hook is a method of :class:`LlamaCppAdapter` marked ``@hookimpl(specname=...)``
 (docs/plugin-kit.md): the host registers each adapter it creates with its plugin manager, so an
 operation on this adapter reaches these methods. The class is built from three modules, by
-concern: :mod:`.core` (the child process, the state slot's lock, the envelope, the probe and
+concern: :mod:`.core` (the child process, the state slot's lock, the compatibility key, the probe and
 capabilities), :mod:`.states` (named states on the state slot) and this one (chat: counting,
 limits, reasoning profile, relaying ``/v1`` requests, session snapshots, workers, the plan).
 """

@@ -62,7 +62,7 @@ def capability_reports(running: bool, probe: ProbeResult | None) -> dict[Capabil
         cross = CapabilityReport(
             CapabilityStatus.EXPERIMENTAL,
             "functional slot probe passed for this llama-server generation; a state an earlier generation "
-            "wrote is restored only when its compatibility envelope (executable and help SHA-256, "
+            "wrote is restored only when its compatibility key (executable and help SHA-256, "
             "KV-relevant arguments, model identity and files, cache layout) is equal, its payload's size "
             "and SHA-256 verify and llama-server acknowledges exactly the saved tokens and bytes",
         )

@@ -1,10 +1,10 @@
 """The llama.cpp adapter's core: its managed ``llama-server`` child and the evidence about it.
 
 :class:`LlamaServerCore` starts and restarts the child (a fresh generation whenever the last one
-is gone), holds the state slot's lock and owner token, computes the compatibility envelope of
+is gone), holds the state slot's lock and owner token, computes the compatibility key of
 the live generation, runs the functional probe once per generation and reports capabilities
-from it (the ``werk_capabilities`` and ``werk_producer_envelope`` operations). The state model
-and the envelope's dimensions are described in :mod:`werk_llamacpp.adapter`; named-state work is
+from it (the ``werk_capabilities`` and ``werk_compat_key`` operations). The state model
+and the compatibility key's dimensions are described in :mod:`werk_llamacpp.adapter`; named-state work is
 :mod:`.states`, chat forwarding and planning :mod:`.adapter`.
 """
 
@@ -67,7 +67,7 @@ def model_files_fingerprint(manifest: ModelManifest) -> str:
 
 
 def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str]:
-    """The envelope dimensions whose values differ (or exist on one side only)."""
+    """The compatibility key dimensions whose values differ (or exist on one side only)."""
     return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
 
 
@@ -197,8 +197,8 @@ class LlamaServerCore:
         return WerkError(ErrorCode.INTERNAL, f"llama-server {what} failed")
 
     # -- evidence ------------------------------------------------------------------------
-    def envelope(self, proc: LlamaServerProcess) -> dict[str, str]:
-        """The compatibility envelope of states ``proc`` writes and may restore: every dimension
+    def compat_key_of(self, proc: LlamaServerProcess) -> dict[str, str]:
+        """The compatibility key of states ``proc`` writes and may restore: every dimension
         that decides whether a slot snapshot fits it, and not the process generation."""
         prints = proc.fingerprints()
         return {
@@ -229,18 +229,18 @@ class LlamaServerCore:
         if not ready:
             raise unavailable("llama-server is not ready")
 
-    @hookimpl(specname="werk_producer_envelope")
-    def producer_envelope(self, model_id: str) -> dict[str, str]:
-        """:meth:`envelope` of the live process, unless none runs for ``model_id`` or its
+    @hookimpl(specname="werk_compat_key")
+    def compat_key(self, model_id: str) -> dict[str, str]:
+        """:meth:`compat_key_of` the live process, unless none runs for ``model_id`` or its
         functional probe failed (then no state is reusable: ``unavailable``). Before the probe
-        has run the envelope is reported; decode runs the probe before any restore."""
+        has run its key is reported; decode runs the probe before any restore."""
         proc = self.current()
         if proc is None or model_id != self.manifest.name:
             raise unavailable("no live llama-server for this model")
         probe = self._probes.get(proc.generation)
         if probe is not None and not probe.passed:
             raise unavailable("the functional slot probe failed for this llama-server generation")
-        return self.envelope(proc)
+        return self.compat_key_of(proc)
 
     def probe_result(self) -> ProbeResult | None:
         proc = self.current()

@@ -21,7 +21,7 @@ saved, so they tell whose prompt the KV belongs to:
   private key (:func:`load_key`), recorded in the snapshot's trailer and in the state's
   ``adapter_meta`` when a state is saved, and required again before any restore, so a state whose
   tokens were changed without the key is refused;
-* :func:`key_id` names the key (a digest of it, never the key) in the compatibility envelope:
+* :func:`key_id` names the key (a digest of it, never the key) in the compatibility key:
   a state written under another key is ``incompatible_state``, not quarantined.
 
 The key is 32 random bytes in ``<work_dir>/state-tokens.key`` (mode 0600, created once,
@@ -118,7 +118,7 @@ def tokens_equal(key: bytes, tokens: list[int], digest: object) -> bool:
 
 
 def key_id(key: bytes) -> str:
-    """A public name of ``key`` for the compatibility envelope (reveals nothing of it)."""
+    """A public name of ``key`` for the compatibility key (reveals nothing of it)."""
     return hashlib.sha256(b"werk-llamacpp-token-key-id\0" + key).hexdigest()[:32]
 
 

@@ -99,7 +99,7 @@ _API_KEY_ENV = "LLAMA_API_KEY"
 _STRIPPED_ENV = (_API_KEY_ENV,)
 #: Flags (with a value) that cannot change what a slot's KV state holds or how it is laid out:
 #: network plumbing, the private snapshot directory, the served name, thread counts and the model
-#: path (the model itself is the envelope's ``model_identity``/``model_files``).
+#: path (the model itself is the compatibility key's ``model_identity``/``model_files``).
 _KV_NEUTRAL_VALUE_FLAGS = frozenset(
     {
         "--host",
@@ -183,7 +183,7 @@ def kv_layout_args_hash(args: Sequence[str]) -> str:
     Every argument counts except the few that provably cannot (the module's
     ``_KV_NEUTRAL_VALUE_FLAGS`` with their values and ``_KV_NEUTRAL_SWITCHES``): context size,
     slot count, cache types, unified KV, rope and offload settings all stay in. This is the
-    ``kv_args_sha256`` dimension of the llama.cpp compatibility envelope, so a restart with
+    ``kv_args_sha256`` dimension of the llama.cpp compatibility key, so a restart with
     another port, thread count or model path keeps its states restorable (docs/states.md).
     """
     kept: list[str] = []

@@ -2,7 +2,7 @@
 
 :class:`LlamaSessionSnapshots` is this plugin's :class:`werk_host.plugin.SessionSnapshots`
 for one live ``llama-server`` (the ``werk_session_snapshots`` hook). The host owns the files
-and the rules (envelope equality, private paths, size, SHA-256, receipts, observed reuse:
+and the rules (session key equality, private paths, size, SHA-256, receipts, observed reuse:
 docs/chat.md); this module only touches the process:
 
 * **Session slot**: the adapter's state slot (the last one). Session chat requests are the
@@ -11,7 +11,7 @@ docs/chat.md); this module only touches the process:
   sent until its response is closed (waiting at most the adapter's ``router.wait_s``, then a
   retryable ``unavailable``), so no named-state work meets it there; anything a named state held
   there is forgotten (:meth:`LlamaCppAdapter.forget_slot`).
-* **Envelope**: the adapter's compatibility envelope of named states (executable and help
+* **Session key**: the adapter's compatibility key of named states (executable and help
   SHA-256, KV-relevant arguments, model identity and files, cache layout), plus what docs/chat.md
   adds for sessions: the *complete* effective arguments (so a session saved with native warmup
   on is not restored with it off, and vice versa), the SHA-256 of every shared library the
@@ -22,7 +22,7 @@ docs/chat.md); this module only touches the process:
 * **Save**: ``POST /slots/<slot>?action=save`` into the process's private slot directory; the
   file must be a regular file of exactly the acknowledged size. The payload is the slot file;
   the acknowledgement (``n_saved`` tokens, ``n_written`` bytes) travels as ``adapter_meta``.
-* **Restore**: the slot must be idle; the envelope must be equal; the verified payload must be
+* **Restore**: the slot must be idle; the session key must be equal; the verified payload must be
   ``n_written`` bytes; llama-server reads it through :func:`.snapshot.presented` (the very
   inode the host verified) and must acknowledge exactly ``n_saved``/``n_written``. Any failure
   erases the slot before the error is raised.
@@ -142,28 +142,28 @@ class LlamaSessionSnapshots:
     def __init__(self, adapter: LlamaCppAdapter, proc: LlamaServerProcess) -> None:
         self.adapter = adapter
         self.proc = proc
-        self._envelope: dict[str, str] | None = None
+        self._session_key: dict[str, str] | None = None
 
     def _live(self) -> LlamaServerProcess:
         if self.adapter.current() is not self.proc:
             raise _unavailable("llama-server restarted; this session's native snapshots are off until it reopens")
         return self.proc
 
-    def envelope(self) -> dict[str, str]:
+    def session_key(self) -> dict[str, str]:
         proc = self._live()
-        if self._envelope is None:
+        if self._session_key is None:
             pid = proc.pid
             if pid is None:
                 raise _unavailable("llama-server is not running")
-            envelope = dict(self.adapter.envelope(proc))
-            envelope.update(
+            session_key = dict(self.adapter.compat_key_of(proc))
+            session_key.update(
                 args_sha256=proc.fingerprints()["args_sha256"],
                 libraries_sha256=libraries_fingerprint(pid),
                 environment_sha256=environment_fingerprint(pid),
                 session_layout=SESSION_LAYOUT,
             )
-            self._envelope = envelope
-        return dict(self._envelope)
+            self._session_key = session_key
+        return dict(self._session_key)
 
     def chat(self, request: JsonObject) -> InferenceResponse:
         proc = self._live()
@@ -225,12 +225,12 @@ class LlamaSessionSnapshots:
                 self.adapter.forget_slot()  # the slot holds a conversation, never a named state
 
     def _restore(self, proc: LlamaServerProcess, stored: StoredStateRef) -> int:
-        expected = self.envelope()
-        if stored.envelope != expected:
+        expected = self.session_key()
+        if stored.compat_key != expected:
             raise WerkError(
                 ErrorCode.INCOMPATIBLE_STATE,
                 "the session snapshot was saved under another llama-server configuration",
-                details={"mismatch_fields": mismatch_fields(expected, stored.envelope)},
+                details={"mismatch_fields": mismatch_fields(expected, stored.compat_key)},
             )
         n_saved, n_written = stored.adapter_meta.get("n_saved"), stored.adapter_meta.get("n_written")
         if not isinstance(n_saved, int) or not isinstance(n_written, int) or n_saved <= 0 or n_written <= 0:

@@ -126,7 +126,7 @@ class StateOperations(LlamaServerCore):
             return PrefilledState(
                 handle=handle,
                 prompt_tokens=len(tokens),
-                envelope=self.envelope(proc),
+                compat_key=self.compat_key_of(proc),
                 snapshot_capable=True,
                 bytes=saved.n_written,
                 adapter_meta={
@@ -188,19 +188,19 @@ class StateOperations(LlamaServerCore):
         """Restore a stored state, whichever generation wrote it, into the state slot.
 
         The caller holds the slot lock and ran :meth:`ensure_probed` for ``proc``. Requires the
-        stored compatibility envelope to equal this process's exactly (``incompatible_state``
+        stored compatibility key to equal this process's exactly (``incompatible_state``
         with ``mismatch_fields`` otherwise); the payload arrives size- and SHA-256-verified from
         the store; its trailer must add up and llama-server's acknowledgement must be exact
         (``corrupt_state`` otherwise). The verified bytes are handed over without a copy where
         the platform allows (:func:`.snapshot.presented`). Before llama-server reads it, the slot
         file's token ids must equal the trailer's, the trailer's digest must verify under this
         adapter's key and equal the one recorded at commit (``corrupt_state`` otherwise)."""
-        expected = self.envelope(proc)
-        if stored.envelope != expected:
+        expected = self.compat_key_of(proc)
+        if stored.compat_key != expected:
             raise WerkError(
                 ErrorCode.INCOMPATIBLE_STATE,
                 "the stored state was written for a different llama-server configuration",
-                details={"mismatch_fields": mismatch_fields(expected, stored.envelope)},
+                details={"mismatch_fields": mismatch_fields(expected, stored.compat_key)},
             )
         assert proc.slot_dir is not None
         with stored.open_payload() as payload:
@@ -233,13 +233,13 @@ class StateOperations(LlamaServerCore):
             self.check_answering(proc)
             self.ensure_probed(proc)
             handle = self._restore_stored(proc, stored)
-            return PrefilledState(handle, len(handle.tokens), self.envelope(proc), True, bytes=handle.n_written)
+            return PrefilledState(handle, len(handle.tokens), self.compat_key_of(proc), True, bytes=handle.n_written)
 
     @hookimpl(specname="werk_decode")
     def decode(self, work: DecodeWork) -> DecodeOutput:
         """Generate from a handed-off state: the live slot when it still holds the state, else
         the state's local slot file (same generation), else the stored payload (any generation
-        with an equal envelope, after this generation's probe passed)."""
+        with an equal compatibility key, after this generation's probe passed)."""
         with self.slot_lock:
             proc = self.process()
             self.check_answering(proc)
