@@ -174,10 +174,10 @@ def test_scrape_counts_requests_by_route_template_tokens_states_and_memory(live:
     assert sum(by_instance(samples, "werk_chat_requests_total").values()) == 2
     assert sum(by_instance(samples, "werk_chat_requests_active").values()) == 0
     assert types["werk_chat_requests_active"] == "gauge" and types["werk_chat_prompt_tokens"] == "counter"
-    snapshot = host.service.chat_stats.snapshot()
-    assert snapshot.prompt_tokens_total == sum(prompt.values())
+    totals = host.service.chat_stats.read()
+    assert totals.prompt_tokens_total == sum(prompt.values())
 
-    # scrape-time snapshot: handoffs, states, instances, memory
+    # scrape-time reading: handoffs, states, instances, memory
     live_handoffs = host.service.handoffs.live_count()
     assert live_handoffs == 2
     assert total(samples, "werk_handoffs_live") == live_handoffs
@@ -185,7 +185,7 @@ def test_scrape_counts_requests_by_route_template_tokens_states_and_memory(live:
     assert total(samples, "werk_state_bytes", tier="disk") == stored_bytes > 0
     assert {lab["tier"] for n, lab, _v in samples if n == "werk_states"} >= {"vram", "ram", "disk", "external"}
     current = {lab["instance"]: lab["state"] for n, lab, v in samples if n == "werk_instance_state" and v == 1}
-    assert current == dict(host.service.metrics_snapshot().instances)
+    assert current == dict(host.service.metrics_reading().instances)
     assert "ready" in current.values()
     for inst in current:
         states = {lab["state"] for n, lab, _v in samples if n == "werk_instance_state" and lab["instance"] == inst}
@@ -209,8 +209,8 @@ def test_chat_stats_keep_counts_per_instance_and_sum_them() -> None:
     stats.add(instance="a", requests_total=2, prompt_tokens_total=5)
     with stats.request(instance="b"):
         assert stats.per_instance()["b"].requests_active == 1
-    snapshot = stats.snapshot()
-    assert (snapshot.requests_total, snapshot.prompt_tokens_total, snapshot.requests_active) == (4, 8, 0)
+    totals = stats.read()
+    assert (totals.requests_total, totals.prompt_tokens_total, totals.requests_active) == (4, 8, 0)
     per = stats.per_instance()
     assert set(per) == {DEFAULT_INSTANCE, "a", "b"}
     assert per["a"].prompt_tokens_total == 5 and per[DEFAULT_INSTANCE].requests_total == 1

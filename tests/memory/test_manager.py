@@ -1,4 +1,4 @@
-"""Manager: snapshot shape, telemetry failures, reservations, commit, release and the latch."""
+"""Manager: report shape, telemetry failures, reservations, commit, release and the latch."""
 
 from __future__ import annotations
 
@@ -50,28 +50,28 @@ def _err(exc: pytest.ExceptionInfo[WerkError]) -> ErrorCode:
     return exc.value.code
 
 
-# ----------------------------------------------------------------------------- snapshot
+# ------------------------------------------------------------------------------ report
 
 
-def test_snapshot_reproduces_the_seed_example(clock: FakeClock, wall: FakeClock) -> None:
+def test_report_reproduces_the_seed_example(clock: FakeClock, wall: FakeClock) -> None:
     host = FakeSource(capacity=68719476736, used=68719476736 - 42949672960)
     mgr = MemoryManager(host, FakeSource(capacity=None), clock=clock, wall_clock=wall, topology=Topology.DISCRETE)
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap == SEED_EXAMPLE
     assert list(snap) == list(SEED_EXAMPLE)
     assert list(snap["host"]) == list(SEED_EXAMPLE["host"])  # type: ignore[call-overload]
     assert tuple(snap["counters"]) == COUNTER_NAMES
 
 
-def test_snapshot_validates_against_protocol_dto(manager: MemoryManager) -> None:
+def test_report_validates_against_protocol_dto(manager: MemoryManager) -> None:
     telemetry = pytest.importorskip("werk_host.protocol.telemetry")
-    report = telemetry.MemoryReport.model_validate(manager.snapshot())
+    report = telemetry.MemoryReport.model_validate(manager.report())
     assert report.accelerator.capacity_bytes is None
 
 
 def test_no_accelerator_source_is_null_and_unknown(clock: FakeClock, wall: FakeClock) -> None:
     mgr = MemoryManager(FakeSource(), None, clock=clock, wall_clock=wall)
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["accelerator"]["capacity_bytes"] is None
     assert snap["accelerator"]["pressure"] == "unknown"
     assert snap["overall_pressure"] == "normal"
@@ -84,7 +84,7 @@ def test_topology_from_accelerator_source(clock: FakeClock, wall: FakeClock) -> 
     mgr = MemoryManager(FakeSource(), accel, clock=clock, wall_clock=wall, topology=None)
     if mgr.unified:  # pragma: no cover - Apple silicon
         pytest.skip("Apple silicon is unified by detection")
-    assert mgr.snapshot()["topology"] == "discrete"
+    assert mgr.report()["topology"] == "discrete"
 
 
 def test_overall_pressure_is_worst_known(clock: FakeClock, wall: FakeClock) -> None:
@@ -92,7 +92,7 @@ def test_overall_pressure_is_worst_known(clock: FakeClock, wall: FakeClock) -> N
     mgr = MemoryManager(host, accel, clock=clock, wall_clock=wall, topology=Topology.DISCRETE)
     host.set_pct(10)
     accel.set_pct(90)
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert (snap["host"]["pressure"], snap["accelerator"]["pressure"], snap["overall_pressure"]) == (
         "normal",
         "hard",
@@ -108,7 +108,7 @@ def test_failed_sample_counts_and_keeps_accounting(manager: MemoryManager, host:
     alloc = manager.commit(res, GIB // 2)
     manager.reserve("host", GIB)
     host.fail = True
-    snap = manager.snapshot()
+    snap = manager.report()
     assert snap["host"] == {
         "capacity_bytes": None,
         "available_bytes": None,
@@ -120,13 +120,13 @@ def test_failed_sample_counts_and_keeps_accounting(manager: MemoryManager, host:
     assert snap["counters"]["telemetry_errors"] == 1
     assert snap["counters"]["managed_allocations"] == 1
     assert snap["counters"]["active_reservations"] == 1
-    assert manager.snapshot()["counters"]["telemetry_errors"] == 2
+    assert manager.report()["counters"]["telemetry_errors"] == 2
     assert manager.host_telemetry_status(max_age_s=0) == (
         "unavailable",
         "the latest host memory sample failed",
     )
     host.fail = False
-    snap = manager.snapshot()
+    snap = manager.report()
     assert snap["host"]["capacity_bytes"] == host.capacity
     assert snap["counters"]["telemetry_errors"] == 3  # the status probe sampled too
     assert alloc.nbytes == GIB // 2
@@ -138,14 +138,14 @@ def test_bad_sample_type_counts_as_failure(clock: FakeClock, wall: FakeClock) ->
             return {"capacity_bytes": 1}
 
     mgr = MemoryManager(Liar(), None, clock=clock, wall_clock=wall)  # type: ignore[arg-type]
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["host"]["capacity_bytes"] is None
     assert snap["counters"]["telemetry_errors"] == 1
 
 
 def test_absent_accelerator_is_not_an_error(manager: MemoryManager) -> None:
     for _ in range(3):
-        manager.snapshot()
+        manager.report()
     assert manager.counters()["telemetry_errors"] == 0
 
 
@@ -208,7 +208,7 @@ def test_managed_bytes_count_only_beyond_observed_use(clock: FakeClock, wall: Fa
 def test_commit_converts_reservation(manager: MemoryManager) -> None:
     res = manager.reserve("host", 4 * GIB, state_id="st_1")
     alloc = res.commit(3 * GIB)
-    snap = manager.snapshot()
+    snap = manager.report()
     assert snap["host"]["managed_bytes"] == 3 * GIB
     assert snap["host"]["reserved_bytes"] == 0
     assert snap["counters"]["managed_allocations"] == 1
@@ -228,7 +228,7 @@ def test_commit_refuses_disagreeing_state(manager: MemoryManager, actual: object
     assert not res.active
     c = manager.counters()
     assert (c["active_reservations"], c["managed_allocations"]) == (0, 0)
-    assert manager.snapshot()["host"]["reserved_bytes"] == 0
+    assert manager.report()["host"]["reserved_bytes"] == 0
 
 
 def test_reservation_context_manager(manager: MemoryManager) -> None:
@@ -239,11 +239,11 @@ def test_reservation_context_manager(manager: MemoryManager) -> None:
 
     with manager.reserve("host", GIB):
         pass  # never committed: released on exit
-    assert manager.snapshot()["host"]["reserved_bytes"] == 0
+    assert manager.report()["host"]["reserved_bytes"] == 0
 
     with manager.reserve("host", GIB) as res:
         alloc = res.commit(GIB)
-    assert manager.snapshot()["host"]["managed_bytes"] == GIB
+    assert manager.report()["host"]["managed_bytes"] == GIB
     assert not alloc.released
 
 
@@ -263,7 +263,7 @@ def test_release_frees_accounting(manager: MemoryManager) -> None:
     calls: list[int] = []
     alloc.release(lambda: calls.append(1))
     assert alloc.released and calls == [1]
-    assert manager.snapshot()["host"]["managed_bytes"] == 0
+    assert manager.report()["host"]["managed_bytes"] == 0
     alloc.release(lambda: calls.append(2))  # idempotent: backend not called again
     assert calls == [1]
     assert manager.counters()["managed_allocations"] == 0
@@ -279,7 +279,7 @@ def test_failed_release_latches(manager: MemoryManager) -> None:
         manager.release(alloc, _boom)
     assert _err(exc) is ErrorCode.UNAVAILABLE and not exc.value.retryable
     assert "/secret" not in exc.value.message
-    snap = manager.snapshot()
+    snap = manager.report()
     assert snap["host"]["managed_bytes"] == 2 * GIB  # capacity not claimed as freed
     c = snap["counters"]
     assert c["failed_releases"] == 1
@@ -317,7 +317,7 @@ def test_failed_release_latches(manager: MemoryManager) -> None:
     manager.release(alloc, lambda: None)
     c = manager.counters()
     assert c["orphaned_release_bytes"] == 0 and c["failed_releases"] == 2
-    assert manager.snapshot()["host"]["managed_bytes"] == 0
+    assert manager.report()["host"]["managed_bytes"] == 0
     assert manager.pinned_state_ids() == frozenset()
 
 
@@ -362,7 +362,7 @@ def test_unified_topology_shares_one_pool(clock: FakeClock, wall: FakeClock) -> 
     mgr = MemoryManager(host, accel, clock=clock, wall_clock=wall, topology=Topology.UNIFIED)
     mgr.reserve(MemoryTier.ACCELERATOR, 3_000)
     mgr.commit(mgr.reserve("host", 1_000), 1_000)
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["topology"] == "unified"
     assert snap["host"] == snap["accelerator"]
     assert snap["host"]["reserved_bytes"] == 3_000 and snap["host"]["managed_bytes"] == 1_000
@@ -413,4 +413,4 @@ def test_concurrent_reservations_never_cross_hard(clock: FakeClock) -> None:
     total = sum(admitted)
     assert 100 * total < 85 * 1_000_000
     assert total + 997 >= 850_000  # it did fill up to the threshold
-    assert mgr.snapshot()["host"]["reserved_bytes"] == total
+    assert mgr.report()["host"]["reserved_bytes"] == total

@@ -108,7 +108,7 @@ def test_manager_walks_every_crossing_with_hysteresis(clock: FakeClock, wall: Fa
     ]
     for used_pct, expected in path:
         host.set_pct(used_pct)
-        snap = mgr.snapshot()
+        snap = mgr.report()
         assert snap["host"]["pressure"] == expected.value, used_pct
         assert snap["overall_pressure"] == expected.value
         assert snap["accelerator"]["pressure"] == "unknown"
@@ -119,14 +119,14 @@ def test_manager_pressure_counts_reserved_and_unobserved_managed(manager: Memory
     assert cap is not None
     host.set_pct(60)
     manager.reserve("host", cap * 20 // 100)  # 60 % observed + 20 % reserved = 80 % -> soft
-    assert manager.snapshot()["host"]["pressure"] == "soft"
+    assert manager.report()["host"]["pressure"] == "soft"
 
 
 def test_unknown_sample_keeps_hysteresis_memory(manager: MemoryManager, host: FakeSource) -> None:
     host.set_pct(96)
-    assert manager.snapshot()["host"]["pressure"] == "emergency"
+    assert manager.report()["host"]["pressure"] == "emergency"
     host.fail = True
-    assert manager.snapshot()["host"]["pressure"] == "unknown"
+    assert manager.report()["host"]["pressure"] == "unknown"
     host.fail = False
     host.set_pct(92)
-    assert manager.snapshot()["host"]["pressure"] == "emergency"
+    assert manager.report()["host"]["pressure"] == "emergency"

@@ -33,7 +33,7 @@ def make(clock: FakeClock, wall: FakeClock, used: int = 6_000, **kw: int) -> tup
 
 def test_lru_demotions_before_evictions_even_at_normal_pressure(clock: FakeClock, wall: FakeClock) -> None:
     mgr, host = make(clock, wall)  # 60 %: normal before the request
-    assert mgr.snapshot()["host"]["pressure"] == "normal"
+    assert mgr.report()["host"]["pressure"] == "normal"
     ex = RecordingExecutor(
         host,
         [
@@ -54,7 +54,7 @@ def test_lru_demotions_before_evictions_even_at_normal_pressure(clock: FakeClock
     assert ex.in_flight_seen == [1, 1]
     assert res.active
     assert host.samples == 2  # the denied admission and exactly one retry
-    snap = mgr.snapshot()
+    snap = mgr.report()
     c = snap["counters"]
     assert (c["completed_demotions"], c["completed_evictions"], c["pressure_actions_in_flight"]) == (2, 0, 0)
     assert snap["last_action_unix_ms"] == int(wall.now * 1000)
@@ -100,7 +100,7 @@ def test_infeasible_plan_moves_nothing_and_does_not_retry(clock: FakeClock, wall
     assert exc.value.code is ErrorCode.RESOURCE_EXHAUSTED
     assert ex.calls == []
     assert host.samples == 1
-    assert mgr.snapshot()["last_action_unix_ms"] is None
+    assert mgr.report()["last_action_unix_ms"] is None
 
 
 def test_no_executor_no_relief(clock: FakeClock, wall: FakeClock) -> None:
@@ -128,7 +128,7 @@ def test_failed_action_stops_the_pass(clock: FakeClock, wall: FakeClock) -> None
     with pytest.raises(WerkError):
         mgr.reserve("host", 3_000, relief=ex)
     assert ex.calls == [("demote", "a")]
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["counters"]["completed_demotions"] == 0
     assert snap["counters"]["pressure_actions_in_flight"] == 0
     assert snap["last_action_unix_ms"] is not None  # the attempt starts the cooldown

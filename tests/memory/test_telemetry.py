@@ -121,7 +121,7 @@ def test_malformed_cgroup_files_fail_the_sample(
         read_cgroup_memory(root, proc)
     src = HostMemorySource(cgroup_root=root, proc_self_cgroup=proc, virtual_memory=vm(64 * GIB, 40 * GIB))
     mgr = MemoryManager(src, None, clock=FakeClock())
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["host"]["capacity_bytes"] is None
     assert snap["counters"]["telemetry_errors"] == 1
 
@@ -225,7 +225,7 @@ def test_nvml_without_driver_is_unknown() -> None:
     assert src.absent_reason and "driver" in src.absent_reason
     mgr = MemoryManager(None, src, clock=FakeClock(), topology=None)
     if not mgr.unified:
-        snap = mgr.snapshot()
+        snap = mgr.report()
         assert snap["accelerator"]["capacity_bytes"] is None
         assert snap["counters"]["telemetry_errors"] == 0
         assert mgr.accelerator_telemetry_status() == ("unavailable", src.absent_reason)
@@ -241,7 +241,7 @@ def test_nvml_sums_discrete_devices() -> None:
     assert detect_topology(src, unified=False) is Topology.DISCRETE
     assert detect_topology(src, unified=True) is Topology.UNIFIED
     mgr = MemoryManager(None, src, clock=FakeClock(), topology=Topology.DISCRETE)
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["accelerator"]["pressure"] == "normal"  # 50 %
     assert mgr.accelerator_telemetry_status()[0] == "supported"
     src.close()
@@ -263,7 +263,7 @@ def test_nvml_failure_is_a_telemetry_error() -> None:
     with pytest.raises(TelemetryError):
         src.sample()
     mgr = MemoryManager(None, src, clock=FakeClock(), topology=Topology.DISCRETE)
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["accelerator"]["capacity_bytes"] is None
     assert snap["counters"]["telemetry_errors"] == 1
     assert mgr.accelerator_telemetry_status(max_age_s=0)[0] == "unavailable"
@@ -287,7 +287,7 @@ def test_real_host_memory_is_positive() -> None:
     assert 0 < s.capacity_bytes <= HostMemorySource(use_cgroup=False).sample().capacity_bytes
     assert 0 <= s.available_bytes <= s.capacity_bytes
     mgr = MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["host"]["capacity_bytes"] == s.capacity_bytes
     assert snap["host"]["pressure"] in ("normal", "soft", "hard", "emergency")
     assert mgr.host_telemetry_status()[0] == "supported"
@@ -301,7 +301,7 @@ def test_real_nvml_reports_unknown_without_a_driver() -> None:
     assert src.sample() is None
     assert src.topology() is Topology.UNKNOWN
     mgr = MemoryManager(HostMemorySource(), src)
-    snap = mgr.snapshot()
+    snap = mgr.report()
     assert snap["accelerator"]["capacity_bytes"] is None
     assert snap["accelerator"]["available_bytes"] is None
     assert snap["accelerator"]["pressure"] == "unknown"

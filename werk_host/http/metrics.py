@@ -10,7 +10,7 @@ the process-global one), so several hosts in one process keep separate counts:
   the time to the first byte, not to the end of the stream.
 * :class:`HostCollector` reads, at scrape time, the chat counters per instance from
   :class:`~werk_host.service.counters.ChatStats` (their one source) and a
-  :class:`MetricsSnapshot` (handoffs, stored states, instance states, memory).
+  :class:`MetricsReading` (handoffs, stored states, instance states, memory).
 
 The metric names and labels are documented in ``docs/operations.md`` ("Metrics").
 """
@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 
 from werk_host.protocol import ChatCounters, MemoryCounters, Pressure, Tier
-from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats, MetricsSnapshot
+from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats, MetricsReading
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +73,20 @@ def _chat_families(chat: ChatStats) -> list[Metric]:
     return families
 
 
-def _snapshot_families(snap: MetricsSnapshot) -> list[Metric]:
-    handoffs = GaugeMetricFamily("werk_handoffs_live", "Live prefill-to-decode handoffs", value=snap.handoffs_live)
+def _reading_families(reading: MetricsReading) -> list[Metric]:
+    handoffs = GaugeMetricFamily("werk_handoffs_live", "Live prefill-to-decode handoffs", value=reading.handoffs_live)
     states = GaugeMetricFamily("werk_states", "Named stored states per tier", labels=["tier"])
     state_bytes = GaugeMetricFamily("werk_state_bytes", "Payload bytes of the named states per tier", labels=["tier"])
-    for tier in sorted({t.value for t in Tier} | set(snap.states) | set(snap.state_bytes)):
-        states.add_metric([tier], snap.states.get(tier, 0))
-        state_bytes.add_metric([tier], snap.state_bytes.get(tier, 0))
+    for tier in sorted({t.value for t in Tier} | set(reading.states) | set(reading.state_bytes)):
+        states.add_metric([tier], reading.states.get(tier, 0))
+        state_bytes.add_metric([tier], reading.state_bytes.get(tier, 0))
     instances = GaugeMetricFamily(
         "werk_instance_state", "1 for the current state of each instance, 0 otherwise", labels=["instance", "state"]
     )
-    for instance, current in sorted(snap.instances.items()):
+    for instance, current in sorted(reading.instances.items()):
         for state in (*INSTANCE_STATES, *(() if current in INSTANCE_STATES else (current,))):
             instances.add_metric([instance, state], 1 if state == current else 0)
-    memory = snap.memory
+    memory = reading.memory
     pressure = GaugeMetricFamily(
         "werk_memory_pressure",
         "1 for the current memory pressure of each tier, 0 otherwise",
@@ -111,25 +111,25 @@ def _snapshot_families(snap: MetricsSnapshot) -> list[Metric]:
 
 
 class HostCollector:
-    """Exports the chat counters and a :class:`MetricsSnapshot`, both read at scrape time.
+    """Exports the chat counters and a :class:`MetricsReading`, both read at scrape time.
 
-    A failing snapshot is logged and its metrics left out of that scrape; the request
+    A failing reading is logged and its metrics left out of that scrape; the request
     metrics and chat counters are still exported."""
 
-    def __init__(self, chat: ChatStats | None, snapshot: Callable[[], MetricsSnapshot] | None) -> None:
+    def __init__(self, chat: ChatStats | None, reading: Callable[[], MetricsReading] | None) -> None:
         self.chat = chat
-        self.snapshot = snapshot
+        self.reading = reading
 
     def collect(self) -> Iterable[Metric]:
         if self.chat is not None:
             yield from _chat_families(self.chat)
-        if self.snapshot is not None:
+        if self.reading is not None:
             try:
-                snap = self.snapshot()
+                reading = self.reading()
             except Exception:
-                log.warning("metrics snapshot failed; its metrics are left out of this scrape", exc_info=True)
+                log.warning("metrics reading failed; its metrics are left out of this scrape", exc_info=True)
                 return
-            yield from _snapshot_families(snap)
+            yield from _reading_families(reading)
 
 
 class RequestTally:
@@ -231,21 +231,21 @@ class HostMetrics:
     """One app's metrics: its registry, the request middleware, the resource and the router
     the app must route with (``falcon.App(router=metrics.router)``)."""
 
-    def __init__(self, chat: ChatStats | None, snapshot: Callable[[], MetricsSnapshot] | None) -> None:
+    def __init__(self, chat: ChatStats | None, reading: Callable[[], MetricsReading] | None) -> None:
         self.registry = CollectorRegistry()
         self.router = CompiledRouter()
         self.requests = RequestTally()
         self.registry.register(self.requests)
-        self.registry.register(HostCollector(chat, snapshot))
+        self.registry.register(HostCollector(chat, reading))
         self.middleware = MetricsMiddleware(self.requests, self.router)
         self.resource = MetricsResource(self.registry)
 
     @classmethod
     def for_control(cls, control: object) -> HostMetrics:
-        """Metrics over ``control``'s ``chat_stats`` and ``metrics_snapshot`` (each when it has one)."""
+        """Metrics over ``control``'s ``chat_stats`` and ``metrics_reading`` (each when it has one)."""
         chat = getattr(control, "chat_stats", None)
-        snapshot = getattr(control, "metrics_snapshot", None)
-        return cls(chat if isinstance(chat, ChatStats) else None, snapshot if callable(snapshot) else None)
+        reading = getattr(control, "metrics_reading", None)
+        return cls(chat if isinstance(chat, ChatStats) else None, reading if callable(reading) else None)
 
 
 __all__ = [
@@ -257,6 +257,6 @@ __all__ = [
     "HostMetrics",
     "MetricsMiddleware",
     "MetricsResource",
-    "MetricsSnapshot",
+    "MetricsReading",
     "RequestTally",
 ]

@@ -1,7 +1,7 @@
 """Memory accounting: telemetry sources, pressure classes, reservations and bounded relief.
 
 See :mod:`werk_host.memory.manager` for the accounting model. Nothing here talks
-HTTP; ``MemoryManager.snapshot()`` is the ``/werk/v1/memory`` data document.
+HTTP; ``MemoryManager.report()`` is the ``/werk/v1/memory`` data document.
 """
 
 from __future__ import annotations

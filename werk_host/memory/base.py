@@ -1,7 +1,7 @@
 """Value types shared by the memory-accounting package.
 
 ``Pressure`` and ``Topology`` are the protocol's own enums (``werk_host.protocol.base`` has no
-dependencies); a snapshot is a plain ``dict`` of their string values.
+dependencies); a memory report is a plain ``dict`` of their string values.
 """
 
 from __future__ import annotations

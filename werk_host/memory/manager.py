@@ -16,7 +16,7 @@ use projected use; a reservation is admitted only while
 admits (``unavailable``): Werk does not assume that an unknown pool has room.
 
 Unified topology makes ``host`` and ``accelerator`` one pool: both tier views in
-the snapshot show the same figures and a reservation in either tier charges it.
+the report show the same figures and a reservation in either tier charges it.
 """
 
 from __future__ import annotations
@@ -254,9 +254,9 @@ class MemoryManager:
             return self._fixed_topology
         return detect_topology(self._accel, unified=self._unified)
 
-    # ------------------------------------------------------------------ snapshot
+    # ------------------------------------------------------------------ report
 
-    def snapshot(self) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         """A fresh ``/werk/v1/memory`` document, exactly the protocol's shape (docs/openapi.json).
 
         Each pool is sampled now; a failed or unknown sample yields null

@@ -48,7 +48,7 @@ class ChatStats:
         finally:
             self.add(instance=instance, requests_active=-1)
 
-    def snapshot(self) -> ChatCounters:
+    def read(self) -> ChatCounters:
         """The counters summed over every instance."""
         with self._lock:
             total = dict.fromkeys(ChatCounters.model_fields, 0)
@@ -65,8 +65,8 @@ class ChatStats:
 
 
 @dataclass(frozen=True)
-class MetricsSnapshot:
-    """What the host reports at scrape time (``LocalControlService.metrics_snapshot``).
+class MetricsReading:
+    """What the host reports at scrape time (``LocalControlService.metrics_reading``).
 
     ``states`` and ``state_bytes`` map a tier to the named (live, committed) states held
     there and their payload bytes; ``instances`` maps an instance id to its state (one of

@@ -70,7 +70,7 @@ from werk_host.protocol import (
 )
 from werk_host.service.cache import Shared
 from werk_host.service.capabilities import CapabilityResolver
-from werk_host.service.counters import ChatStats, MetricsSnapshot
+from werk_host.service.counters import ChatStats, MetricsReading
 from werk_host.service.cursors import CursorCodec
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
 from werk_host.service.leases import MemoryLeases
@@ -209,7 +209,7 @@ class LocalControlService:
         return self.capability_resolver.listing(scope.adapter, scope.instance)
 
     def memory_report(self) -> MemoryReport:
-        return MemoryReport.model_validate(self.memory_manager.snapshot())
+        return MemoryReport.model_validate(self.memory_manager.report())
 
     def memory(self) -> MemoryReport:
         return self.memory_report()
@@ -223,7 +223,7 @@ class LocalControlService:
         complete = bool(workers) and len(per_request) == len(workers) and len(capacity) == len(workers)
         return Observability(
             observed_at_unix_ms=_now_ms(),
-            chat=self.chat_stats.snapshot(),
+            chat=self.chat_stats.read(),
             workers=workers,
             context_per_request_tokens=min(per_request) if complete else None,
             context_capacity_tokens=sum(capacity) if complete else None,
@@ -510,7 +510,7 @@ class LocalControlService:
         return self.planning.reasoning(scope, model, max_output_tokens)
 
     # -- metrics -------------------------------------------------------------------------
-    def metrics_snapshot(self) -> MetricsSnapshot:
+    def metrics_reading(self) -> MetricsReading:
         """What ``GET /metrics`` reads at scrape time: live handoffs, the named states per tier
         (committed, readable and unexpired; staging and quarantine entries left out), instance
         states and the memory report."""
@@ -523,7 +523,7 @@ class LocalControlService:
             state_bytes[Tier.DISK.value] = state_bytes.get(Tier.DISK.value, 0) + (entry.bytes or 0)
         deployments = self.runtime.deployments
         instances = {i: s.value for i, s in deployments.states().items()} if deployments is not None else {}
-        return MetricsSnapshot(
+        return MetricsReading(
             handoffs_live=self.handoffs.live_count(),
             memory=self.memory_report(),
             states=states,
