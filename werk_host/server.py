@@ -81,8 +81,10 @@ def build_host(
         max_states_per_key=bounds.max_states_per_key,
         max_bytes_per_key=bounds.max_bytes_per_key,
     )
-    service = LocalControlService(runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret)
     gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
+    service = LocalControlService(
+        runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret, gate=gate
+    )
     inference = InferenceService(runtime, service.chat_stats, gate)
     app = create_app(service, auth, openapi=build_openapi(), inference=inference, runtime=runtime)
     host = Host(config, plugins, runtime, service, auth, app)

@@ -3,7 +3,9 @@
 Every generation request (``/v1/chat/completions``, ``/v1/completions``, and through them
 Anthropic ``/v1/messages`` and Ollama ``/api/chat`` and ``/api/generate``) holds one HTTP worker
 thread from its first byte to the end of its relayed answer, and so does a request *waiting*
-for the backend. The gate bounds them at three levels (docs/operations.md, "Inference
+for the backend. So does every ``/werk/v1/prefill`` and ``/werk/v1/decode`` (the model runs
+inside them too), and they hold tickets of the same gate, under the same host-wide and per-key
+bounds and refusals. The gate bounds them at three levels (docs/operations.md, "Inference
 concurrency"):
 
 * **host-wide**: at most :attr:`GateLimits.host` generation requests, running *or waiting*,
@@ -17,7 +19,10 @@ concurrency"):
   :attr:`GateLimits.slots`); up to :attr:`GateLimits.queue` more (default: the per-key bound,
   so that one key's whole allowance waits on an instance rather than being refused, while an
   instance still holds well under the host-wide bound) wait, first come first served, at most
-  :attr:`GateLimits.wait_s` seconds each.
+  :attr:`GateLimits.wait_s` seconds each. Prefill and decode are seated apart from chats, on
+  the instance's own :func:`state_seats` (capacity :attr:`GateLimits.slots`, the same queue
+  and wait): a backend runs them on its own state slot (llama.cpp's last slot), never on the
+  ordinary slots the chat capacity counts, so neither kind waits for a seat the other holds.
 
 The host-wide and per-key bounds never wait: a request over them is refused at once, since a
 waiting request would hold a thread too. An instance whose queue is full refuses at once; a
@@ -28,7 +33,8 @@ which the HTTP layer sends as ``Retry-After``: over the per-key bound ``resource
 whose client goes away leaves the queue within :data:`POLL_S`.
 
 A :class:`Ticket` is released exactly once (:meth:`Ticket.release` is idempotent), when the
-relayed answer is closed: after its end, an error, or the client's disconnect.
+relayed answer is closed: after its end, an error, or the client's disconnect; a prefill's or
+decode's when the operation returns or raises (a ticket is a context manager for that).
 """
 
 from __future__ import annotations
@@ -72,6 +78,12 @@ class GateLimits:
     @property
     def queue_bound(self) -> int:
         return self.queue if self.queue is not None else self.per_key
+
+
+def state_seats(instance: str) -> str:
+    """The seats of ``instance``'s prefills and decodes (module docstring), apart from the
+    seats named by the instance id itself, which its chats and completions take."""
+    return f"{instance} prefill/decode"
 
 
 def _refusal(code: ErrorCode, message: str, openai_code: str, retry_after_s: int) -> WerkError:
@@ -190,6 +202,12 @@ class Ticket:
             return
         self._released = True
         self.gate._release(self, self._instance)
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def gate_limits(server: ServerLimits) -> GateLimits:

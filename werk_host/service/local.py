@@ -14,7 +14,8 @@ import json
 import logging
 import secrets
 import time
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from werk_host import __version__
@@ -70,8 +71,9 @@ from werk_host.protocol import (
 )
 from werk_host.service.cache import Shared
 from werk_host.service.capabilities import CapabilityResolver
-from werk_host.service.counters import ChatStats, MetricsReading
+from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats, MetricsReading
 from werk_host.service.cursors import CursorCodec
+from werk_host.service.gate import InferenceGate, state_seats
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
 from werk_host.service.leases import MemoryLeases
 from werk_host.service.planning import ChatPlanning
@@ -117,6 +119,7 @@ class LocalControlService:
         memory: MemoryManager,
         handoffs: HandoffRegistry | None = None,
         cursor_secret: bytes,
+        gate: InferenceGate | None = None,
     ) -> None:
         self.runtime = runtime
         self.hooks = runtime.hooks
@@ -126,6 +129,9 @@ class LocalControlService:
         self.handoffs = handoffs or HandoffRegistry(on_expire=self._release_expired_handle)
         self.cursors = CursorCodec(cursor_secret)
         self.chat_stats = ChatStats()
+        #: ``werk serve``'s inference gate, which prefill and decode run inside
+        #: (docs/operations.md, "Inference concurrency"); ``None`` for in-process callers.
+        self.inference_gate = gate
         self.leases = MemoryLeases(memory, self.hooks)
         self.capability_resolver = CapabilityResolver(self.hooks, self._host_evidence)
         self.planning = ChatPlanning(runtime, self.hooks, self.capability_resolver)
@@ -262,7 +268,28 @@ class LocalControlService:
         return needed(self.hooks.expert_action(adapter, request), "expert residency", adapter)
 
     # -- prefill / decode ----------------------------------------------------------------
+    @contextmanager
+    def _inference(self, scope: RequestScope) -> Iterator[Callable[[], None]]:
+        """The block holds a gate ticket of the scope's principal: taken first (the host-wide
+        and per-key bounds, refused at once, before a cold instance starts) and released exactly
+        once however the block ends. Yields the call that seats the ticket on the instance's
+        prefill/decode seats (:func:`~werk_host.service.gate.state_seats`, waiting in their
+        queue), made once the request is validated and before any backend work. Without a gate
+        both do nothing."""
+        gate = self.inference_gate
+        if gate is None:
+            yield lambda: None
+            return
+        with gate.enter(scope.principal.id) as ticket:
+            instance = scope.instance.id if scope.instance is not None else DEFAULT_INSTANCE
+            yield lambda: ticket.seat(state_seats(instance), None)
+
     def prefill(self, scope: RequestScope, request: PrefillRequest) -> PrefillResult:
+        """A prefill inside the inference gate (:meth:`_inference`)."""
+        with self._inference(scope) as seat:
+            return self._prefill(scope, request, seat)
+
+    def _prefill(self, scope: RequestScope, request: PrefillRequest, seat: Callable[[], None]) -> PrefillResult:
         principal = scope.principal
         policy, opted_in = resolve_prefill_policy(request, self.runtime.config.persistence)
         started = scope.started()
@@ -279,6 +306,7 @@ class LocalControlService:
             self._gate(scope, adapter, CapabilityId.PERSISTENCE, opted_in)
             self._gate(scope, adapter, CapabilityId.TIER_DISK, opted_in)
 
+        seat()  # validated: wait for a seat before any handoff, storage or backend work
         reservation = self.handoffs.reserve(principal.id)
         with ExitStack() as cleanup:
             cleanup.callback(reservation.rollback)
@@ -431,9 +459,16 @@ class LocalControlService:
             snapshot.close()
 
     def decode(self, scope: RequestScope, request: DecodeRequest) -> DecodeResult:
+        """A decode inside the inference gate (:meth:`_inference`), seated before its handoff is
+        consumed: a refusal leaves the handoff usable (docs/protocol.md)."""
+        with self._inference(scope) as seat:
+            return self._decode(scope, request, seat)
+
+    def _decode(self, scope: RequestScope, request: DecodeRequest, seat: Callable[[], None]) -> DecodeResult:
         principal = scope.principal
         self._gate(scope, scope.started(), CapabilityId.PD_DECODE, request.allow_experimental)
         adapter = scope.require_adapter("decode")
+        seat()
         secret = request.handoff.get_secret_value()
         record, replacement = self.handoffs.consume(principal.id, secret, adapter.identity())
         with ExitStack() as cleanup:
