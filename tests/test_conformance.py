@@ -125,11 +125,12 @@ def test_a_misspelled_capability_id_fails_the_suite(pytester: pytest.Pytester) -
     failed = run_suite(
         pytester,
         """
-        @hookimpl
-        def werk_capabilities(self, adapter):
-            reports = {k: CapabilityReport(v, "ok") for k, v in EXPERIMENTAL_STATE.items()}
-            reports["runtime.state.presistence"] = CapabilityReport(CapabilityStatus.SUPPORTED, "typo")
-            return reports
+        class adapter_class(MemoryAdapter):
+            @hookimpl(specname="werk_capabilities")
+            def capabilities(self):
+                reports = {k: CapabilityReport(v, "ok") for k, v in EXPERIMENTAL_STATE.items()}
+                reports["runtime.state.presistence"] = CapabilityReport(CapabilityStatus.SUPPORTED, "typo")
+                return reports
         """,
     )
     assert failed == {"test_declared_and_reported_ids_are_capability_ids"}
@@ -140,14 +141,14 @@ def test_a_claim_the_backend_does_not_keep_fails_the_suite(pytester: pytest.Pyte
     failed = run_suite(
         pytester,
         """
-        @hookimpl
-        def werk_capabilities(self, adapter):
-            reports = {k: CapabilityReport(v, "ok") for k, v in EXPERIMENTAL_STATE.items()}
-            reports[CapabilityId.PD_PREFILL] = CapabilityReport(CapabilityStatus.SUPPORTED, "claimed")
-            reports[CapabilityId.PD_HANDOFF] = CapabilityReport(CapabilityStatus.SUPPORTED, "claimed")
-            return reports
-
         class adapter_class(MemoryAdapter):
+            @hookimpl(specname="werk_capabilities")
+            def capabilities(self):
+                reports = {k: CapabilityReport(v, "ok") for k, v in EXPERIMENTAL_STATE.items()}
+                reports[CapabilityId.PD_PREFILL] = CapabilityReport(CapabilityStatus.SUPPORTED, "claimed")
+                reports[CapabilityId.PD_HANDOFF] = CapabilityReport(CapabilityStatus.SUPPORTED, "claimed")
+                return reports
+
             @hookimpl(specname="werk_prefill")
             def prefill(self, work):
                 return None
@@ -160,9 +161,10 @@ def test_a_token_count_that_disagrees_with_usage_fails_the_suite(pytester: pytes
     failed = run_suite(
         pytester,
         """
-        @hookimpl
-        def werk_count_tokens(self, adapter, request):
-            return 1
+        class adapter_class(MemoryAdapter):
+            @hookimpl(specname="werk_count_tokens")
+            def count_tokens(self, request):
+                return 1
         """,
     )
     assert failed == {"test_count_tokens_equals_v1_usage"}
@@ -172,11 +174,12 @@ def test_a_leaking_error_message_fails_the_suite(pytester: pytest.Pytester) -> N
     failed = run_suite(
         pytester,
         """
-        @hookimpl
-        def werk_count_tokens(self, adapter, request):
-            if sum(len(str(m.content).split()) for m in request.messages) > 10_000:
-                raise WerkError(ErrorCode.INVALID_REQUEST, "template failed in /srv/models/secret/template.jinja")
-            return super().werk_count_tokens(adapter, request)
+        class adapter_class(MemoryAdapter):
+            @hookimpl(specname="werk_count_tokens")
+            def count_tokens(self, request):
+                if sum(len(str(m.content).split()) for m in request.messages) > 10_000:
+                    raise WerkError(ErrorCode.INVALID_REQUEST, "template failed in /srv/models/secret/template.jinja")
+                return super().count_tokens(request)
         """,
     )
     assert failed == {"test_errors_leak_nothing"}

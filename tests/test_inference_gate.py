@@ -37,45 +37,55 @@ TIMEOUT_S = 10.0
 CONTROL_ROUTES = ("/werk/v1/info", "/werk/v1/capabilities", "/metrics", "/werk/v1/states")
 
 
-class HeldStreams(MemoryBackendPlugin):
-    """The reference plugin whose streamed chats send their first event, then hold (sending a
-    keep-alive comment every few milliseconds, so that a client that left is noticed) until
-    :attr:`release` is set; it reports ``capacity`` concurrent requests per instance."""
+class HeldAdapter(MemoryAdapter):
+    """The reference adapter whose streamed chats send their first event, then hold (sending a
+    keep-alive comment every few milliseconds, so that a client that left is noticed) until its
+    plugin's ``release`` is set; it reports its plugin's ``capacity`` concurrent requests."""
 
-    def __init__(self, capacity: int | None) -> None:
-        super().__init__()
-        self.capacity = capacity
-        self.release = threading.Event()
-        self.open = 0
-        self._lock = threading.Lock()
+    plugin: HeldStreams
 
-    @hookimpl
-    def werk_chat_limits(self, adapter: MemoryAdapter, model: str | None) -> ChatLimits:
-        limits = super().werk_chat_limits(adapter, model)
-        return limits.model_copy(update={"max_concurrent_requests": self.capacity})
+    @hookimpl(specname="werk_chat_limits")
+    def chat_limits(self, model: str | None) -> ChatLimits:
+        limits = super().chat_limits(model)
+        return limits.model_copy(update={"max_concurrent_requests": self.plugin.capacity})
 
-    @hookimpl
-    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
         if request.get("stream") is not True:
-            return super().werk_chat_completion(adapter, request)
+            return super().chat_completion(request)
+        plugin = self.plugin
         closed = threading.Event()
-        with self._lock:
-            self.open += 1
+        with plugin.lock:
+            plugin.open += 1
 
         def body() -> Iterator[bytes]:
             try:
                 yield b'data: {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "tiny", '
                 yield b'"choices": [{"index": 0, "delta": {"role": "assistant", "content": "held"}}]}\n\n'
                 for _ in range(int(HOLD_S / 0.02)):
-                    if self.release.wait(0.02) or closed.is_set():
+                    if plugin.release.wait(0.02) or closed.is_set():
                         break
                     yield b": held\n\n"
                 yield b"data: [DONE]\n\n"
             finally:
-                with self._lock:
-                    self.open -= 1
+                with plugin.lock:
+                    plugin.open -= 1
 
         return InferenceResponse(200, {"Content-Type": "text/event-stream"}, body(), closed.set)
+
+
+class HeldStreams(MemoryBackendPlugin):
+    """The reference plugin whose adapters hold streamed chats (:class:`HeldAdapter`) and report
+    ``capacity`` concurrent requests per instance; ``open`` counts the streams held."""
+
+    adapter_class = HeldAdapter
+
+    def __init__(self, capacity: int | None) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.release = threading.Event()
+        self.open = 0
+        self.lock = threading.Lock()
 
 
 @dataclass

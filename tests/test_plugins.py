@@ -3,6 +3,7 @@ generated hook docs, and one test per hook against the reference plugin that imp
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import falcon.testing
+import pluggy
 import pytest
 
 from tests.conftest import KEY
@@ -46,7 +48,7 @@ from werk_host.protocol import (
 )
 from werk_host.testing.hosts import make_host
 from werk_host.testing.markers import covers_hooks
-from werk_host.testing.reference import BACKEND_ID, MemoryAdapter, MemoryBackendPlugin
+from werk_host.testing.reference import BACKEND_ID, CONTEXT_TOKENS, MemoryAdapter, MemoryBackendPlugin
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The werk-host range a plugin built for this hook API declares.
@@ -88,8 +90,7 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     (factory,) = host.adapter_factories(HostConfig(home=Path("/nonexistent")))
     adapter = factory.create(HostConfig(home=Path("/nonexistent")), None)
     host.attach(adapter, factory)
-    registered = [p for name, p in host.pm.list_name_plugin() if name.startswith("testbackend/adapter-")]
-    assert {caller.name for caller in host.pm.get_hookcallers(registered[0]) or []} == OPERATION_HOOKS
+    assert host.operations_of(adapter) == OPERATION_HOOKS
     assert set(hook_names()) - {"werk_adapter_factories", "werk_doctor_checks", "werk_cli_commands"} == OPERATION_HOOKS
 
 
@@ -210,17 +211,17 @@ def test_werk_plugins_flags_unknown_capability_ids(
 
 
 def test_reported_unknown_capability_ids_are_flagged_not_dropped_silently() -> None:
-    class Typo(MemoryBackendPlugin):
-        @hookimpl
-        def werk_capabilities(self, adapter: MemoryAdapter) -> dict[str, CapabilityReport]:  # type: ignore[override]
+    class Typo(MemoryAdapter):
+        @hookimpl(specname="werk_capabilities")
+        def capabilities(self) -> dict[str, CapabilityReport]:  # type: ignore[override]
             return {
                 "runtime.pd.prefill": CapabilityReport(CapabilityStatus.SUPPORTED, "ok"),
                 "runtime.pd.prefil": CapabilityReport(CapabilityStatus.SUPPORTED, "misspelled"),
             }
 
     host = PluginHost()
-    host.register(Typo(), "testbackend")
-    reports = BackendHooks(host).capabilities(attached(host, MemoryAdapter(model_name="tiny")))
+    host.register(MemoryBackendPlugin(), "testbackend")
+    reports = BackendHooks(host).capabilities(attached(host, Typo(model_name="tiny")))
     assert reports == {CapabilityId.PD_PREFILL: CapabilityReport(CapabilityStatus.SUPPORTED, "ok")}
     assert _records(host)["testbackend"]["problems"] == ["reports unknown capability id 'runtime.pd.prefil'"]
 
@@ -311,6 +312,29 @@ class OtherBackend:
         raise AssertionError("a foreign plugin answered another backend's prefill")
 
 
+class OldStyleReference(MemoryBackendPlugin):
+    """The reference plugin answering an operation for its own adapters itself (the hook API 0.2 form)."""
+
+    @hookimpl
+    def werk_chat_limits(self, adapter: MemoryAdapter, model: str | None) -> None:
+        raise AssertionError("a plugin object answered its adapter's operation")
+
+
+class AuditingBackend(MemoryBackendPlugin):
+    """A backend plugin that also wraps every backend's prefill (a wrapper, not an answer)."""
+
+    name = "auditing"  # type: ignore[misc]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    @hookimpl(wrapper=True)
+    def werk_prefill(self, adapter: Adapter, work: PrefillWork) -> Iterator[None]:
+        self.seen.append(adapter.instance_id)
+        return (yield)
+
+
 def test_only_the_owning_plugin_answers() -> None:
     host = PluginHost()
     host.register(MemoryBackendPlugin(), "testbackend")
@@ -318,6 +342,56 @@ def test_only_the_owning_plugin_answers() -> None:
     work = PrefillWork("tiny", TextInput(type="text", text="a b"), want_snapshot=False)
     state = BackendHooks(host).prefill(attached(host, MemoryAdapter(model_name="tiny")), work)
     assert state is not None and state.prompt_tokens == 2
+
+
+def test_a_plugin_object_offering_factories_that_answers_an_operation_itself_is_failed() -> None:
+    """Registered in process as installed: an operation reaches a backend only as its adapter's
+    method. The plugin is ``failed`` with the hooks named, offers no factory and answers nothing."""
+    host = PluginHost()
+    host.register(OtherBackend(), "other")
+    host.register(OldStyleReference(), "testbackend")
+    records = _records(host)
+    for name, hooks in (("other", "werk_prefill"), ("testbackend", "werk_chat_limits")):
+        assert records[name]["status"] == "failed" and records[name]["hooks"] == []
+        assert f"its plugin object implements operation hooks itself ({hooks}), the hook API 0.2 form" in str(
+            records[name]["error"]
+        )
+    assert host.adapter_factories(HostConfig(home=Path("/nonexistent"))) == []
+    limits = BackendHooks(host).chat_limits(MemoryAdapter(model_name="tiny"), "tiny")  # its method only
+    assert limits is not None and limits.context_tokens == CONTEXT_TOKENS
+
+
+def test_a_backend_plugins_wrapper_wraps_every_backend() -> None:
+    host = PluginHost()
+    host.register(MemoryBackendPlugin(), "testbackend")
+    auditing = AuditingBackend()
+    host.register(auditing, "auditing")
+    assert _records(host)["auditing"]["status"] == "loaded"
+    work = PrefillWork("tiny", TextInput(type="text", text="a b"), want_snapshot=False)
+    hooks = BackendHooks(host)
+    mine = attached(host, MemoryAdapter(model_name="tiny", instance_id="mine"), owner="auditing")
+    theirs = attached(host, MemoryAdapter(model_name="tiny", instance_id="theirs"))
+    assert [s.prompt_tokens if s else None for s in (hooks.prefill(mine, work), hooks.prefill(theirs, work))] == [2, 2]
+    assert auditing.seen == ["mine", "theirs"]
+
+
+def test_the_private_pluggy_call_dispatch_relies_on_is_as_tested() -> None:
+    """werk_host/plugins.py runs an adapter's implementations with pluggy's private
+    ``PluginManager._hookexec`` (measured faster than the public hook call): this fails loudly
+    when a pluggy release changes it, and pyproject.toml pins pluggy below 2."""
+    assert pluggy.__version__.split(".")[0] == "1", f"dispatch is tested with pluggy 1.x, not {pluggy.__version__}"
+    params = list(inspect.signature(pluggy.PluginManager._hookexec).parameters)
+    assert params == ["self", "hook_name", "methods", "kwargs", "firstresult"], params
+    host = PluginHost()
+    host.register(MemoryBackendPlugin(), "testbackend")
+    observer = Observer()
+    host.register(observer, "observer")
+    adapter = attached(host, MemoryAdapter(model_name="tiny"))
+    state = host.dispatch(
+        "werk_prefill", adapter, work=PrefillWork("tiny", TextInput(type="text", text="a b c"), want_snapshot=False)
+    )
+    assert isinstance(state, PrefilledState) and state.prompt_tokens == 3  # firstresult: one answer, not a list
+    assert observer.seen == [("prefill:before", BACKEND_ID), ("prefill:after", "3")]
 
 
 class BareAdapter:
@@ -354,21 +428,21 @@ def test_none_from_a_hook_is_unsupported_over_http(home: Path) -> None:
         host.close()
 
 
-class WrongTypes(MemoryBackendPlugin):
-    @hookimpl
-    def werk_chat_limits(self, adapter: MemoryAdapter, model: str | None) -> dict[str, int]:  # type: ignore[override]
+class WrongTypes(MemoryAdapter):
+    @hookimpl(specname="werk_chat_limits")
+    def chat_limits(self, model: str | None) -> dict[str, int]:  # type: ignore[override]
         return {"context_tokens": 64}
 
-    @hookimpl
-    def werk_count_tokens(self, adapter: MemoryAdapter, request: ChatRequest) -> bool:  # type: ignore[override]
+    @hookimpl(specname="werk_count_tokens")
+    def count_tokens(self, request: ChatRequest) -> bool:  # type: ignore[override]
         return True
 
 
 def test_a_wrongly_typed_answer_is_an_internal_plugin_defect() -> None:
     host = PluginHost()
-    host.register(WrongTypes(), "testbackend")
+    host.register(MemoryBackendPlugin(), "testbackend")
     hooks = BackendHooks(host)
-    adapter = attached(host, MemoryAdapter(model_name="tiny"))
+    adapter = attached(host, WrongTypes(model_name="tiny"))
     with pytest.raises(WerkError) as err:
         hooks.chat_limits(adapter, "tiny")
     assert err.value.code is ErrorCode.INTERNAL and "plugin testbackend" in err.value.message

@@ -27,26 +27,35 @@ class EchoOptions(RequestOptions):
     level: Annotated[OptionInt, Field(ge=1, le=9)] | None = None
 
 
-class EchoOptionsPlugin(MemoryBackendPlugin):
-    """The reference backend owning ``werk.echo``, keeping every chat body its adapter received."""
+class EchoOptionsAdapter(MemoryAdapter):
+    """The reference adapter owning ``werk.echo``, keeping every chat body it receives and every
+    member it is asked about in its plugin's ``bodies`` and ``asked``."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.bodies: list[JsonObject] = []
-        self.asked: list[str] = []
+    plugin: EchoOptionsPlugin
 
-    @hookimpl
-    def werk_request_options(self, adapter: MemoryAdapter, name: str, options: JsonObject) -> JsonObject | None:
-        self.asked.append(name)
+    @hookimpl(specname="werk_request_options")
+    def request_options(self, name: str, options: JsonObject) -> JsonObject | None:
+        self.plugin.asked.append(name)
         if name != "echo":
             return None
         validated: JsonObject = validate_options(EchoOptions, name, options).model_dump(exclude_none=True)
         return validated
 
-    @hookimpl
-    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
-        self.bodies.append(request)
-        return super().werk_chat_completion(adapter, request)
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
+        self.plugin.bodies.append(request)
+        return super().chat_completion(request)
+
+
+class EchoOptionsPlugin(MemoryBackendPlugin):
+    """The reference backend owning ``werk.echo``, keeping every chat body its adapter received."""
+
+    adapter_class = EchoOptionsAdapter
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[JsonObject] = []
+        self.asked: list[str] = []
 
 
 def body(werk: JsonObject) -> JsonObject:

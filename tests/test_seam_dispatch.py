@@ -129,13 +129,25 @@ def test_calls_on_one_adapter_stay_its_own_while_others_register_and_close(round
     assert {name for name, _ in wrapper.seen} == {"steady"}
 
 
-def test_a_call_keeps_the_implementations_it_was_given_while_another_adapter_registers() -> None:
-    """The race the stress test above can only sometimes hit, made deterministic: a call whose
-    implementations were chosen before another adapter registered runs exactly those."""
+def test_a_call_keeps_the_implementations_it_started_with_while_plugins_register() -> None:
+    """The race the stress test above can only sometimes hit, made deterministic: while a call
+    on one adapter runs, another adapter and a new wrapper register; the running call runs
+    exactly the implementations it started with, the next call the new wrapper too."""
     host, factories, wrapper = _host()
     steady = _created(host, factories["testbackend"], "steady")
-    call = host._call("werk_prefill", steady)
-    late = _created(host, factories["second"], "late")  # registered between choosing and running
-    state = call.run(host.pm, "werk_prefill", {"adapter": steady, "work": WORK})
-    assert isinstance(state, PrefilledState) and state.prompt_tokens == 2
-    assert late.calls == [] and wrapper.seen == [("steady", 2)]
+    late, joined = Wrapper(), []
+
+    class Interloper:
+        @hookimpl(wrapper=True)
+        def werk_prefill(self, adapter: Adapter, work: PrefillWork) -> Iterator[None]:
+            if not joined:  # registered between the call's start and its adapter's method
+                joined.append(_created(host, factories["second"], "late"))
+                host.register(late, "late-audit")
+            return (yield)
+
+    host.register(Interloper(), "interloper")
+    hooks = BackendHooks(host)
+    states = [hooks.prefill(steady, WORK), hooks.prefill(steady, WORK)]
+    assert [s.prompt_tokens if s else None for s in states] == [2, 2]
+    assert wrapper.seen == [("steady", 2), ("steady", 2)] and late.seen == [("steady", 2)]
+    assert joined[0].calls == [] and steady.calls == ["prefill", "prefill"]

@@ -83,25 +83,22 @@ CHAT: dict[str, Any] = {
 }
 
 
-class RelayPlugin(MemoryBackendPlugin):
-    """The reference backend, but chat completions go through the host relay to ``port``."""
+class RelayAdapter(MemoryAdapter):
+    """The reference adapter, but chat completions go through the host relay to its plugin's
+    ``pool``, and workers observations wait for its plugin's ``workers_release``."""
 
-    def __init__(self, port: int) -> None:
-        super().__init__()
-        self.pool = ConnectionPool("127.0.0.1", port, label="test-backend", bounds=BOUNDS)
-        self.workers_release = threading.Event()
-        self.workers_release.set()
+    plugin: RelayPlugin
 
-    @hookimpl
-    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
-        return forward(self.pool, "/v1/chat/completions", {k: v for k, v in request.items() if k != "werk"})
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
+        return forward(self.plugin.pool, "/v1/chat/completions", {k: v for k, v in request.items() if k != "werk"})
 
-    @hookimpl
-    def werk_workers(self, adapter: MemoryAdapter) -> list[WorkerObservation]:
-        self.workers_release.wait(120.0)  # a backend that does not answer
+    @hookimpl(specname="werk_workers")
+    def workers(self) -> list[WorkerObservation]:
+        self.plugin.workers_release.wait(120.0)  # a backend that does not answer
         return [
             WorkerObservation(
-                model=adapter.model_name,
+                model=self.model_name,
                 backend="reference",
                 pid=os.getpid(),
                 state="ready",
@@ -110,6 +107,18 @@ class RelayPlugin(MemoryBackendPlugin):
                 context_capacity_tokens=None,
             )
         ]
+
+
+class RelayPlugin(MemoryBackendPlugin):
+    """The reference backend, relaying to ``port`` (:class:`RelayAdapter`)."""
+
+    adapter_class = RelayAdapter
+
+    def __init__(self, port: int) -> None:
+        super().__init__()
+        self.pool = ConnectionPool("127.0.0.1", port, label="test-backend", bounds=BOUNDS)
+        self.workers_release = threading.Event()
+        self.workers_release.set()
 
 
 @pytest.fixture

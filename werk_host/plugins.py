@@ -11,16 +11,22 @@ module, named in the group ``werk.cli`` (:meth:`PluginHost.load_cli_entry_points
 collects ``werk_cli_commands`` from it; a hook that raises adds no command and is flagged.
 Ownership is derived (docs/plugin-hooks.md, "Ownership"): a factory belongs to the plugin
 whose ``werk_adapter_factories`` returned it, and so does every adapter it creates. A factory
-or adapter naming another plugin, or an installed backend module that implements an operation
-hook itself, makes the plugin ``failed`` (:meth:`PluginHost.fail`): it is unregistered with its
-adapters and answers nothing. Each adapter an instance creates is registered with the pluggy
-manager (:meth:`PluginHost.attach`, undone by :meth:`PluginHost.detach` when it closes); an
-operation call on it runs its own hookimpl methods plus the implementations of plugins that
-offer no factories (wrappers), as a list chosen once per hook and adapter under the
-registration lock and dropped on every registration: pluggy's subset callers filter the live
-implementation list by a fixed set of plugins, so a later registration would join them, and
-they need hashable plugins. Host code calls operation hooks through
-:class:`werk_host.hooks.BackendHooks`, never here by name (docs/plugin-hooks.md).
+or adapter naming another plugin makes the plugin ``failed`` (:meth:`PluginHost.fail`): it is
+unregistered with its adapters and answers nothing.
+
+Operation dispatch has one route (docs/architecture.md, "Operation dispatch"): operations are
+methods of the adapter class. Every registered plugin object, installed or registered in
+process, that offers adapter factories and implements an operation hook itself, not as a
+wrapper (the hook API 0.2 form), is ``failed`` when it registers. Each adapter an instance
+creates gets a pluggy manager of its own (:meth:`PluginHost.attach`, dropped by
+:meth:`PluginHost.detach` when it closes) holding the hookspecs, the cross-cutting plugins
+(those that implement operation hooks, as wrappers: audit, metrics) and the adapter's hookimpl
+methods; a plugin registered later joins every live adapter's manager. A call on adapter X runs
+the implementation list of X's own manager, copied when the call starts, through pluggy's
+``PluginManager._hookexec``: private API (a public ``pm.hook.<name>(...)`` call measured about
+10% slower, its per-call argument checks), so pyproject.toml pins pluggy to 1.x and
+tests/test_plugins.py fails loudly if that method changes. Host code calls operation hooks
+through :class:`werk_host.hooks.BackendHooks`, never here by name (docs/plugin-hooks.md).
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ import pluggy
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pluggy import HookImpl
 from stevedore import ExtensionManager, NamedExtensionManager
 
 from werk_host import __version__, hookspecs
@@ -129,25 +134,40 @@ def incompatibility(dist: Distribution | None, host_version: str = __version__) 
 
 
 class _AdapterPlugin:
-    """What the host registers with pluggy for one adapter: the adapter's hookimpl methods,
-    bound. A stand-in compared by identity, so two adapters that compare equal (dataclasses)
-    still register as two plugins; pluggy's ``impl.function`` is the adapter's own method."""
+    """What the host registers for one adapter: the adapter's hookimpl methods, bound, in a
+    plugin manager of its own (the hookspecs, then every cross-cutting plugin and this stand-in,
+    in registration order). A stand-in compared by identity, so two adapters that compare equal
+    (dataclasses) still register as two plugins; pluggy's ``impl.function`` is the adapter's own
+    method. ``hooks`` holds the manager's hook callers by name."""
 
-    def __init__(self, adapter: Adapter, owner: str) -> None:
+    def __init__(self, adapter: Adapter, owner: str, crosscutting: list[tuple[str, object]]) -> None:
         self.adapter = adapter
         self.owner = owner
         for name in dir(type(adapter)):
             member = inspect.getattr_static(adapter, name, None)
             if inspect.isfunction(member) and hasattr(member, _IMPL_MARK):
                 setattr(self, name, getattr(adapter, name))
+        self.pm = pluggy.PluginManager(_PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        for plugin_name, plugin in crosscutting:
+            self.pm.register(plugin, name=plugin_name)
+        self.pm.register(self, name=f"{owner}/adapter-{id(self):x}")
+        self.pm.check_pending()
+        self.hooks: dict[str, pluggy.HookCaller] = {name: getattr(self.pm.hook, name) for name in OPERATION_HOOKS}
+
+    def operations(self) -> set[str]:
+        """The operation hooks the adapter's own methods implement."""
+        return {caller.name for caller in self.pm.get_hookcallers(self) or []} & OPERATION_HOOKS
 
 
-_IMPL_MARK = "werk_impl"
+_PROJECT = "werk"
+_IMPL_MARK = f"{_PROJECT}_impl"
 
 
-def _module_operations(hooks: list[str]) -> str:
+def _module_operations(plugin: object, hooks: list[str]) -> str:
+    kind = "module" if inspect.ismodule(plugin) else "object"
     return (
-        f"its plugin module implements operation hooks itself ({', '.join(hooks)}), the hook API 0.2 "
+        f"its plugin {kind} implements operation hooks itself ({', '.join(hooks)}), the hook API 0.2 "
         "form: since 0.3 each operation is a method of its adapter class, @hookimpl(specname=...)"
     )
 
@@ -159,25 +179,6 @@ def _misnamed(what: str, backend: str, said: str, owner: str) -> str:
     )
 
 
-def _has_impls(adapter: Adapter) -> bool:
-    return any(
-        inspect.isfunction(m := inspect.getattr_static(adapter, name, None)) and hasattr(m, _IMPL_MARK)
-        for name in dir(type(adapter))
-    )
-
-
-@dataclass(frozen=True)
-class _Call:
-    """The implementations one operation call on one adapter runs, in pluggy's order: taken
-    from the hook caller under the registration lock, so an adapter registering or closing
-    meanwhile never changes a call that has its list (docs/architecture.md)."""
-
-    impls: tuple[HookImpl, ...]
-
-    def run(self, pm: pluggy.PluginManager, hook_name: str, kwargs: dict[str, object]) -> object:
-        return pm._hookexec(hook_name, list(self.impls), kwargs, True)
-
-
 class PluginHost:
     """Owns the pluggy manager: loading, inventory and dispatch to an adapter's owner."""
 
@@ -185,11 +186,10 @@ class PluginHost:
         self.pm = pluggy.PluginManager("werk")
         self.pm.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
-        self._calls: dict[tuple[str, str], _Call] = {}
         self._adapters: dict[int, _AdapterPlugin] = {}
         self._refused: dict[int, Adapter] = {}
-        #: plugins loaded from entry points: their modules never answer operations themselves
-        self._installed: set[str] = set()
+        #: registered plugins that implement operation hooks (wrappers), in registration order
+        self._crosscutting: list[tuple[str, object]] = []
         self._lock = threading.Lock()
         self._operations = 0
 
@@ -230,10 +230,6 @@ class PluginHost:
         for ext in manager.extensions:
             dist, version = _dist_of(found[ext.name])
             self.register(ext.plugin, ext.name, distribution=dist, version=version)
-            self._installed.add(ext.name)
-            own = self._own_operations(ext.name)
-            if own:
-                self.fail(ext.name, _module_operations(own))
         for name, err in sorted(failures.items()):
             dist, version = _dist_of(found[name])
             error = f"{type(err).__name__}: {err}"
@@ -243,7 +239,11 @@ class PluginHost:
     def register(
         self, plugin: object, name: str, *, distribution: str | None = None, version: str | None = None
     ) -> None:
-        """Register a plugin object (module or instance) under ``name``; tolerant of errors."""
+        """Register a plugin object (module or instance) under ``name``; tolerant of errors.
+
+        A plugin that offers adapter factories and implements an operation hook itself, not as
+        a wrapper (the hook API 0.2 form), is ``failed`` (:meth:`fail`); any other plugin that
+        implements operation hooks takes part in every adapter's calls from now on."""
         if self.pm.is_blocked(name):
             return  # failed earlier (:meth:`fail`)
         try:
@@ -257,10 +257,16 @@ class PluginHost:
                 PluginRecord(name, distribution, version, "failed", error=f"{type(err).__name__}: {err}")
             )
             return
-        hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
-        self.records.append(PluginRecord(name, distribution, version, "loaded", hooks=hooks))
-        with self._lock:
-            self._calls.clear()
+        callers = self.pm.get_hookcallers(plugin) or []
+        self.records.append(PluginRecord(name, distribution, version, "loaded", hooks=sorted(h.name for h in callers)))
+        own = _own_operations(plugin, callers)
+        if own:
+            self.fail(name, _module_operations(plugin, own))
+        elif any(caller.name in OPERATION_HOOKS for caller in callers):
+            with self._lock:
+                self._crosscutting.append((name, plugin))
+                for adapter in self._adapters.values():
+                    adapter.pm.register(plugin, name=name)
 
     def load_cli_entry_points(self, environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
         """Register each plugin's command module (group ``werk.cli``), for ``werk``'s parser only.
@@ -363,9 +369,11 @@ class PluginHost:
                 self.pm.set_blocked(plugin_name)
             for key, plugin in list(self._adapters.items()):
                 if plugin.owner == plugin_name:
-                    self.pm.unregister(plugin)
+                    self._refused[key] = plugin.adapter  # held, so that its id is not reused
                     del self._adapters[key]
-            self._calls.clear()
+                elif plugin.pm.get_plugin(plugin_name) is not None:
+                    plugin.pm.unregister(name=plugin_name)
+            self._crosscutting = [(n, p) for n, p in self._crosscutting if n != plugin_name]
             for record in self.records:
                 if record.name == plugin_name and record.status == "loaded":
                     record.status, record.error, record.hooks = "failed", reason, []
@@ -410,23 +418,20 @@ class PluginHost:
             with self._lock:
                 self._refused[id(adapter)] = adapter  # held, so that its id is not reused
             raise WerkError(ErrorCode.INTERNAL, f"plugin {owner} failed; werk plugins says why")
-        plugin = _AdapterPlugin(adapter, owner)
         with self._lock:
             known = self._adapters.get(id(adapter))
             if known is not None and known.adapter is adapter:
                 return known
-            self.pm.register(plugin, name=f"{owner}/adapter-{id(plugin):x}")
+            plugin = _AdapterPlugin(adapter, owner, self._crosscutting)
             self._adapters[id(adapter)] = plugin
-            self._calls.clear()
         return plugin
 
     def detach(self, adapter: Adapter) -> None:
         """Unregister a closing ``adapter`` (:meth:`attach`); nothing when it was not attached."""
         with self._lock:
-            plugin = self._adapters.pop(id(adapter), None)
-            if plugin is not None:
-                self.pm.unregister(plugin)
-                self._calls.clear()
+            plugin = self._adapters.get(id(adapter))
+            if plugin is not None and plugin.adapter is adapter:
+                del self._adapters[id(adapter)]
 
     def owner_of(self, adapter: Adapter) -> str:
         """The name of the plugin whose factory created ``adapter``. An adapter the host did not
@@ -438,94 +443,41 @@ class PluginHost:
         return said if isinstance(said, str) else ""
 
     def operations_of(self, adapter: Adapter) -> set[str]:
-        """The operation hooks ``adapter`` implements: its own methods' (and its owner plugin's,
-        in the hook API 0.2 form)."""
+        """The operation hooks ``adapter``'s own methods implement."""
+        return self._plugin(adapter).operations()
+
+    def _plugin(self, adapter: Adapter) -> _AdapterPlugin:
         plugin = self._adapters.get(id(adapter))
-        own = plugin if plugin is not None and plugin.adapter is adapter else None
-        found: set[str] = set()
-        for holder in (own, self.pm.get_plugin(self.owner_of(adapter))):
-            if holder is not None:
-                found |= {caller.name for caller in self.pm.get_hookcallers(holder) or []}
-        return found & OPERATION_HOOKS
-
-    def _call(self, hook_name: str, adapter: Adapter) -> _Call:
-        plugin = self._adapters.get(id(adapter))
-        if plugin is None or plugin.adapter is not adapter:
-            if self._refused.get(id(adapter)) is adapter:
-                raise WerkError(ErrorCode.INTERNAL, f"plugin {self.owner_of(adapter)} failed; werk plugins says why")
-            # built by hand (a test): attached on first use when it has operation methods
-            plugin = self._attach(adapter, self.owner_of(adapter)) if _has_impls(adapter) else None
-        key = (hook_name, f"{id(adapter):x}" if plugin is not None else f"owner:{self.owner_of(adapter)}")
-        call = self._calls.get(key)  # a dict read is atomic; building one takes the lock
-        if call is not None:
-            return call
-        with self._lock:
-            call = self._calls.get(key)
-            if call is None:
-                call = self._build_call(hook_name, adapter, plugin)
-                self._calls[key] = call
-            return call
-
-    def _own_operations(self, name: str) -> list[str]:
-        """The operation hooks plugin ``name`` implements itself (not as a wrapper), when it
-        offers adapter factories: the hook API 0.2 form."""
-        plugin = self.pm.get_plugin(name)
-        callers = (self.pm.get_hookcallers(plugin) or []) if plugin is not None else []
-        if hookspecs.werk_adapter_factories.__name__ not in {c.name for c in callers}:
-            return []
-        return sorted(
-            c.name
-            for c in callers
-            if c.name in OPERATION_HOOKS
-            and any(i.plugin is plugin and not (i.wrapper or i.hookwrapper) for i in c.get_hookimpls())
-        )
-
-    def _build_call(self, hook_name: str, adapter: Adapter, plugin: _AdapterPlugin | None) -> _Call:
-        """Under the lock: the adapter's own implementations of ``hook_name`` plus those of
-        plugins that offer no adapters (wrappers). A plugin object registered in process (not
-        from an entry point, whose module :meth:`load_entry_points` fails for it) may still
-        implement an operation for its adapters itself, the hook API 0.2 form: it is called
-        before the adapter's method."""
-        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
-        factories = hookspecs.werk_adapter_factories.__name__
-        backends = {i.plugin_name for i in getattr(self.pm.hook, factories).get_hookimpls()}
-        adapters = {id(p) for p in self._adapters.values()}
-        owner: str | None = self.owner_of(adapter)
-        if owner in self._installed:
-            owner = None
-        chosen = [
-            i
-            for i in impls
-            if (plugin is not None and i.plugin is plugin)
-            or i.plugin_name == owner
-            or (i.plugin_name not in backends and id(i.plugin) not in adapters)
-        ]
-        # pluggy calls the list's end first: wrappers (kept at the end), then the owner's
-        # implementations, then the adapter's and the rest
-        plain = [i for i in chosen if not (i.wrapper or i.hookwrapper)]
-        legacy = [i for i in plain if i.plugin_name == owner]
-        rest = [i for i in plain if i.plugin_name != owner]
-        return _Call((*rest, *legacy, *(i for i in chosen if i.wrapper or i.hookwrapper)))
+        if plugin is not None and plugin.adapter is adapter:
+            return plugin
+        if self._refused.get(id(adapter)) is adapter:
+            raise WerkError(ErrorCode.INTERNAL, f"plugin {self.owner_of(adapter)} failed; werk plugins says why")
+        return self._attach(adapter, self.owner_of(adapter))  # built by hand (a test): attached on first use
 
     def dispatch(self, hook_name: str, adapter: Adapter, **kwargs: object) -> object:
-        """Call operation hook ``hook_name`` on ``adapter``: its own implementations plus those
-        of plugins providing no adapters (cross-cutting wrappers), untyped.
+        """Call operation hook ``hook_name`` on ``adapter`` through its own plugin manager: its
+        own implementations plus those of cross-cutting plugins (wrappers), untyped.
 
         Returns the hook's raw result (``None``: the adapter does not implement it). Host code
         uses the typed :class:`werk_host.hooks.BackendHooks` instead of calling this directly.
         """
-        if hook_name not in OPERATION_HOOKS:
+        plugin = self._adapters.get(id(adapter))  # a dict read is atomic; attaching takes the lock
+        if plugin is None or plugin.adapter is not adapter:
+            plugin = self._plugin(adapter)
+        hook = plugin.hooks.get(hook_name)
+        if hook is None:
             raise ValueError(f"{hook_name} is not an operation hook")
-        call = self._call(hook_name, adapter)
         kwargs["adapter"] = adapter
+        impls = hook.get_hookimpls()  # a copy: a plugin registering meanwhile joins later calls only
+        # every operation hook is firstresult (werk_host/hookspecs.py); the module docstring says
+        # why this private call
         if hook_name in OBSERVING_HOOKS:
-            return call.run(self.pm, hook_name, kwargs)
+            return plugin.pm._hookexec(hook_name, impls, kwargs, True)
         try:
-            result = call.run(self.pm, hook_name, kwargs)
+            return plugin.pm._hookexec(hook_name, impls, kwargs, True)
         finally:
             with self._lock:
                 self._operations += 1
-        return result
 
     def operations(self) -> int:
         """How many calls of hooks outside :data:`OBSERVING_HOOKS` have returned or raised so far.
@@ -534,6 +486,19 @@ class PluginHost:
         those calls or with time; discovery reuses a report only while this count is unchanged
         (:mod:`werk_host.service.capabilities`)."""
         return self._operations
+
+
+def _own_operations(plugin: object, callers: list[pluggy.HookCaller]) -> list[str]:
+    """The operation hooks ``plugin`` implements itself (not as a wrapper) when it also offers
+    adapter factories: the hook API 0.2 form."""
+    if hookspecs.werk_adapter_factories.__name__ not in {c.name for c in callers}:
+        return []
+    return sorted(
+        c.name
+        for c in callers
+        if c.name in OPERATION_HOOKS
+        and any(i.plugin is plugin and not (i.wrapper or i.hookwrapper) for i in c.get_hookimpls())
+    )
 
 
 def hook_names() -> list[str]:

@@ -153,25 +153,22 @@ def test_run_fails_with_one_line(
     assert "sk-" not in done.stderr
 
 
-class Recording(MemoryBackendPlugin):
-    """The reference backend, keeping each chat request body it gets; ``limits`` replaces fields
-    of its chat limits, and a ``gate`` holds each streamed answer after its first word until set."""
+class RecordingAdapter(MemoryAdapter):
+    """The reference adapter, keeping each chat request body it gets in its plugin's ``bodies``;
+    its plugin's ``limits`` replace fields of its chat limits, and its plugin's ``gate`` holds
+    each streamed answer after its first word until set."""
 
-    def __init__(self, *, limits: Mapping[str, Any] | None = None, gate: threading.Event | None = None) -> None:
-        super().__init__()
-        self.limits = dict(limits or {})
-        self.gate = gate
-        self.bodies: list[JsonObject] = []
+    plugin: Recording
 
-    @hookimpl
-    def werk_chat_limits(self, adapter: MemoryAdapter, model: str | None) -> ChatLimits:
-        return super().werk_chat_limits(adapter, model).model_copy(update=self.limits)
+    @hookimpl(specname="werk_chat_limits")
+    def chat_limits(self, model: str | None) -> ChatLimits:
+        return super().chat_limits(model).model_copy(update=self.plugin.limits)
 
-    @hookimpl
-    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
-        self.bodies.append(dict(request))
-        response = super().werk_chat_completion(adapter, request)
-        gate = self.gate
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
+        self.plugin.bodies.append(dict(request))
+        response = super().chat_completion(request)
+        gate = self.plugin.gate
         if gate is None:
             return response
 
@@ -182,6 +179,20 @@ class Recording(MemoryBackendPlugin):
                     gate.wait(60)
 
         return InferenceResponse(response.status, response.headers, held(), response.close)
+
+
+class Recording(MemoryBackendPlugin):
+    """The reference backend, keeping each chat request body it gets; ``limits`` replaces fields
+    of its chat limits, and a ``gate`` holds each streamed answer after its first word until set
+    (:class:`RecordingAdapter`)."""
+
+    adapter_class = RecordingAdapter
+
+    def __init__(self, *, limits: Mapping[str, Any] | None = None, gate: threading.Event | None = None) -> None:
+        super().__init__()
+        self.limits = dict(limits or {})
+        self.gate = gate
+        self.bodies: list[JsonObject] = []
 
 
 def test_run_takes_the_prompt_after_the_options_and_host_port_without_a_scheme(

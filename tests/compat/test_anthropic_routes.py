@@ -150,13 +150,19 @@ def test_count_tokens_errors_and_routes(client: falcon.testing.TestClient) -> No
     _anthropic_error(raw, 400, "invalid_request_error")
 
 
-class FailingBackend(MemoryBackendPlugin):
-    """The reference backend whose chat answers a raw 500 naming a file, as a broken server might."""
+class FailingAdapter(MemoryAdapter):
+    """The reference adapter whose chat answers a raw 500 naming a file, as a broken server might."""
 
-    @hookimpl
-    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
         body = b'{"error": {"message": "ggml_abort at /srv/secret/model.gguf"}}'
         return InferenceResponse(500, {"Content-Type": "application/json"}, iter([body]), lambda: None)
+
+
+class FailingBackend(MemoryBackendPlugin):
+    """The reference backend with :class:`FailingAdapter`."""
+
+    adapter_class = FailingAdapter
 
 
 @pytest.fixture

@@ -24,13 +24,19 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 omlx_options = pytest.importorskip("werk_omlx.options", reason="the oMLX plugin is not installed")
 
 
-class OmlxOptionsPlugin(MemoryBackendPlugin):
-    """The reference backend owning ``werk.omlx`` as the oMLX plugin does."""
+class OmlxOptionsAdapter(MemoryAdapter):
+    """The reference adapter owning ``werk.omlx`` as the oMLX plugin's does."""
 
-    @hookimpl
-    def werk_request_options(self, adapter: MemoryAdapter, name: str, options: JsonObject) -> JsonObject | None:
+    @hookimpl(specname="werk_request_options")
+    def request_options(self, name: str, options: JsonObject) -> JsonObject | None:
         result: JsonObject | None = omlx_options.validated_options(name, options)
         return result
+
+
+class OmlxOptionsPlugin(MemoryBackendPlugin):
+    """The reference backend owning ``werk.omlx`` (:class:`OmlxOptionsAdapter`)."""
+
+    adapter_class = OmlxOptionsAdapter
 
 
 def serve(tmp_path: Path, omlx: CapabilityStatus | None) -> Host:
@@ -76,17 +82,25 @@ def test_where_supported_the_options_pass_validation(tmp_path: Path) -> None:
                 assert status == 400 and doc["error"]["code"] == "invalid_request", (path, doc)
 
 
+class RecordingAdapter(OmlxOptionsAdapter):
+    """The adapter above, keeping every chat body it receives in its plugin's ``bodies``."""
+
+    plugin: RecordingPlugin
+
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
+        self.plugin.bodies.append(request)
+        return super().chat_completion(request)
+
+
 class RecordingPlugin(OmlxOptionsPlugin):
     """The reference backend, keeping every chat body its adapter received."""
+
+    adapter_class = RecordingAdapter
 
     def __init__(self, statuses: Mapping[CapabilityId, CapabilityStatus]) -> None:
         super().__init__(statuses=statuses)
         self.bodies: list[JsonObject] = []
-
-    @hookimpl
-    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
-        self.bodies.append(request)
-        return super().werk_chat_completion(adapter, request)
 
 
 @pytest.mark.parametrize(
