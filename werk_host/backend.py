@@ -241,9 +241,9 @@ class InferenceResponse:
 
 
 @runtime_checkable
-class SessionSnapshots(Protocol):
+class SessionSlot(Protocol):
     """One backend process's session slot, as ``werk chat``/``werk run`` use it (the optional
-    ``werk_session_snapshots`` seam; docs/chat.md, "Native snapshots"). The host owns every
+    ``werk_session_slot`` seam; docs/chat.md, "Native snapshots"). The host owns every
     file and every rule around it (:mod:`werk_host.chat.native`); the backend only moves bytes
     into and out of its session slot, serves requests on that slot and reads its own counters."""
 

@@ -30,7 +30,7 @@ from werk_host.backend import (
     MoveWork,
     PrefilledState,
     PrefillWork,
-    SessionSnapshots,
+    SessionSlot,
     Snapshot,
     StoredStateRef,
 )
@@ -180,12 +180,12 @@ class BackendHooks:
     def text_completion(self, adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
         return self._one(adapter, hookspecs.werk_text_completion, InferenceResponse, request=request)
 
-    def session_snapshots(self, adapter: Adapter, model_id: str) -> SessionSnapshots | None:
-        name = hookspecs.werk_session_snapshots.__name__
+    def session_slot(self, adapter: Adapter, model_id: str) -> SessionSlot | None:
+        name = hookspecs.werk_session_slot.__name__
         result = self._plugins.dispatch(name, adapter, model_id=model_id)
-        if result is None or isinstance(result, SessionSnapshots):
+        if result is None or isinstance(result, SessionSlot):
             return result
-        raise _defect(self._plugins, adapter, name, "a SessionSnapshots object")
+        raise _defect(self._plugins, adapter, name, "a SessionSlot object")
 
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:

@@ -50,7 +50,7 @@ from werk_host.backend import (
     MoveWork,
     PrefilledState,
     PrefillWork,
-    SessionSnapshots,
+    SessionSlot,
     Snapshot,
     StoredStateRef,
 )
@@ -270,15 +270,15 @@ def werk_chat_completion(adapter: Adapter, request: JsonObject) -> InferenceResp
 
 
 @hookspec(firstresult=True)
-def werk_session_snapshots(adapter: Adapter, model_id: str) -> SessionSnapshots | None:
-    """Native session snapshots of ``model_id`` on the adapter's live backend process, for
+def werk_session_slot(adapter: Adapter, model_id: str) -> SessionSlot | None:
+    """The session slot of ``model_id`` on the adapter's live backend process, for
     ``werk chat``/``werk run`` with a session (docs/chat.md, "Native snapshots"): an object
-    implementing :class:`~werk_host.backend.SessionSnapshots`. Must be cheap and run no
+    implementing :class:`~werk_host.backend.SessionSlot`. Must be cheap and run no
     inference (the host asks when a session opens). ``None`` (not implemented) means the backend
     keeps no native session snapshots; raise ``unsupported`` when this process cannot take them
     (e.g. its launch arguments disable slot saving) and ``unavailable`` when none runs.
 
-    Adapter method: ``@hookimpl(specname="werk_session_snapshots") def session_snapshots(self, model_id)``."""
+    Adapter method: ``@hookimpl(specname="werk_session_slot") def open_session_slot(self, model_id)``."""
 
 
 @hookspec(firstresult=True)

@@ -1,7 +1,7 @@
 """Chat sessions over the reference backend, in process: archive, native snapshots and their rules.
 
 The reference backend's session slot reuses the common token prefix of consecutive session
-chats and reports it as ``cached_tokens`` (werk_host.testing.reference.MemorySessionSnapshots),
+chats and reports it as ``cached_tokens`` (werk_host.testing.reference.MemorySessionSlot),
 so every rule of docs/chat.md ("Native snapshots") is observable here without a real engine;
 plugins/llamacpp/tests/test_llamacpp_chat_cli.py runs the same rules against llama-server.
 """
@@ -25,29 +25,29 @@ from werk_host.hooks import BackendHooks
 from werk_host.plugins import PluginHost
 from werk_host.testing.hosts import MODEL
 from werk_host.testing.markers import covers_hooks
-from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin, MemorySessionSnapshots
+from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin, MemorySessionSlot
 
 
-@covers_hooks("werk_session_snapshots")
-def test_the_hook_hands_out_typed_session_snapshots(home: Path) -> None:
+@covers_hooks("werk_session_slot")
+def test_the_hook_hands_out_a_typed_session_slot(home: Path) -> None:
     plugin = MemoryBackendPlugin()
     plugins = PluginHost()
     plugins.register(plugin, PLUGIN_NAME)
     adapter = plugin.create(HostConfig(home=home), None)
-    snapshots = BackendHooks(plugins).session_snapshots(adapter, "none")
-    assert isinstance(snapshots, MemorySessionSnapshots)
-    assert "generation" not in snapshots.session_key()  # a snapshot is meant to outlive its process
+    slot = BackendHooks(plugins).session_slot(adapter, "none")
+    assert isinstance(slot, MemorySessionSlot)
+    assert "generation" not in slot.session_key()  # a snapshot is meant to outlive its process
 
     class Broken:
         @hookimpl
-        def werk_session_snapshots(self, adapter: object, model_id: str) -> object:
+        def werk_session_slot(self, adapter: object, model_id: str) -> object:
             return {"not": "snapshots"}
 
     broken = PluginHost()
     broken.register(Broken(), PLUGIN_NAME)
     with pytest.raises(WerkError) as err:
-        BackendHooks(broken).session_snapshots(adapter, "none")
-    assert err.value.code is ErrorCode.INTERNAL and "SessionSnapshots" in err.value.message
+        BackendHooks(broken).session_slot(adapter, "none")
+    assert err.value.code is ErrorCode.INTERNAL and "SessionSlot" in err.value.message
 
 
 def test_a_resumed_session_restores_lazily_and_records_observed_reuse(home: Path) -> None:
@@ -174,13 +174,13 @@ def test_a_zero_or_missing_cache_count_records_no_reuse(home: Path) -> None:
         chat.close()
     assert not (native_dir(home) / RECEIPT_NAME).exists()
 
-    class Uncounted(MemorySessionSnapshots):
+    class Uncounted(MemorySessionSlot):
         def cached_tokens(self, usage_event: JsonObject) -> int | None:
             return None
 
     class NoCounts(MemoryBackendPlugin):
         @hookimpl
-        def werk_session_snapshots(self, adapter: MemoryAdapter, model_id: str) -> MemorySessionSnapshots:
+        def werk_session_slot(self, adapter: MemoryAdapter, model_id: str) -> MemorySessionSlot:
             return Uncounted(self, adapter)
 
     chat = Chat(home, NoCounts())

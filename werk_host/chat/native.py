@@ -15,7 +15,7 @@ Rules (docs/chat.md, "Native snapshots"):
 * **Verified before use, restored on the first real request.** The index's session key must equal
   the backend's current one exactly; the file must be a private regular file of the recorded
   size whose SHA-256 matches, checked on the open descriptor before the backend gets it; the
-  backend checks its own restore acknowledgements (:class:`~werk_host.chat.seam.SessionSnapshots`).
+  backend checks its own restore acknowledgements (:class:`~werk_host.chat.seam.SessionSlot`).
 * **Restore failure** deletes the receipt and the snapshot; the backend has cleared its slot; the
   request goes on with the whole conversation from the archive (a full prefill), so the output is
   exactly what no snapshot would give.
@@ -47,7 +47,7 @@ from typing import BinaryIO, Final
 
 from werk_host.backend import JsonObject, Snapshot, StoredStateRef
 from werk_host.chat.archive import private_to_user
-from werk_host.chat.seam import SessionSnapshots
+from werk_host.chat.seam import SessionSlot
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.store._fs import (
     CREATE_FLAGS,
@@ -142,7 +142,7 @@ def mismatched(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class SnapshotIndex:
+class SavedSessionIndex:
     session_key: dict[str, str]
     file: str
     sha256: str
@@ -150,7 +150,7 @@ class SnapshotIndex:
     backend_meta: JsonObject
 
     @classmethod
-    def parse(cls, doc: dict[str, object] | None) -> SnapshotIndex | None:
+    def parse(cls, doc: dict[str, object] | None) -> SavedSessionIndex | None:
         if doc is None or doc.get("schema") != INDEX_SCHEMA:
             return None
         session_key, name, digest, size = doc.get("envelope"), doc.get("file"), doc.get("sha256"), doc.get("bytes")
@@ -179,13 +179,13 @@ class SnapshotIndex:
 
 
 class NativeCache:
-    """The native snapshot of one session directory over one backend's :class:`SessionSnapshots`."""
+    """The native snapshot of one session directory over one backend's :class:`SessionSlot`."""
 
-    def __init__(self, directory: Path, snapshots: SessionSnapshots) -> None:
+    def __init__(self, directory: Path, slot: SessionSlot) -> None:
         self.directory = directory
-        self.snapshots = snapshots
+        self.slot = slot
         self.session_key: dict[str, str] | None = None
-        self._pending: SnapshotIndex | None = None
+        self._pending: SavedSessionIndex | None = None
         self._awaiting_evidence = False
 
     @contextlib.contextmanager
@@ -200,11 +200,11 @@ class NativeCache:
     def open(self) -> NativeReport:
         """Say what the session's native cache can do; reads small files only, runs nothing."""
         try:
-            self.session_key = self.snapshots.session_key()
+            self.session_key = self.slot.session_key()
         except WerkError as err:
             return NativeReport(NativeStatus.UNAVAILABLE, f"the backend cannot identify its runtime ({err.message})")
         with self._dir() as fd:
-            index = SnapshotIndex.parse(_read_json(fd, INDEX_NAME, MAX_INDEX_BYTES))
+            index = SavedSessionIndex.parse(_read_json(fd, INDEX_NAME, MAX_INDEX_BYTES))
             receipt = _read_json(fd, RECEIPT_NAME, MAX_RECEIPT_BYTES)
         if index is None:
             return NativeReport(NativeStatus.AVAILABLE, "no snapshot yet; the first complete response is saved")
@@ -255,7 +255,7 @@ class NativeCache:
                 adapter_meta=index.backend_meta,
                 open_payload=lambda: self._open_verified(index),
             )
-            tokens = self.snapshots.restore(stored)
+            tokens = self.slot.restore(stored)
         except WerkError as err:
             self.invalidate()
             return RestoreOutcome(None, time.monotonic() - started, err.message)
@@ -263,7 +263,7 @@ class NativeCache:
         return RestoreOutcome(tokens, time.monotonic() - started)
 
     @contextlib.contextmanager
-    def _open_verified(self, index: SnapshotIndex) -> Iterator[BinaryIO]:
+    def _open_verified(self, index: SavedSessionIndex) -> Iterator[BinaryIO]:
         """The snapshot file, opened without following a link, checked to be a private regular
         file of the recorded size whose SHA-256 matches, before it is handed over (a real file:
         the backend may pass its descriptor on, so the checked inode is the one it reads)."""
@@ -300,7 +300,7 @@ class NativeCache:
         prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         prompt_tokens = prompt if _positive_int(prompt) else None
         assert prompt_tokens is None or isinstance(prompt_tokens, int)
-        cached = self.snapshots.cached_tokens(usage_event) if usage_event is not None else None
+        cached = self.slot.cached_tokens(usage_event) if usage_event is not None else None
         consistent = cached is not None and prompt_tokens is not None and 0 <= cached <= prompt_tokens
         evidence: str | None = None
         observed = False
@@ -344,7 +344,7 @@ class NativeCache:
         fsync it, publish the index atomically, then drop older snapshot files."""
         if self.session_key is None:
             raise WerkError(ErrorCode.UNAVAILABLE, "the backend's session key is unknown")
-        snapshot: Snapshot = self.snapshots.save()
+        snapshot: Snapshot = self.slot.save()
         tmp = f"{TMP_PREFIX}{secrets.token_hex(8)}"
         digest = hashlib.sha256()
         size = 0
@@ -368,7 +368,7 @@ class NativeCache:
                 name = f"snapshot-{sha[:16]}.bin"
                 os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 assert self.session_key is not None
-                index = SnapshotIndex(self.session_key, name, sha, size, dict(snapshot.adapter_meta))
+                index = SavedSessionIndex(self.session_key, name, sha, size, dict(snapshot.adapter_meta))
                 replace_file(INDEX_NAME, dfd, index.encode(), durable=True)
                 fsync_fd(dfd)
                 for other in os.listdir(dfd):
@@ -403,6 +403,6 @@ __all__ = [
     "NativeReport",
     "NativeStatus",
     "RestoreOutcome",
-    "SnapshotIndex",
+    "SavedSessionIndex",
     "mismatched",
 ]

@@ -1,12 +1,12 @@
-"""The optional backend seam for native session snapshots (docs/chat.md, "Native snapshots").
+"""The optional backend seam for a session slot and its native snapshots (docs/chat.md, "Native snapshots").
 
-The contract type :class:`~werk_host.backend.SessionSnapshots` lives with the other seam types
+The contract type :class:`~werk_host.backend.SessionSlot` lives with the other seam types
 in :mod:`werk_host.backend` (the plugin seam sits below ``werk chat`` in docs/architecture.md,
 "Layers"); this module names it for the chat code that drives it.
 """
 
 from __future__ import annotations
 
-from werk_host.backend import SessionSnapshots
+from werk_host.backend import SessionSlot
 
-__all__ = ["SessionSnapshots"]
+__all__ = ["SessionSlot"]

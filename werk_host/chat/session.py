@@ -92,11 +92,11 @@ class ChatSession:
     # -- persistence -----------------------------------------------------------------------
     def _attach(self, store: SessionDir) -> None:
         self.store = store
-        snapshots, reason = self.transport.native()
-        if snapshots is None:
+        slot, reason = self.transport.native()
+        if slot is None:
             self.native, self.native_report = None, NativeReport(NativeStatus.UNAVAILABLE, reason)
             return
-        cache = NativeCache(store.native_dir, snapshots)
+        cache = NativeCache(store.native_dir, slot)
         self.native_report = cache.open()
         self.native = cache if self.native_report.status is not NativeStatus.UNAVAILABLE else None
 

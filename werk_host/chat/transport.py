@@ -7,7 +7,7 @@ Both speak the same wire, an OpenAI ``/v1/chat/completions`` event stream, and r
   ``werk serve`` uses (:class:`~werk_host.service.runtime.BackendRuntime` over a one-instance
   deployment, admission by :class:`~werk_host.service.inference.InferenceService`, hooks through
   :class:`~werk_host.hooks.BackendHooks`). It is the only transport that can offer native
-  session snapshots (``werk_session_snapshots``). :meth:`LocalTransport.close` stops what it
+  session slot (``werk_session_slot``). :meth:`LocalTransport.close` stops what it
   started.
 * :class:`RemoteTransport` posts to a running ``werk serve`` (``--server URL``, bearer key from
   ``WERK_API_KEY``); that server's backend keeps its live prefix cache, which this client
@@ -32,7 +32,7 @@ from typing import Final, Protocol
 
 from werk_host.backend import Adapter, InferenceResponse, JsonObject, client_disconnected
 from werk_host.backends.relay import ClientGone
-from werk_host.chat.seam import SessionSnapshots
+from werk_host.chat.seam import SessionSlot
 from werk_host.chat.stream import error_message, one_line
 from werk_host.client.errors import WerkClientError
 from werk_host.client.transport import Endpoint, parse_base_url
@@ -68,8 +68,8 @@ class Transport(Protocol):
         """Start a streamed chat completion (on the native session slot when ``session``)."""
         ...
 
-    def native(self) -> tuple[SessionSnapshots | None, str]:
-        """The backend's native session snapshots, or ``None`` and why there are none."""
+    def native(self) -> tuple[SessionSlot | None, str]:
+        """The backend's session slot, or ``None`` and why there is none."""
         ...
 
     def diagnostics(self) -> list[str]:
@@ -184,10 +184,10 @@ class LocalTransport:
         hooks = self.runtime.hooks
         admitted = self.inference.admit_chat(self.adapter, body)
         if session:
-            snapshots, reason = self.native()
-            if snapshots is None:
+            slot, reason = self.native()
+            if slot is None:
                 raise WerkError(ErrorCode.UNSUPPORTED, reason)
-            response = snapshots.chat(admitted)
+            response = slot.chat(admitted)
         else:
             response = needed(hooks.chat_completion(self.adapter, admitted), "chat completions", self.adapter)
         if response.status >= 400:
@@ -195,14 +195,14 @@ class LocalTransport:
             raise _answer_error(answer.status, b"".join(answer.body))
         return response
 
-    def native(self) -> tuple[SessionSnapshots | None, str]:
+    def native(self) -> tuple[SessionSlot | None, str]:
         try:
-            snapshots = self.runtime.hooks.session_snapshots(self.adapter, self.manifest.name)
+            slot = self.runtime.hooks.session_slot(self.adapter, self.manifest.name)
         except WerkError as err:
             return None, err.message
-        if snapshots is None:
+        if slot is None:
             return None, f"the {self.adapter.backend} backend keeps no native session snapshots"
-        return snapshots, ""
+        return slot, ""
 
     def diagnostics(self) -> list[str]:
         lines = [
@@ -273,7 +273,7 @@ class RemoteTransport:
 
         return InferenceResponse(resp.status, dict(resp.getheaders()), chunks(), conn.close)
 
-    def native(self) -> tuple[SessionSnapshots | None, str]:
+    def native(self) -> tuple[SessionSlot | None, str]:
         return (
             None,
             "the server's backend keeps its own live prefix cache; this client neither controls nor verifies it",

@@ -41,7 +41,7 @@ from werk_host.backend import (
     StoredStateRef,
     client_disconnected,
 )
-from werk_host.chat.seam import SessionSnapshots
+from werk_host.chat.seam import SessionSlot
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits
 from werk_host.deployments.durations import MAX_DURATION_S
 from werk_host.errors import REDACTED_MESSAGES, ErrorCode, WerkError
@@ -117,7 +117,7 @@ __all__ = [
     "ReasoningTierId",
     "ReusePolicy",
     "ServerLimits",
-    "SessionSnapshots",
+    "SessionSlot",
     "Snapshot",
     "StoredStateRef",
     "TextInput",

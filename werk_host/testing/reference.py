@@ -12,7 +12,7 @@ is a method of its adapter, :class:`~werk_host.testing.reference_adapter.MemoryA
   (words per message + 2), and ``stream: true`` answers OpenAI SSE chunks ending ``[DONE]``;
 * one in-process "worker", eight experts per model (``layer0.expert0`` … ``layer0.expert7``,
   alternately ``ram`` and ``external``) and an optional RAM state tier;
-* one session slot for ``werk_session_snapshots`` (:class:`MemorySessionSnapshots`): the
+* one session slot for ``werk_session_slot`` (:class:`MemorySessionSlot`): the
   tokens of the last session chat, reused by the next one up to their common prefix, which its
   usage reports as ``prompt_tokens_details.cached_tokens``.
 
@@ -59,7 +59,7 @@ from werk_host.protocol import (
     ReasoningProfile,
     WorkerObservation,
 )
-from werk_host.testing.reference_adapter import MemoryAdapter, MemorySessionSnapshots, default_experts
+from werk_host.testing.reference_adapter import MemoryAdapter, MemorySessionSlot, default_experts
 from werk_host.testing.reference_base import (
     BACKEND_ID,
     CONTEXT_TOKENS,
@@ -183,8 +183,8 @@ class MemoryBackendPlugin:
     def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
         return adapter.chat_completion(request)
 
-    def werk_session_snapshots(self, adapter: MemoryAdapter, model_id: str) -> MemorySessionSnapshots:
-        return adapter.session_snapshots(model_id)
+    def werk_session_slot(self, adapter: MemoryAdapter, model_id: str) -> MemorySessionSlot:
+        return adapter.open_session_slot(model_id)
 
     def werk_text_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
         return adapter.text_completion(request)
@@ -214,7 +214,7 @@ __all__ = [
     "PLUGIN_NAME",
     "MemoryAdapter",
     "MemoryBackendPlugin",
-    "MemorySessionSnapshots",
+    "MemorySessionSlot",
     "count_chat_tokens",
     "default_experts",
     "session_tokens",

@@ -353,9 +353,9 @@ class MemoryAdapter:
         out, finish = _echo(_message_text(chat.messages[-1]), _output_tokens(request))
         return chat_answer(self.model_name, request, out, finish, _usage(count_chat_tokens(chat), len(out)))
 
-    @hookimpl(specname="werk_session_snapshots")
-    def session_snapshots(self, model_id: str) -> MemorySessionSnapshots:
-        return MemorySessionSnapshots(self.plugin, self)
+    @hookimpl(specname="werk_session_slot")
+    def open_session_slot(self, model_id: str) -> MemorySessionSlot:
+        return MemorySessionSlot(self.plugin, self)
 
     @hookimpl(specname="werk_text_completion")
     def text_completion(self, request: JsonObject) -> InferenceResponse:
@@ -429,7 +429,7 @@ def _prompt_bytes(work: PrefillWork) -> bytes:
 
 
 @dataclass
-class MemorySessionSnapshots:
+class MemorySessionSlot:
     """The reference backend's session slot (``adapter.session_slot``), as ``werk chat`` uses it.
 
     A session chat reuses the slot's tokens up to the common prefix with its prompt (reported as

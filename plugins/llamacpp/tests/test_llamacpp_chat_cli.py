@@ -109,7 +109,7 @@ def serving(pid: int) -> list[psutil.Process]:
     return found
 
 
-@covers_hooks("werk_session_snapshots")
+@covers_hooks("werk_session_slot")
 def test_a_chat_resumed_in_a_new_process_restores_its_snapshot_and_records_reuse(
     home: Path, env: dict[str, str]
 ) -> None:

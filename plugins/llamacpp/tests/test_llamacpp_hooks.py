@@ -26,7 +26,7 @@ OPERATIONS = {
     "werk_reasoning_profile",
     "werk_chat_completion",
     "werk_text_completion",
-    "werk_session_snapshots",
+    "werk_session_slot",
     "werk_workers",
     "werk_deployment_plan",
 }

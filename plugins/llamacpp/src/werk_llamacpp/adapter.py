@@ -61,7 +61,7 @@ from .binary import LlamaServerNotFound
 from .core import BACKEND_ID, PLUGIN_NAME, unavailable
 from .native import NativeError
 from .process import LlamaServerProcess, last_flag_value
-from .session import LlamaSessionSnapshots, session_snapshots
+from .session import LlamaSessionSlot, open_session_slot
 from .slots import forward_ordinary, ordinary_capacity
 from .states import StateOperations
 
@@ -210,10 +210,10 @@ class LlamaCppAdapter(StateOperations):
         """``request`` without ``werk`` relayed to ``/v1/completions`` on an ordinary slot."""
         return forward_ordinary(self, "/v1/completions", {k: v for k, v in request.items() if k != "werk"})
 
-    @hookimpl(specname="werk_session_snapshots")
-    def session_snapshots(self, model_id: str) -> LlamaSessionSnapshots:
-        """Native session snapshots of the live process (:mod:`.session`)."""
-        return session_snapshots(self, model_id)
+    @hookimpl(specname="werk_session_slot")
+    def open_session_slot(self, model_id: str) -> LlamaSessionSlot:
+        """The session slot of the live process (:mod:`.session`)."""
+        return open_session_slot(self, model_id)
 
 
 #: What ``werk serve`` says when no llama-server is found (no path: it may reach an error body).

@@ -1,7 +1,7 @@
 """Native session snapshots for ``werk chat``/``werk run`` on llama.cpp (docs/chat.md).
 
-:class:`LlamaSessionSnapshots` is this plugin's :class:`werk_host.plugin.SessionSnapshots`
-for one live ``llama-server`` (the ``werk_session_snapshots`` hook). The host owns the files
+:class:`LlamaSessionSlot` is this plugin's :class:`werk_host.plugin.SessionSlot`
+for one live ``llama-server`` (the ``werk_session_slot`` hook). The host owns the files
 and the rules (session key equality, private paths, size, SHA-256, receipts, observed reuse:
 docs/chat.md); this module only touches the process:
 
@@ -56,7 +56,7 @@ from .snapshot import presented
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter
 
-__all__ = ["RUNTIME_ENV_PREFIXES", "SESSION_LAYOUT", "LlamaSessionSnapshots", "session_snapshots"]
+__all__ = ["RUNTIME_ENV_PREFIXES", "SESSION_LAYOUT", "LlamaSessionSlot", "open_session_slot"]
 
 SESSION_LAYOUT: Final = "werk-llamacpp-session-v1"
 #: Environment variables of the running llama-server that can change what it computes or
@@ -136,7 +136,7 @@ def environment_fingerprint(pid: int) -> str:
     return hashlib.sha256(json.dumps(sorted(kept), separators=(",", ":")).encode()).hexdigest()
 
 
-class LlamaSessionSnapshots:
+class LlamaSessionSlot:
     """The session slot of one live llama-server generation (see the module docstring)."""
 
     def __init__(self, adapter: LlamaCppAdapter, proc: LlamaServerProcess) -> None:
@@ -273,8 +273,8 @@ class LlamaSessionSnapshots:
         return cached
 
 
-def session_snapshots(adapter: LlamaCppAdapter, model_id: str) -> LlamaSessionSnapshots:
-    """The session snapshots of the adapter's live process (the ``werk_session_snapshots`` hook).
+def open_session_slot(adapter: LlamaCppAdapter, model_id: str) -> LlamaSessionSlot:
+    """The session slot of the adapter's live process (the ``werk_session_slot`` hook).
 
     ``not_found`` for another model, ``unavailable`` when no process runs, ``unsupported`` when
     the effective arguments disable or move the private slot directory."""
@@ -285,4 +285,4 @@ def session_snapshots(adapter: LlamaCppAdapter, model_id: str) -> LlamaSessionSn
         raise _unavailable("no llama-server runs for this model")
     if proc.slot_dir is None or proc.effective_slot_save_path() != proc.slot_dir:
         raise WerkError(ErrorCode.UNSUPPORTED, "the effective arguments disable or move llama-server's slot saving")
-    return LlamaSessionSnapshots(adapter, proc)
+    return LlamaSessionSlot(adapter, proc)
