@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from werk_host.backend import InferenceResponse, JsonObject
-from werk_host.compat import anthropic, ollama, relay
+from werk_host.compat import anthropic, calls, ollama
 from werk_host.compat.upstream import UNREADABLE, read_document, sse_events
 from werk_host.errors import WerkError
 
@@ -69,7 +69,7 @@ def test_a_translated_stream_closes_its_upstream_when_the_client_leaves() -> Non
             closed.append("body")
 
     response = InferenceResponse(200, {}, body(), lambda: closed.append("upstream"))
-    stream = relay.streamed(response, iter(response.body))
+    stream = calls.streamed(response, iter(response.body))
     assert next(stream) == b"one"
     stream.close()  # what waitress does when the client has gone
     assert closed == ["body", "upstream"]  # the body first (its accounting), then the upstream

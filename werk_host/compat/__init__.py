@@ -12,5 +12,5 @@ counters therefore act on all three protocols the same way.
   models and both directions of each translation; they know nothing of HTTP.
 * :mod:`werk_host.compat.ollama_models` describes served models for ``/api/tags``,
   ``/api/ps`` and ``/api/show``.
-* :mod:`werk_host.compat.relay` is the one piece of HTTP glue both route families share.
+* :mod:`werk_host.compat.calls` is the one piece of HTTP glue both route families share.
 """

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import falcon
 
 from werk_host.backend import InferenceResponse, JsonObject
-from werk_host.compat import relay
+from werk_host.compat import calls
 from werk_host.compat.anthropic import (
     CountTokensRequest,
     MessagesRequest,
@@ -73,18 +73,18 @@ class Messages:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, MessagesRequest)
-        response = relay.invoke(req, resp, self.inference.chat_completion, chat_body(request))
+        response = calls.invoke(req, resp, self.inference.chat_completion, chat_body(request))
         if response.status >= 400:
-            status, text = relay.failure(response)
+            status, text = calls.failure(response)
             _json(req, resp, status, error_document(status, text, _request_id(req)))
             return
         if request.stream:
             resp.content_type = "text/event-stream"
             resp.set_header("Cache-Control", "no-cache")
             resp.set_header(REQUEST_ID_HEADER, _request_id(req))
-            resp.stream = relay.streamed(response, message_stream(sse_events(response.body), request))
+            resp.stream = calls.streamed(response, message_stream(sse_events(response.body), request))
             return
-        _json(req, resp, 200, message(relay.document(response), request))
+        _json(req, resp, 200, message(calls.document(response), request))
 
 
 class CountTokens:

@@ -29,7 +29,7 @@ import falcon
 
 from werk_host import __version__
 from werk_host.backend import InferenceResponse, JsonObject
-from werk_host.compat import ollama_models, relay
+from werk_host.compat import calls, ollama_models
 from werk_host.compat.ollama import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -178,7 +178,7 @@ class _Generation(_Resource):
         self,
         req: falcon.Request,
         resp: falcon.Response,
-        call: relay.Call,
+        call: calls.Call,
         body: JsonObject,
         *,
         shape: Shape,
@@ -187,18 +187,18 @@ class _Generation(_Resource):
         keep_alive: float | None,
         started_ns: int,
     ) -> None:
-        response = relay.invoke(req, resp, call, body)
+        response = calls.invoke(req, resp, call, body)
         if response.status >= 400:
-            status, text = relay.failure(response)
+            status, text = calls.failure(response)
             _json(resp, status, error_document(text))
             return
         self._keep(req, response.headers.get(DEPLOYMENT_HEADER), keep_alive)
         if stream:
             resp.content_type = "application/x-ndjson"
             translated = answer_stream(sse_events(response.body), shape, model, started_ns)
-            resp.stream = relay.streamed(response, translated)
+            resp.stream = calls.streamed(response, translated)
             return
-        _json(resp, 200, answer(relay.document(response), shape, model, started_ns))
+        _json(resp, 200, answer(calls.document(response), shape, model, started_ns))
 
 
 class Chat(_Generation):
