@@ -45,6 +45,7 @@ hundredths.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -57,8 +58,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -223,6 +226,133 @@ def serve_floor(home: Path, bodies_file: Path, threads: int) -> None:
         host.close()
 
 
+#: The stages of the count_tokens breakdown (:func:`breakdown`), each adding one part of the
+#: service's path to the floor's canned answer: what each costs is its difference from the one before.
+STAGES = (
+    ("floor", "the canned answer"),
+    ("in_flight", "RequestScope.started/close: Instance.use(enter=True)/leave"),
+    ("gate", "CapabilityResolver.one: the evidence key (adapter identity, operation count, window) and gate"),
+    ("count", "the adapter's own werk_count_tokens method, called directly (llama.cpp: its body-keyed cache)"),
+    ("dispatch", "the same through BackendHooks.count_tokens: PluginHost.dispatch and pluggy"),
+    ("werk", "the service's count_tokens (ChatPlanning: request options, tier, the TokenCount)"),
+)
+
+
+def _own_method(adapter: object, spec: str) -> Callable[..., object]:
+    """The adapter's method implementing operation hook ``spec`` (its ``@hookimpl`` marker)."""
+    for name in dir(type(adapter)):
+        marker = getattr(inspect.getattr_static(type(adapter), name, None), "werk_impl", None)
+        if isinstance(marker, dict) and (marker.get("specname") or name) == spec:
+            method: Callable[..., object] = getattr(adapter, name)
+            return method
+    raise RuntimeError(f"{type(adapter).__name__} has no {spec} method")
+
+
+def breakdown(home: Path, calls: int) -> None:
+    """Where count_tokens' service share goes, in process: the host ``werk serve`` builds, its WSGI
+    app called directly (no sockets, one thread) with the bench's request, the service replaced by
+    each of :data:`STAGES` in turn; the thread CPU time per request, the minimum over rounds
+    (interleaved), is printed as one JSON object (run with ``werk serve``'s environment)."""
+    import io
+
+    from werk_host.config import HostConfig, ServerLimits
+    from werk_host.protocol import CapabilityId, ChatRequest, TokenCount
+    from werk_host.server import build_host
+    from werk_host.service.scope import RequestScope
+
+    host = build_host(HostConfig(home=home, api_keys=(KEY,), models=(MODEL,), limits=ServerLimits()))
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/werk/v1/chat/count_tokens",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "HTTP_HOST": "127.0.0.1",
+        "HTTP_ACCEPT": "application/json",
+        "HTTP_AUTHORIZATION": f"Bearer {KEY}",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(COUNT_BODY)),
+        "wsgi.url_scheme": "http",
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+    }
+
+    def start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
+        if not status.startswith("200"):
+            raise RuntimeError(f"count_tokens answered {status}")
+
+    def call() -> bytes:
+        return b"".join(host.app({**environ, "wsgi.input": io.BytesIO(COUNT_BODY)}, start_response))
+
+    service, planning = host.service, host.service.planning
+    try:
+        canned = TokenCount.model_validate(json.loads(call())["data"])
+
+        def gated(scope: RequestScope, request: ChatRequest) -> object:
+            return planning._using(planning._one(scope, request.model), CapabilityId.TOKEN_COUNT, "token counting")
+
+        def in_flight(scope: RequestScope, request: ChatRequest) -> TokenCount:
+            scope.started()
+            return canned
+
+        def gate(scope: RequestScope, request: ChatRequest) -> TokenCount:
+            gated(scope, request)
+            return canned
+
+        methods: dict[int, Callable[..., object]] = {}  # looked up once per adapter
+
+        def count(scope: RequestScope, request: ChatRequest) -> TokenCount:
+            adapter = gated(scope, request)
+            method = methods.get(id(adapter))
+            if method is None:
+                method = methods[id(adapter)] = _own_method(adapter, "werk_count_tokens")
+            method(request)
+            return canned
+
+        def dispatch(scope: RequestScope, request: ChatRequest) -> TokenCount:
+            planning.hooks.count_tokens(gated(scope, request), request)  # type: ignore[arg-type]
+            return canned
+
+        stages = {
+            "floor": lambda *_: canned,
+            "in_flight": in_flight,
+            "gate": gate,
+            "count": count,
+            "dispatch": dispatch,
+            "werk": service.count_tokens,
+        }
+        best = dict.fromkeys(stages, float("inf"))
+        for round_no in range(12):
+            for name in stages if round_no % 2 == 0 else list(stages)[::-1]:
+                service.count_tokens = stages[name]  # type: ignore[method-assign]
+                for _ in range(calls // 10):
+                    call()
+                started = time.thread_time()
+                for _ in range(calls):
+                    call()
+                best[name] = min(best[name], (time.thread_time() - started) / calls * 1e6)
+        print(json.dumps(best), flush=True)
+    finally:
+        host.close()
+
+
+def run_breakdown(home: Path, work: Path, server: Path) -> dict[str, float]:
+    copy = work / "breakdown-home"  # a copy, like the floor's
+    shutil.copytree(home, copy, ignore=shutil.ignore_patterns("backends", "*.log"))
+    env = {**os.environ, "WERK_LLAMA_SERVER": str(server), "WERK_LLAMA_ARGS": "-t 1"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--breakdown", str(copy)], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    found: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
 def start_target(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
     """This script as the server ``args`` name (``--bare`` or ``--floor``) and its port."""
     proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
@@ -284,7 +414,11 @@ def main() -> int:
     parser.add_argument("--bare", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--floor", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bodies", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.breakdown is not None:
+        breakdown(args.breakdown, 2000)
+        return 0
     if args.bare is not None:
         serve_bare(args.bare, args.threads)
         return 0
@@ -365,6 +499,20 @@ def main() -> int:
         line.append(f"werk/bare {werk_bare:.2f} | floor/bare {floor_bare:.2f}")
         line.append(f"service share {service_us:5.1f} us/request")
         print(" | ".join(line))
+    if any(name == "count_tokens" for name, _, _ in measured):
+        stages = run_breakdown(home, work, server)
+        parts = [f"{name} {stages[name]:.1f}" for name, _ in STAGES[:1]]
+        parts += [
+            f"+{name} {stages[name] - stages[prev]:+.1f}"
+            for (prev, _), (name, _) in zip(STAGES, STAGES[1:], strict=False)
+        ]
+        print(
+            "  count_tokens in process (thread CPU us/request, min of 12 rounds; each stage adds one part): "
+            + " | ".join(parts)
+            + f" | service share {stages['werk'] - stages['floor']:.1f}"
+        )
+        for name, what in STAGES:
+            print(f"    {name:<9} {what}")
     for name, _, _ in measured:
         print(f"RATIO werk_over_floor_{name} = {ratios[name]:.2f} (target >= {TARGET})")
     return 0
