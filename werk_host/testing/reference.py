@@ -19,6 +19,25 @@ is a method of its adapter, :class:`~werk_host.testing.reference_adapter.MemoryA
 Its capability report is configurable (``statuses``, keyed by
 :class:`~werk_host.protocol.CapabilityId`), so tests can check that the host's behaviour follows
 every status; ``fail`` injects failures (see :meth:`MemoryAdapter.check`).
+
+To change an operation, do what a third-party backend does: subclass the adapter, mark the
+method with the operation's hookimpl (``super()`` gives the reference answer) and name the
+class as the plugin's ``adapter_class``. The adapter reaches the plugin that created it as
+``self.plugin`` (annotate it with the plugin subclass), where a test keeps its own state::
+
+    class HeldAdapter(MemoryAdapter):
+        plugin: HeldStreams
+
+        @hookimpl(specname="werk_chat_limits")
+        def chat_limits(self, model: str | None) -> ChatLimits:
+            limits = super().chat_limits(model)
+            return limits.model_copy(update={"max_concurrent_requests": self.plugin.capacity})
+
+    class HeldStreams(MemoryBackendPlugin):
+        adapter_class = HeldAdapter
+
+A plugin object that offers factories never implements an operation hook itself: the host
+lists it ``failed`` (docs/plugin-hooks.md, "Ownership").
 """
 
 from __future__ import annotations
@@ -28,37 +47,10 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from werk_host import hookimpl
-from werk_host.backend import (
-    AdapterFactory,
-    CapabilityReport,
-    DecodeOutput,
-    DecodeWork,
-    DoctorCheck,
-    InferenceResponse,
-    JsonObject,
-    MemoryOperation,
-    MoveOutput,
-    MoveWork,
-    PrefilledState,
-    PrefillWork,
-    Snapshot,
-    StoredStateRef,
-)
+from werk_host.backend import AdapterFactory, DoctorCheck
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest
-from werk_host.protocol import (
-    CapabilityId,
-    CapabilityStatus,
-    ChatLimits,
-    ChatRequest,
-    DeploymentPlan,
-    ExpertActionRequest,
-    ExpertActionResult,
-    ExpertListQuery,
-    ExpertPage,
-    ReasoningProfile,
-    WorkerObservation,
-)
+from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.testing.reference_adapter import MemoryAdapter, MemorySessionSlot, default_experts
 from werk_host.testing.reference_base import (
     BACKEND_ID,
@@ -67,14 +59,14 @@ from werk_host.testing.reference_base import (
     EXPERTS_PER_MODEL,
     MAX_OUTPUT_TOKENS,
     PLUGIN_NAME,
-    chat_answer,
     count_chat_tokens,
     session_tokens,
 )
 
 
 class MemoryBackendPlugin:
-    """The reference plugin object: offers :class:`MemoryAdapter` and implements every hook.
+    """The reference plugin object: offers :class:`MemoryAdapter` (whose methods implement every
+    operation hook) and implements the collected hooks.
 
     Keyword arguments become every created adapter's initial settings; created adapters are
     kept in ``adapters`` (newest last).
@@ -82,7 +74,8 @@ class MemoryBackendPlugin:
 
     #: The name to register it under (``werk_host.testing.hosts.make_host`` reads it).
     name: Final = PLUGIN_NAME
-    #: The adapter class :meth:`create` builds: a subclass changes operations the 0.3 way.
+    #: The adapter class :meth:`create` builds: a subclass of :class:`MemoryAdapter` changes
+    #: operations (the module docstring shows how).
     adapter_class: type[MemoryAdapter] = MemoryAdapter
 
     def __init__(
@@ -133,76 +126,6 @@ class MemoryBackendPlugin:
     @hookimpl
     def werk_cli_commands(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         """The reference backend adds no ``werk`` commands (werk-llamacpp's ``werk llamacpp`` does)."""
-
-    # -- the hook API 0.2 form, for subclasses ------------------------------------------------
-    # Not hook implementations: the adapter's methods are. A subclass that marks one of these
-    # ``@hookimpl`` answers that operation for its adapters (its implementation runs before
-    # the adapter's; returning ``None`` leaves the answer to the adapter) and may call
-    # ``super()`` for the adapter's answer.
-    def werk_capabilities(self, adapter: MemoryAdapter) -> Mapping[CapabilityId, CapabilityReport]:
-        return adapter.capabilities()
-
-    def werk_compat_key(self, adapter: MemoryAdapter, model_id: str) -> dict[str, str]:
-        return adapter.compat_key(model_id)
-
-    def werk_prefill(self, adapter: MemoryAdapter, work: PrefillWork) -> PrefilledState:
-        return adapter.prefill(work)
-
-    def werk_snapshot(self, adapter: MemoryAdapter, state: PrefilledState) -> Snapshot:
-        return adapter.snapshot(state)
-
-    def werk_restore(self, adapter: MemoryAdapter, stored: StoredStateRef) -> PrefilledState:
-        return adapter.restore(stored)
-
-    def werk_decode(self, adapter: MemoryAdapter, work: DecodeWork) -> DecodeOutput:
-        return adapter.decode(work)
-
-    def werk_release_state(self, adapter: MemoryAdapter, handle: object) -> bool:
-        return adapter.release_state(handle)
-
-    def werk_state_move(self, adapter: MemoryAdapter, work: MoveWork) -> MoveOutput:
-        return adapter.state_move(work)
-
-    def werk_list_experts(self, adapter: MemoryAdapter, query: ExpertListQuery) -> ExpertPage:
-        return adapter.list_experts(query)
-
-    def werk_expert_action(self, adapter: MemoryAdapter, request: ExpertActionRequest) -> ExpertActionResult:
-        return adapter.expert_action(request)
-
-    def werk_count_tokens(self, adapter: MemoryAdapter, request: ChatRequest) -> int:
-        return adapter.count_tokens(request)
-
-    def werk_chat_limits(self, adapter: MemoryAdapter, model: str | None) -> ChatLimits:
-        return adapter.chat_limits(model)
-
-    def werk_reasoning_profile(
-        self, adapter: MemoryAdapter, model: str | None, max_output_tokens: int
-    ) -> ReasoningProfile:
-        return adapter.reasoning_profile(model, max_output_tokens)
-
-    def werk_chat_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
-        return adapter.chat_completion(request)
-
-    def werk_session_slot(self, adapter: MemoryAdapter, model_id: str) -> MemorySessionSlot:
-        return adapter.open_session_slot(model_id)
-
-    def werk_text_completion(self, adapter: MemoryAdapter, request: JsonObject) -> InferenceResponse:
-        return adapter.text_completion(request)
-
-    def werk_workers(self, adapter: MemoryAdapter) -> list[WorkerObservation]:
-        return adapter.workers()
-
-    def werk_memory_requirement(self, adapter: MemoryAdapter, operation: MemoryOperation, model_id: str) -> int | None:
-        return adapter.memory_bound(operation, model_id)
-
-    def werk_deployment_plan(self, adapter: MemoryAdapter) -> DeploymentPlan | None:
-        return adapter.deployment_plan()
-
-    def chat_answer(
-        self, adapter: MemoryAdapter, request: JsonObject, out: list[str], finish: str, usage: JsonObject
-    ) -> InferenceResponse:
-        """The chat-completion response (streamed when asked) carrying ``out`` and ``usage``."""
-        return chat_answer(adapter.model_name, request, out, finish, usage)
 
 
 __all__ = [
