@@ -99,7 +99,10 @@ class Instance:
         self.factory = factory
         self.config = config
         self._memory_available = memory_available
-        self._cond = threading.Condition()
+        # entered directly on the hot paths (a Condition's own ``with`` is a Python-level call);
+        # waits and notifications go through the condition over the same lock
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._state = InstanceStateName.COLD
         self._adapter: Adapter | None = None
         self._error: str | None = None
@@ -121,7 +124,7 @@ class Instance:
         return self.factory.backend
 
     def view(self) -> InstanceView:
-        with self._cond:
+        with self._lock:
             return InstanceView(
                 self.id,
                 self.backend,
@@ -136,12 +139,12 @@ class Instance:
 
     def peek(self) -> Adapter | None:
         """The adapter when the instance is ready; ``None`` otherwise. Never starts anything."""
-        with self._cond:
+        with self._lock:
             return self._adapter if self._state is InstanceStateName.READY else None
 
     def down(self) -> bool:
         """Whether routing should skip this instance now (a recent failed start)."""
-        with self._cond:
+        with self._lock:
             return self._state is InstanceStateName.FAILED and time.monotonic() - self._failed_at < RETRY_AFTER_S
 
     # -- start ---------------------------------------------------------------------------
@@ -150,7 +153,7 @@ class Instance:
         requests arrive together). Raises the recorded failure (503, retryable) while a failed
         start is recent. ``enter``: first count the caller in flight (:meth:`enter`, under the
         same lock), whether or not the start then succeeds; the caller calls :meth:`leave`."""
-        with self._cond:
+        with self._lock:
             if enter:
                 self._in_flight += 1
             while True:
@@ -174,9 +177,9 @@ class Instance:
             if adapter is not None:
                 self._close(adapter)
             self._start_failed(err)
-            with self._cond:
+            with self._lock:
                 raise self._failure_locked() from err
-        with self._cond:
+        with self._lock:
             self._adapter = adapter
             self._state = InstanceStateName.READY
             self._error = None
@@ -198,7 +201,7 @@ class Instance:
 
     def _start_failed(self, err: BaseException) -> None:
         log.error("instance %s failed to start: %s", self.id, err, exc_info=not isinstance(err, WerkError))
-        with self._cond:
+        with self._lock:
             self._state = InstanceStateName.FAILED
             self._failed_at = time.monotonic()
             self._error = self._public_reason(err)
@@ -222,12 +225,12 @@ class Instance:
         self._last_used_mono = time.monotonic()
 
     def enter(self) -> None:
-        with self._cond:
+        with self._lock:
             self._in_flight += 1
             self._touch_locked()
 
     def leave(self) -> None:
-        with self._cond:
+        with self._lock:
             self._in_flight = max(self._in_flight - 1, 0)
             self._touch_locked()
             idle_now = self._in_flight == 0 and self._keep_alive_locked() == 0
@@ -236,7 +239,7 @@ class Instance:
 
     @property
     def in_flight(self) -> int:
-        with self._cond:
+        with self._lock:
             return self._in_flight
 
     # -- residency -----------------------------------------------------------------------
@@ -253,7 +256,7 @@ class Instance:
         above :data:`~werk_host.deployments.durations.MAX_DURATION_S`."""
         if seconds is not None and (math.isnan(seconds) or seconds < 0 or too_long(seconds)):
             raise ValueError("a keep_alive is 0 to MAX_DURATION_S seconds, or math.inf")
-        with self._cond:
+        with self._lock:
             if self._state is not InstanceStateName.READY:
                 return
             if not operator:
@@ -269,7 +272,7 @@ class Instance:
     def keep_alive_s(self) -> float | None:
         """The idle time after which the instance stops now (``None``: never): what a request
         asked for (:meth:`hold`), else the profile's."""
-        with self._cond:
+        with self._lock:
             return self._keep_alive_locked()
 
     def _keep_alive_locked(self) -> float | None:
@@ -280,7 +283,7 @@ class Instance:
     def idle_for(self, now: float | None = None) -> float | None:
         """Seconds since the last request while ready and idle, else ``None``; ``now`` is a
         :func:`time.monotonic` reading (default: the current one)."""
-        with self._cond:
+        with self._lock:
             if self._state is not InstanceStateName.READY or self._in_flight:
                 return None
             return (time.monotonic() if now is None else now) - self._last_used_mono
@@ -297,7 +300,7 @@ class Instance:
     def stop(self, why: str) -> bool:
         """Close the adapter (its processes stop) and go cold; ``False`` when it was not ready
         or requests are in flight."""
-        with self._cond:
+        with self._lock:
             if self._state is not InstanceStateName.READY or self._in_flight:
                 return False
             adapter, self._adapter = self._adapter, None
@@ -308,7 +311,7 @@ class Instance:
         except Exception:
             log.warning("instance %s did not close cleanly", self.id, exc_info=True)
         finally:
-            with self._cond:
+            with self._lock:
                 self._state = InstanceStateName.COLD
                 self._started_ms = None
                 self._held_s = None
@@ -319,7 +322,7 @@ class Instance:
 
     def close(self) -> None:
         """Stop regardless of requests in flight (server shutdown)."""
-        with self._cond:
+        with self._lock:
             adapter, self._adapter = self._adapter, None
             self._state = InstanceStateName.COLD
             self._held_s = None
