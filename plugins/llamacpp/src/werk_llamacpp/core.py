@@ -98,6 +98,7 @@ class LlamaServerCore:
         self._model_files: dict[str, str] = {}
         self._slot_owner: str | None = None
         self._count_cache: OrderedDict[str, int] = OrderedDict()
+        self._exited: set[str] = set()  # generations whose child exited (:meth:`_watch`)
         self._proxy_pools: dict[str, ConnectionPool] = {}
         self._limits: tuple[tuple[str | None, str | None], ChatLimits] | None = None
         self.last_decode: dict[str, Any] = {}
@@ -140,7 +141,25 @@ class LlamaServerCore:
                 ) from err
             self._model_files[proc.generation] = model_files  # before any reader can see proc
             self._process = proc
+            self._watch(proc)
             return proc
+
+    def _watch(self, proc: LlamaServerProcess) -> None:
+        """Note the child's exit as it happens: a thread blocked in ``waitid`` (without reaping;
+        stopping reaps) adds its generation to the exited ones, so :meth:`current` and
+        :meth:`identity` read a set instead of asking the kernel on every request."""
+        pid, generation = proc.pid, proc.generation
+
+        def wait() -> None:
+            try:
+                if pid is not None:
+                    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            except OSError:
+                pass  # already reaped (stopped): gone either way
+            finally:
+                self._exited.add(generation)
+
+        threading.Thread(target=wait, name=f"llama-server-exit-{generation[:8]}", daemon=True).start()
 
     def _extra_args(self) -> list[str]:
         """``--metrics`` (child counters for observability) and ``--alias`` (the API reports the
@@ -158,8 +177,9 @@ class LlamaServerCore:
         return inspect_executable(self.binary_path).advertises(flag)
 
     def current(self) -> LlamaServerProcess | None:
+        """The child while it runs (its exit noted by :meth:`_watch`), else ``None``."""
         proc = self._process
-        return proc if proc is not None and proc.alive() else None
+        return proc if proc is not None and proc.generation not in self._exited else None
 
     def identity(self) -> str:
         proc = self.current()
