@@ -67,6 +67,8 @@ from .states import StateOperations
 
 #: ChatRequest fields that do not reach the template: left out of a counted body.
 _NOT_COUNTED: set[str] = {"werk", "stream", "model"}
+#: The longest counted body kept as its own cache key (longer ones are kept by digest).
+_KEY_TEXT_MAX = 512
 _MEDIA_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 _SECRET_FLAGS = ("--api-key", "--api-key-file", "--ssl-key-file", "--hf-token", "-hft")
 
@@ -132,12 +134,19 @@ class LlamaCppAdapter(StateOperations):
         return last_flag_value(proc.argv[1:], _MEDIA_FLAGS) is not None
 
     def count_tokens(self, request: ChatRequest) -> int:
-        # the cache key: the JSON of the very body counted (equal bodies serialize equally)
-        key = hashlib.sha256(request.model_dump_json(exclude_none=True, exclude=_NOT_COUNTED).encode()).hexdigest()
-        with self._life:
-            if key in self._count_cache:
+        # the cache key: the JSON of the very body counted (equal bodies serialize equally), as
+        # is when short, else its digest (a JSON text never looks like a hex digest)
+        text = request.model_dump_json(exclude_none=True, exclude=_NOT_COUNTED)
+        key = text if len(text) <= _KEY_TEXT_MAX else hashlib.sha256(text.encode()).hexdigest()
+        # a hit reads without the lock: each OrderedDict call on str keys is one step under the
+        # interpreter lock, and a key evicted meanwhile only skips its refresh
+        count = self._count_cache.get(key)
+        if count is not None:
+            try:
                 self._count_cache.move_to_end(key)
-                return self._count_cache[key]
+            except KeyError:
+                return count  # evicted meanwhile: nothing to refresh
+            return count
         proc = self.process()
         if not self.accepts_media(proc) and any(
             part.type != "text" for m in request.messages if isinstance(m.content, list) for part in m.content
