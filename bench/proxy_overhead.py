@@ -141,7 +141,7 @@ def werk_in_process(config: HostConfig) -> Iterator[tuple[int, int, str]]:
     """(werk port, child port, child API key) of an in-process host served like ``werk serve``."""
     host = build_host(config)
     with running(host) as base:
-        proc = host.runtime.adapter.current()  # type: ignore[union-attr]
+        proc = host.fleet.adapter.current()  # type: ignore[union-attr]
         assert proc is not None and proc.port is not None
         yield int(base.rsplit(":", 1)[1]), proc.port, proc.api_key
 

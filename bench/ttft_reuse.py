@@ -105,7 +105,7 @@ def main() -> int:
     if args.threads > 0:
         options["threads"] = args.threads
     host = build_host(HostConfig(home=home, api_keys=(KEY,), model=MODEL, backend_options={"llamacpp": options}))
-    adapter = host.runtime.adapter
+    adapter = host.fleet.adapter
     assert isinstance(adapter, LlamaCppAdapter)
     proc = adapter.current()
     assert proc is not None and proc.slot_dir is not None

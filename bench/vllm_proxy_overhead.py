@@ -107,7 +107,7 @@ def main() -> int:
         config = HostConfig(home=home, api_keys=(KEY,), models=("bench",), backend_options={"vllm": options})
         host = build_host(config, plugins=plugins)
         with running(host) as base:
-            adapter = host.runtime.adapter
+            adapter = host.fleet.adapter
             live = adapter.live() if adapter is not None else None  # type: ignore[attr-defined]
             assert live is not None, "the vLLM instance is not running"
             pool = live.pool

@@ -309,7 +309,7 @@ def test_queue_depth_warning_is_rate_limited() -> None:
 
 
 def test_unexpected_errors_log_one_line_and_throttle_tracebacks(env: Env, caplog: pytest.LogCaptureFixture) -> None:
-    adapter = env.host.runtime.adapter
+    adapter = env.host.fleet.adapter
     assert adapter is not None
     adapter.fail.add("crash:count")  # type: ignore[attr-defined]
     caplog.set_level(logging.ERROR, logger="werk_host.http")

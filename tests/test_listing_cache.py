@@ -46,7 +46,7 @@ def commit(client: falcon.testing.TestClient, text: str) -> str:
 def listing(host: Host) -> Shared[Any]:
     principal = host.auth.authenticate(KEY)
     assert principal is not None
-    with host.runtime.scope(principal) as scope:
+    with host.fleet.scope(principal) as scope:
         return host.service.list_states(scope, QUERY)
 
 
@@ -82,7 +82,7 @@ def test_a_listing_changes_exactly_when_a_stamp_does(env: tuple[Host, falcon.tes
     after_delete = settled(host)
     assert after_delete is not after_commit and ids(after_delete) == [second]
 
-    adapter = host.runtime.adapter
+    adapter = host.fleet.adapter
     assert adapter is not None and after_delete.value.states[0].reusable is True
     adapter.restart()  # a new backend process: new evidence, another compatibility key
     after_restart = listing(host)  # at once: the store did not change, the evidence did

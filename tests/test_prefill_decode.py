@@ -37,7 +37,7 @@ class Env:
 
     @property
     def adapter(self) -> MemoryAdapter:
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert isinstance(adapter, MemoryAdapter)
         return adapter
 

@@ -117,7 +117,7 @@ def recording(tmp_path: Path) -> Iterator[tuple[falcon.testing.TestClient, _Reco
     try:
         client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {RESOLVED_KEY}"})
         assert client.simulate_get("/werk/v1/chat/limits").status_code == 200
-        adapter = host.runtime.adapter
+        adapter = host.fleet.adapter
         assert isinstance(adapter, _Recording)
         yield client, adapter
     finally:

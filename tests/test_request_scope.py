@@ -122,7 +122,7 @@ def test_concurrent_requests_for_two_instances_never_see_each_others(served: tup
 
 def test_a_request_enters_each_instance_it_uses_once_and_releases_them_all(served: tuple[str, Host]) -> None:
     url, host = served
-    deployments = host.runtime.deployments
+    deployments = host.fleet.deployments
     assert deployments is not None
     a, b = deployments.instances["a"], deployments.instances["b"]
     assert (a.in_flight, b.in_flight) == (0, 0)

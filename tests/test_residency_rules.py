@@ -49,8 +49,8 @@ def served(tmp_path: Path) -> Iterator[tuple[Host, str]]:
 
 
 def _instance(host: Host) -> Instance:
-    assert host.runtime.deployments is not None
-    return host.runtime.deployments.instances["tiny"]
+    assert host.fleet.deployments is not None
+    return host.fleet.deployments.instances["tiny"]
 
 
 def _ok(result: tuple[int, Any]) -> Any:

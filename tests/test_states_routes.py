@@ -129,7 +129,7 @@ def test_explicit_evict_wins_over_a_live_handoff(api: tuple[Api, Host]) -> None:
     )
     sid, handoff = body["data"]["state_id"], body["data"]["handoff"]
     assert data(client.post(f"/werk/v1/states/{sid}/actions", {"action": "evict"}))["changed"] is True
-    host.runtime.adapter.live.clear()  # the backend's live copy is gone too (e.g. slot reused)
+    host.fleet.adapter.live.clear()  # the backend's live copy is gone too (e.g. slot reused)
     error = data(client.post("/werk/v1/decode", {"handoff": handoff, "allow_experimental": True}), 404)
     assert error["code"] == "not_found"
 

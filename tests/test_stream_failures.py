@@ -303,7 +303,7 @@ def first_pid(api: Api) -> object:
 
 def test_the_inventory_answers_while_a_workers_observation_hangs(live: tuple[LiveHost, RelayPlugin]) -> None:
     host, plugin = live
-    deployments = host.host.runtime.deployments
+    deployments = host.host.fleet.deployments
     assert deployments is not None
     deployments.watch.fresh_s = 0.0  # every listing asks the backend again
     api = Api(host.url, timeout=10.0)  # far below the hung hook's wait

@@ -29,11 +29,11 @@ from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSou
 from werk_host.openapi import build_openapi
 from werk_host.paths import ensure_private_dir
 from werk_host.plugins import PluginHost
+from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, gate_limits
 from werk_host.service.inference import InferenceService
 from werk_host.service.local import LocalControlService
 from werk_host.service.principals import Authenticator, load_or_create_namespace_secret
-from werk_host.service.runtime import BackendRuntime
 from werk_host.serving import create_server, raise_descriptor_limit
 from werk_host.store import StateStore
 
@@ -46,13 +46,13 @@ class Host:
 
     config: HostConfig
     plugins: PluginHost
-    runtime: BackendRuntime
+    fleet: Fleet
     service: LocalControlService
     auth: Authenticator
     app: falcon.App[Any, Any]
 
     def close(self) -> None:
-        self.runtime.close()
+        self.fleet.close()
 
 
 def build_host(
@@ -62,7 +62,7 @@ def build_host(
     memory: MemoryManager | None = None,
     load_entry_points: bool = True,
 ) -> Host:
-    """Wire plugins → runtime → service → app, then deploy the configured profile (or the
+    """Wire plugins → deployment fleet → service → app, then deploy the configured profile (or the
     ``--model`` shorthand): preloaded instances start now, the others on first use."""
     ensure_private_dir(config.home)
     if plugins is None:
@@ -71,7 +71,7 @@ def build_host(
             plugins.load_entry_points()
     secret = load_or_create_namespace_secret(config.home)
     auth = Authenticator(config.api_keys, secret, config.operator_api_keys)
-    runtime = BackendRuntime(plugins, config)
+    fleet = Fleet(plugins, config)
     memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
     bounds = config.store_bounds  # docs/states.md, "Quotas"
     store = StateStore(
@@ -82,16 +82,14 @@ def build_host(
         max_bytes_per_key=bounds.max_bytes_per_key,
     )
     gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
-    service = LocalControlService(
-        runtime=runtime, auth=auth, store=store, memory=memory, cursor_secret=secret, gate=gate
-    )
-    inference = InferenceService(runtime, service.chat_stats, gate)
-    app = create_app(service, auth, openapi=build_openapi(), inference=inference, runtime=runtime)
-    host = Host(config, plugins, runtime, service, auth, app)
+    service = LocalControlService(fleet=fleet, auth=auth, store=store, memory=memory, cursor_secret=secret, gate=gate)
+    inference = InferenceService(fleet, service.chat_stats, gate)
+    app = create_app(service, auth, openapi=build_openapi(), inference=inference, fleet=fleet)
+    host = Host(config, plugins, fleet, service, auth, app)
     try:
         profile = profile_for(config)
         if profile is not None:
-            runtime.deploy(profile)
+            fleet.deploy(profile)
     except BaseException:
         host.close()
         raise

@@ -51,8 +51,8 @@ def client(host: Host) -> falcon.testing.TestClient:
 
 
 def _instance(host: Host) -> Instance:
-    assert host.runtime.deployments is not None
-    return host.runtime.deployments.instances["tiny"]
+    assert host.fleet.deployments is not None
+    return host.fleet.deployments.instances["tiny"]
 
 
 def _post(client: falcon.testing.TestClient, path: str, body: dict[str, Any]) -> falcon.testing.Result:

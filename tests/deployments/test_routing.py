@@ -145,7 +145,7 @@ def test_routing_by_id_model_and_alias(env: Any) -> None:
 
 def test_an_alias_prefers_the_replica_with_fewer_requests_in_flight(env: Any) -> None:
     host, _, client = env
-    deployments = host.runtime.deployments
+    deployments = host.fleet.deployments
     a1 = deployments.instances["a1"]
     a1.enter()  # one request in flight on a1
     try:
@@ -213,7 +213,7 @@ def test_sixteen_concurrent_first_requests_start_an_instance_once(tmp_path: Path
 def test_keep_alive_zero_stops_after_each_request_and_restarts_on_use(env: Any) -> None:
     host, plugin, client = env
     assert chat(client, "b").status_code == 200
-    b = host.runtime.deployments.instances["b"]
+    b = host.fleet.deployments.instances["b"]
     assert b.view().state == "cold"
     assert plugin.adapters[-1].closed  # its adapter was closed
     assert chat(client, "b").status_code == 200 and plugin.created.count("beta") == 2

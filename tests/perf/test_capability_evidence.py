@@ -67,7 +67,7 @@ def test_the_report_and_plan_are_asked_once_per_process_while_nothing_ran(counte
         assert _placement(client) == "supported"
     assert (calls["capabilities"], calls["plan"]) == (1, 1)
 
-    host.runtime.adapter.restart()  # a new backend process: a new identity, both asked at once
+    host.fleet.adapter.restart()  # a new backend process: a new identity, both asked at once
     assert _placement(client) == "supported"
     assert (calls["capabilities"], calls["plan"]) == (2, 2)
 
@@ -91,7 +91,7 @@ def test_an_operation_makes_the_next_request_ask_the_report_again(counted: Any) 
 
 def test_a_changed_report_shows_after_an_operation(counted: Any) -> None:
     client, host, _ = counted
-    adapter = host.runtime.adapter
+    adapter = host.fleet.adapter
     assert _status(client, "runtime.pd.prefill") == "experimental"
     adapter.statuses[CapabilityId.PD_PREFILL] = CapabilityStatus.UNAVAILABLE  # evidence moves by itself
     assert _status(client, "runtime.pd.prefill") == "experimental"  # reused within the TTL

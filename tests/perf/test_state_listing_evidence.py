@@ -66,7 +66,7 @@ def test_a_kept_page_does_not_ask_again_until_the_process_changes(kept: Any) -> 
         assert listed(client) == [state]
     assert len(asked) == first  # nothing changed: not asked again
 
-    host.runtime.adapter.restart()  # a new process: its compatibility key differs from the state's
+    host.fleet.adapter.restart()  # a new process: its compatibility key differs from the state's
     (after,) = listed(client)
     assert len(asked) == first + 1
     assert after["id"] == state["id"] and after["reusable"] is False  # shown at once

@@ -4,7 +4,7 @@ Both speak the same wire, an OpenAI ``/v1/chat/completions`` event stream, and r
 :class:`~werk_host.backend.InferenceResponse` (status, streamed body, ``close`` to cancel):
 
 * :class:`LocalTransport` starts the model's backend in this process through the plugin seam
-  ``werk serve`` uses (:class:`~werk_host.service.runtime.BackendRuntime` over a one-instance
+  ``werk serve`` uses (:class:`~werk_host.service.fleet.Fleet` over a one-instance
   deployment, admission by :class:`~werk_host.service.inference.InferenceService`, hooks through
   :class:`~werk_host.hooks.BackendHooks`). It is the only transport that can offer native
   session slot (``werk_session_slot``). :meth:`LocalTransport.close` stops what it
@@ -44,8 +44,8 @@ from werk_host.hooks import needed
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.plugins import PluginHost
 from werk_host.service.counters import ChatStats
+from werk_host.service.fleet import Fleet
 from werk_host.service.inference import InferenceService, sanitized_error
-from werk_host.service.runtime import BackendRuntime
 
 #: Bytes of an error answer read for its message.
 MAX_ERROR_BYTES: Final = 64 << 10
@@ -133,7 +133,7 @@ class LocalTransport:
         if plugins is None:
             plugins = PluginHost()
             plugins.load_entry_points()
-        self.runtime = BackendRuntime(plugins, config)
+        self.fleet = Fleet(plugins, config)
         registry = ModelRegistry(home)
         try:
             profile = profile_from_models([model], known_model=lambda name: registry.get(name) is not None)
@@ -141,10 +141,10 @@ class LocalTransport:
                 profile = DeploymentProfile(
                     tuple(replace(spec, backend=backend) for spec in profile.instances), {}, profile.source
                 )
-            self.runtime.deployments = DeploymentSet(profile, plugins, config)
+            self.fleet.deployments = DeploymentSet(profile, plugins, config)
         except ProfileError as err:
             raise WerkError(ErrorCode.NOT_FOUND, _PROFILE_PREFIX.sub("", str(err))) from err
-        instance = self.runtime.deployments.default
+        instance = self.fleet.deployments.default
         self.manifest: ModelManifest = instance.manifest
         self.model = instance.id
         self.model_sha256 = tuple(f.sha256 for f in self.manifest.files)
@@ -152,7 +152,7 @@ class LocalTransport:
         try:
             self.adapter: Adapter = instance.use()
         except WerkError as err:
-            self.runtime.close()
+            self.fleet.close()
             cause = err.__cause__
             if isinstance(cause, KeyboardInterrupt):
                 raise KeyboardInterrupt from None
@@ -160,11 +160,11 @@ class LocalTransport:
                 raise WerkError(cause.code, cause.message.splitlines()[0]) from cause
             raise
         except BaseException:
-            self.runtime.close()
+            self.fleet.close()
             raise
         self.startup_s = time.monotonic() - started
         self.description = f"local {self.adapter.backend} backend, model {self.manifest.name}"
-        self.inference = InferenceService(self.runtime, ChatStats())
+        self.inference = InferenceService(self.fleet, ChatStats())
 
     def open(self, body: JsonObject, *, session: bool) -> InferenceResponse:
         """Admit ``body`` as ``werk serve`` would and start it. A Ctrl-C before the first byte
@@ -181,7 +181,7 @@ class LocalTransport:
         return response
 
     def _start(self, body: JsonObject, *, session: bool) -> InferenceResponse:
-        hooks = self.runtime.hooks
+        hooks = self.fleet.hooks
         admitted = self.inference.admit_chat(self.adapter, body)
         if session:
             slot, reason = self.native()
@@ -197,7 +197,7 @@ class LocalTransport:
 
     def native(self) -> tuple[SessionSlot | None, str]:
         try:
-            slot = self.runtime.hooks.session_slot(self.adapter, self.manifest.name)
+            slot = self.fleet.hooks.session_slot(self.adapter, self.manifest.name)
         except WerkError as err:
             return None, err.message
         if slot is None:
@@ -209,7 +209,7 @@ class LocalTransport:
             f"preparation: {self.adapter.backend} worker ready in {self.startup_s:.2f} s",
             "cache capability probe: skipped; reuse checked on actual requests",
         ]
-        plan = self.runtime.hooks.deployment_plan(self.adapter)
+        plan = self.fleet.hooks.deployment_plan(self.adapter)
         if plan is not None:
             args = plan.arguments
             lines.append("launch arguments: " + " ".join(args))
@@ -223,7 +223,7 @@ class LocalTransport:
         return lines
 
     def close(self) -> None:
-        self.runtime.close()
+        self.fleet.close()
 
 
 class RemoteTransport:

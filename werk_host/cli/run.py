@@ -168,7 +168,7 @@ def _model_limits(transport: Transport) -> ChatLimits | None:
     cannot be learned (the request itself then says what is wrong)."""
     try:
         if isinstance(transport, LocalTransport):
-            return transport.runtime.hooks.chat_limits(transport.adapter, None)
+            return transport.fleet.hooks.chat_limits(transport.adapter, None)
         if isinstance(transport, RemoteTransport):
             key = os.environ.get(KEY_ENV) or None
             client = WerkProtocolClient(transport.endpoint.url, key, timeout=LIMITS_TIMEOUT_S)

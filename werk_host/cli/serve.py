@@ -230,7 +230,7 @@ def _context(host: Host, instance: Instance) -> str:
     if adapter is None:
         return "starts on first use"
     try:
-        limits = host.runtime.hooks.chat_limits(adapter, instance.manifest.name)
+        limits = host.fleet.hooks.chat_limits(adapter, instance.manifest.name)
     except Exception:  # a backend that cannot say: the summary does not fail the start
         limits = None
     if limits is None or limits.context_tokens is None:
@@ -243,7 +243,7 @@ def start_lines(host: Host, bound_host: str, port: int) -> list[str]:
     base = f"http://{_url_host(bound_host)}:{port}"
     keyed = host.auth.enabled
     lines = [f"werk serve: ready on {base}"]
-    deployments = host.runtime.deployments
+    deployments = host.fleet.deployments
     instances = list(deployments.instances.values()) if deployments is not None else []
     if not instances:
         lines.append("instances: none (no backend: serve a model with --model NAME|PATH or --profile FILE)")

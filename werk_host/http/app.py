@@ -24,8 +24,8 @@ from werk_host.http.middleware import (
 from werk_host.http.resources import ROUTES, OpenApiResource, RawOpenApiResource
 from werk_host.logs import TracebackThrottle
 from werk_host.protocol.envelope import error_json
+from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Authenticator
-from werk_host.service.runtime import BackendRuntime
 
 log = logging.getLogger("werk_host.http")
 
@@ -97,16 +97,16 @@ def create_app(
     *,
     openapi: dict[str, Any],
     inference: Any | None = None,
-    runtime: BackendRuntime | None = None,
+    fleet: Fleet | None = None,
 ) -> falcon.App[Any, Any]:
     """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given) and
     ``openapi``, the document :func:`werk_host.openapi.build_openapi` makes (the document module
-    sits above this layer: it reads the routes). With ``runtime``, ``/werk/v1`` requests select
+    sits above this layer: it reads the routes). With ``fleet``, ``/werk/v1`` requests select
     their deployment instance (``X-Werk-Deployment``)."""
     metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
         metrics.middleware,  # first, so that it sees every response (401s included)
-        RequestMiddleware(auth, runtime),
+        RequestMiddleware(auth, fleet),
     ]
     app: falcon.App[Any, Any] = falcon.App(middleware=middleware, router=metrics.router)
     app.req_options.auto_parse_qs_csv = False
@@ -119,8 +119,8 @@ def create_app(
     if inference is not None:
         openai.add_routes(app, inference)
         anthropic.add_routes(app, control, inference)  # docs/compat.md
-        if runtime is not None:
-            ollama.add_routes(app, control, inference, runtime)
+        if fleet is not None:
+            ollama.add_routes(app, control, inference, fleet)
     app.add_route(METRICS_PATH, metrics.resource)
     # Registration order matters: Falcon picks the most specific handler class.
     app.add_error_handler(Exception, _UnexpectedErrors())

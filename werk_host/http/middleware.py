@@ -24,8 +24,8 @@ from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_VERSION
+from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Authenticator
-from werk_host.service.runtime import BackendRuntime
 from werk_host.service.scope import RequestScope
 
 PROTOCOL_PREFIX = "/werk/v1"
@@ -152,9 +152,9 @@ class RequestMiddleware:
     ``instance_id``; ``body``, every POST/PUT/PATCH body up to the 1 MiB bound (chunked bodies
     too; ``b""`` otherwise). ``/werk/v1`` responses carry the protocol headers."""
 
-    def __init__(self, auth: Authenticator, runtime: BackendRuntime | None, limit: int = MAX_REQUEST_BYTES) -> None:
+    def __init__(self, auth: Authenticator, fleet: Fleet | None, limit: int = MAX_REQUEST_BYTES) -> None:
         self._auth = auth
-        self._runtime = runtime
+        self._fleet = fleet
         self._limit = limit
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -171,10 +171,10 @@ class RequestMiddleware:
             instance = None
             if protocol:
                 _negotiate(req.env)
-                if self._runtime is not None:
+                if self._fleet is not None:
                     instance = self._select(req)
-            elif self._runtime is not None:
-                instance = self._runtime.default
+            elif self._fleet is not None:
+                instance = self._fleet.default
             context.scope = RequestScope(principal, instance)
         if req.method in _BODY_METHODS:
             context.body = self._read_body(req)
@@ -183,9 +183,9 @@ class RequestMiddleware:
         """The instance a ``/werk/v1`` request controls (``X-Werk-Deployment``, else the default;
         docs/deployments.md, "Routing"), for the whole request. ``/v1`` requests are routed by
         their body's ``model`` in the inference service instead."""
-        assert self._runtime is not None
+        assert self._fleet is not None
         header = req.env.get(_DEPLOYMENT_ENV)
-        deployments = self._runtime.deployments
+        deployments = self._fleet.deployments
         if deployments is None:
             if header is not None:
                 raise WerkError(ErrorCode.NOT_FOUND, "no deployment instance has that id")

@@ -53,8 +53,8 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import parse_body, principal, scope
 from werk_host.http.middleware import OLLAMA_PREFIX
 from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
+from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Principal
-from werk_host.service.runtime import BackendRuntime
 
 
 class Inference(Protocol):
@@ -80,13 +80,13 @@ def _not_served() -> WerkError:
 
 
 class _Resource:
-    def __init__(self, control: WerkControl, inference: Inference, runtime: BackendRuntime) -> None:
+    def __init__(self, control: WerkControl, inference: Inference, fleet: Fleet) -> None:
         self.control = control
         self.inference = inference
-        self.runtime = runtime
+        self.fleet = fleet
 
     def replicas(self, model: str) -> tuple[Instance, ...]:
-        deployments = self.runtime.deployments
+        deployments = self.fleet.deployments
         found = deployments.replicas(served_name(model)) if deployments is not None else ()
         if not found:
             raise _not_served()
@@ -104,12 +104,12 @@ class _Resource:
 
 class Tags(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        _json(resp, 200, ollama_models.tags(self.runtime.deployments))
+        _json(resp, 200, ollama_models.tags(self.fleet.deployments))
 
 
 class Ps(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        doc = ollama_models.running(self.runtime.deployments, lambda name: self.context_of(req, name))
+        doc = ollama_models.running(self.fleet.deployments, lambda name: self.context_of(req, name))
         _json(resp, 200, doc)
 
 
@@ -169,7 +169,7 @@ class _Generation(_Resource):
         """Apply ``keep_alive`` to the instance that served the request (:meth:`Instance.hold`,
         clamped for a client that is not an operator): ``0`` stops it once this request and any
         other on it are done."""
-        deployments = self.runtime.deployments
+        deployments = self.fleet.deployments
         instance = deployments.instances.get(served_by) if deployments is not None and served_by else None
         if instance is not None:
             instance.hold(keep_alive, operator=principal(req).operator)
@@ -259,6 +259,6 @@ ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
 )
 
 
-def add_routes(app: falcon.App[Any, Any], control: WerkControl, inference: Inference, runtime: BackendRuntime) -> None:
+def add_routes(app: falcon.App[Any, Any], control: WerkControl, inference: Inference, fleet: Fleet) -> None:
     for path, resource in ROUTES:
-        app.add_route(OLLAMA_PREFIX + path, resource(control, inference, runtime))
+        app.add_route(OLLAMA_PREFIX + path, resource(control, inference, fleet))

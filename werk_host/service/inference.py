@@ -42,10 +42,10 @@ from werk_host.protocol import ChatLimits, ChatRequest
 from werk_host.protocol.chat import CompletionRequest
 from werk_host.service.admission import FitBounds, estimate_input_tokens, prompt_tokens
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
+from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.principals import Principal
 from werk_host.service.reasoning import resolve_reasoning
-from werk_host.service.runtime import BackendRuntime
 from werk_host.service.scope import no_backend
 
 log = logging.getLogger(__name__)
@@ -123,21 +123,21 @@ def _client_gone() -> bool:
 class InferenceService:
     """Serves ``/v1`` by delegating to the adapter; counts requests for observability."""
 
-    def __init__(self, runtime: BackendRuntime, stats: ChatStats, gate: InferenceGate | None = None) -> None:
-        self.runtime = runtime
+    def __init__(self, fleet: Fleet, stats: ChatStats, gate: InferenceGate | None = None) -> None:
+        self.fleet = fleet
         self.stats = stats
         #: ``werk serve``'s admission gate (werk_host/service/gate.py); ``None`` for in-process
         #: callers, which hold no server worker threads.
         self.gate = gate
-        self.bounds = FitBounds(runtime.hooks.count_tokens)
+        self.bounds = FitBounds(fleet.hooks.count_tokens)
 
     def _limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
-        return self.runtime.hooks.chat_limits(adapter, model)
+        return self.fleet.hooks.chat_limits(adapter, model)
 
     def _input_tokens(self, adapter: Adapter, request: ChatRequest) -> int:
         """The backend's exact count (checked against the fit bound), else the estimate."""
         try:
-            count = self.runtime.hooks.count_tokens(adapter, request)
+            count = self.fleet.hooks.count_tokens(adapter, request)
         except WerkError as err:
             if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
                 raise
@@ -155,7 +155,7 @@ class InferenceService:
     def admit_chat(self, adapter: Adapter, body: JsonObject, served: ModelManifest | None = None) -> JsonObject:
         """Validate, resolve ``werk.reasoning`` and admit a chat request for ``adapter``, which
         serves ``served`` (default: the default instance's model); returns the body to send."""
-        return self._admit(adapter, body, served if served is not None else self.runtime.model)[0]
+        return self._admit(adapter, body, served if served is not None else self.fleet.model)[0]
 
     def _admit(
         self, adapter: Adapter, body: JsonObject, served: ModelManifest | None
@@ -167,13 +167,13 @@ class InferenceService:
             request = ChatRequest.model_validate(body)
         except ValidationError as err:
             raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
-        options = self.runtime.hooks.request_options(adapter, request)  # backend members werk.<name>
+        options = self.fleet.hooks.request_options(adapter, request)  # backend members werk.<name>
         if options:  # the owner's validated options reach the adapter (docs/plugin-hooks.md)
             werk = body["werk"]
             body = {**body, "werk": {**(werk if isinstance(werk, dict) else {}), **options}}
         self._check_served(request.model, served)
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
-        body, request = resolve_reasoning(self.runtime.hooks, adapter, body, request, limits)  # once, for every hook
+        body, request = resolve_reasoning(self.fleet.hooks, adapter, body, request, limits)  # once, for every hook
         output = request.requested_output_tokens()
         self._check_output(limits, output)
         if limits is not None and limits.context_tokens is not None:
@@ -202,7 +202,7 @@ class InferenceService:
 
     def _check_served(self, model: str | None, served: ModelManifest | None) -> None:
         """Without deployments, a ``model`` other than the served one is not found."""
-        if self.runtime.deployments is None and model not in (None, *((served.name,) if served else ())):
+        if self.fleet.deployments is None and model not in (None, *((served.name,) if served else ())):
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
 
     def _admit_completion(self, adapter: Adapter, body: JsonObject, served: ModelManifest | None) -> None:
@@ -223,10 +223,10 @@ class InferenceService:
     def _route(self, body: JsonObject) -> Instance | None:
         """The instance a ``/v1`` body's ``model`` names (an instance id, a served model name or
         an alias, advancing the alias's round-robin), else the default instance."""
-        deployments = self.runtime.deployments
+        deployments = self.fleet.deployments
         model = body.get("model")
         if deployments is None or not isinstance(model, str):
-            return self.runtime.default
+            return self.fleet.default
         return deployments.route(model)
 
     def _enter(self, principal: Principal) -> Ticket | None:
@@ -244,7 +244,7 @@ class InferenceService:
         requests); a refusal is counted as rejected."""
         if ticket is None:
             return
-        limits = self.runtime.hooks.chat_limits(adapter, None)
+        limits = self.fleet.hooks.chat_limits(adapter, None)
         try:
             ticket.seat(
                 label, limits.max_concurrent_requests if limits is not None else None, client_disconnected.get()
@@ -283,7 +283,7 @@ class InferenceService:
             raise
         label = instance.id if instance is not None else DEFAULT_INSTANCE
         self.stats.add(instance=label, requests_total=1, requests_active=1)
-        hooks = self.runtime.hooks
+        hooks = self.fleet.hooks
         try:
             response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
             if response is None:
@@ -358,7 +358,7 @@ class InferenceService:
 
     def list_models(self, principal: Principal) -> list[JsonObject]:
         """``/v1/models``: every instance id and alias (docs/deployments.md, "Routing")."""
-        deployments = self.runtime.deployments
+        deployments = self.fleet.deployments
         if deployments is None:
             return []
         entries: list[JsonObject] = []

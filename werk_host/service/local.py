@@ -73,13 +73,13 @@ from werk_host.service.cache import Shared
 from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats, MetricsReading
 from werk_host.service.cursors import CursorCodec
+from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, state_seats
 from werk_host.service.handoffs import HandoffRecord, HandoffRegistry, HandoffReservation
 from werk_host.service.leases import MemoryLeases
 from werk_host.service.planning import ChatPlanning
 from werk_host.service.policy import gate, resolve_prefill_policy
 from werk_host.service.principals import Authenticator, Principal
-from werk_host.service.runtime import BackendRuntime
 from werk_host.service.scope import RequestScope
 from werk_host.service.states import StateCatalog
 from werk_host.store import StateRecord, StateStore
@@ -113,7 +113,7 @@ class LocalControlService:
     def __init__(
         self,
         *,
-        runtime: BackendRuntime,
+        fleet: Fleet,
         auth: Authenticator,
         store: StateStore,
         memory: MemoryManager,
@@ -121,8 +121,8 @@ class LocalControlService:
         cursor_secret: bytes,
         gate: InferenceGate | None = None,
     ) -> None:
-        self.runtime = runtime
-        self.hooks = runtime.hooks
+        self.fleet = fleet
+        self.hooks = fleet.hooks
         self.auth = auth
         self.store = store
         self.memory_manager = memory
@@ -134,7 +134,7 @@ class LocalControlService:
         self.inference_gate = gate
         self.leases = MemoryLeases(memory, self.hooks)
         self.capability_resolver = CapabilityResolver(self.hooks, self._host_evidence)
-        self.planning = ChatPlanning(runtime, self.hooks, self.capability_resolver)
+        self.planning = ChatPlanning(fleet, self.hooks, self.capability_resolver)
         self.states = StateCatalog(
             store=store,
             hooks=self.hooks,
@@ -237,14 +237,14 @@ class LocalControlService:
         )
 
     def _ready_adapters(self) -> list[Adapter]:
-        deployments = self.runtime.deployments
-        candidates = [i.peek() for i in deployments.instances.values()] if deployments else [self.runtime.adapter]
+        deployments = self.fleet.deployments
+        candidates = [i.peek() for i in deployments.instances.values()] if deployments else [self.fleet.adapter]
         return [a for a in candidates if a is not None]
 
     def deployments(self) -> Deployments:
-        if self.runtime.deployments is None:
+        if self.fleet.deployments is None:
             return Deployments(inventory=[], plans=[], slots=[])
-        return deployment_report(self.runtime.deployments, self.hooks)
+        return deployment_report(self.fleet.deployments, self.hooks)
 
     # -- states (werk_host/service/states.py) ------------------------------------------------
     def list_states(self, scope: RequestScope, query: StateListQuery) -> Shared[StatePage]:
@@ -291,7 +291,7 @@ class LocalControlService:
 
     def _prefill(self, scope: RequestScope, request: PrefillRequest, seat: Callable[[], None]) -> PrefillResult:
         principal = scope.principal
-        policy, opted_in = resolve_prefill_policy(request, self.runtime.config.persistence)
+        policy, opted_in = resolve_prefill_policy(request, self.fleet.config.persistence)
         started = scope.started()
         self._gate(scope, started, CapabilityId.PD_PREFILL, opted_in)
         self._gate(scope, started, CapabilityId.PD_HANDOFF, opted_in)
@@ -556,7 +556,7 @@ class LocalControlService:
                 continue
             states[Tier.DISK.value] = states.get(Tier.DISK.value, 0) + 1
             state_bytes[Tier.DISK.value] = state_bytes.get(Tier.DISK.value, 0) + (entry.bytes or 0)
-        deployments = self.runtime.deployments
+        deployments = self.fleet.deployments
         instances = {i: s.value for i, s in deployments.states().items()} if deployments is not None else {}
         return MetricsReading(
             handoffs_live=self.handoffs.live_count(),

@@ -35,9 +35,9 @@ from werk_host.protocol import (
 )
 from werk_host.service.admission import estimate_input_tokens
 from werk_host.service.capabilities import CapabilityResolver
+from werk_host.service.fleet import Fleet
 from werk_host.service.policy import gate
 from werk_host.service.reasoning import resolved_request, unsupported_profile
-from werk_host.service.runtime import BackendRuntime
 from werk_host.service.scope import RequestScope, no_backend
 
 
@@ -48,14 +48,14 @@ def _minimum(values: Sequence[int | None]) -> int | None:
 class ChatPlanning:
     """The four ``/werk/v1/chat/*`` operations over the deployment set."""
 
-    def __init__(self, runtime: BackendRuntime, hooks: BackendHooks, resolver: CapabilityResolver) -> None:
-        self.runtime = runtime
+    def __init__(self, fleet: Fleet, hooks: BackendHooks, resolver: CapabilityResolver) -> None:
+        self.fleet = fleet
         self.hooks = hooks
         self.resolver = resolver
 
     # -- which instances a request names ----------------------------------------------------
     def _replicas(self, scope: RequestScope, model: str | None) -> tuple[Instance | None, ...]:
-        deployments = self.runtime.deployments
+        deployments = self.fleet.deployments
         if model is None or deployments is None:
             if model is not None and model not in scope.model_ids():
                 raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
@@ -67,7 +67,7 @@ class ChatPlanning:
 
     def _one(self, scope: RequestScope, model: str | None) -> RequestScope:
         """The request on the one instance ``model`` names (without advancing an alias)."""
-        deployments = self.runtime.deployments
+        deployments = self.fleet.deployments
         if model is None or deployments is None:
             return scope.on(self._replicas(scope, model)[0])
         return scope.on(deployments.route(model, advance=False))

@@ -125,7 +125,7 @@ class ConformanceHost:
 
     @property
     def adapter(self) -> Adapter:
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert adapter is not None, "the host activated no adapter for the target's model"
         return adapter
 
@@ -156,7 +156,7 @@ class ConformanceHost:
         return out
 
     def probe_on_use(self, cap_id: CapabilityId) -> bool:
-        report = (self.host.runtime.hooks.capabilities(self.adapter) or {}).get(cap_id)
+        report = (self.host.fleet.hooks.capabilities(self.adapter) or {}).get(cap_id)
         return report is not None and report.probe_on_use
 
 

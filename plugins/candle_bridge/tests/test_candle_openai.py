@@ -48,7 +48,7 @@ class Env:
 
     @property
     def adapter(self) -> CandleAdapter:
-        adapter = self.live.host.runtime.adapter
+        adapter = self.live.host.fleet.adapter
         assert isinstance(adapter, CandleAdapter)
         return adapter
 

@@ -84,7 +84,7 @@ class Env:
         return self.call("POST", "/v1/chat/completions", body)
 
     def adapter(self, instance: str) -> CandleAdapter:
-        deployments = self.host.runtime.deployments
+        deployments = self.host.fleet.deployments
         assert deployments is not None
         adapter = deployments.instances[instance].peek()
         assert isinstance(adapter, CandleAdapter), f"instance {instance} is not ready"
@@ -96,7 +96,7 @@ class Env:
         return str(next(i for i in doc["data"]["inventory"] if i["id"] == instance)["state"])
 
     def adapter_gone(self, instance: str) -> bool:
-        deployments = self.host.runtime.deployments
+        deployments = self.host.fleet.deployments
         assert deployments is not None
         return deployments.instances[instance].peek() is None
 

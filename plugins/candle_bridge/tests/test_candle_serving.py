@@ -49,7 +49,7 @@ def _statuses(live: LiveHost) -> dict[str, dict[str, Any]]:
 
 
 def _adapter(live: LiveHost) -> CandleAdapter:
-    adapter = live.host.runtime.adapter
+    adapter = live.host.fleet.adapter
     assert isinstance(adapter, CandleAdapter)
     return adapter
 

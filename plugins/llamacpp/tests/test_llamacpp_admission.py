@@ -72,7 +72,7 @@ class Env:
 
     @property
     def adapter(self) -> LlamaCppAdapter:
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert isinstance(adapter, LlamaCppAdapter)
         return adapter
 
@@ -233,7 +233,7 @@ def test_every_admission_around_the_limit_matches_the_exact_rule(env: Env) -> No
 
 
 def test_the_bound_is_above_the_exact_count_for_varied_requests(env: Env) -> None:
-    hooks = env.host.runtime.hooks
+    hooks = env.host.fleet.hooks
     evidence = calibrate(env.adapter, hooks.count_tokens)
     assert evidence is not None
     pieces = ["hello", " ", "\n", "漢字", "🙂", "0123", "the", "<|im_end|>", "<s>", "é", "\t", "x", "ab", "  "]
@@ -268,7 +268,7 @@ def test_a_template_that_repeats_content_gets_no_bound(
     tmp_path: Path, llama_server_path: Path, tiny_model: Path, recorded: list[str]
 ) -> None:
     with serving(tmp_path, llama_server_path, tiny_model, recorded, TWICE_TEMPLATE) as env:
-        assert calibrate(env.adapter, env.host.runtime.hooks.count_tokens) is None
+        assert calibrate(env.adapter, env.host.fleet.hooks.count_tokens) is None
         env.chat(_fresh("the first admission calibrates, and finds no bound"), 2)
         for _ in range(2):
             messages = _fresh("far below the limit")
@@ -292,7 +292,7 @@ def test_reported_prompt_tokens_above_the_bound_withdraw_it(
         magic = [{"role": "user", "content": "magic " + "0123456789" * 10}]
         status, body = env.chat(magic, 2)
         assert status == 200 and env.take() == [], body  # admitted on the bound ...
-        bound = calibrate(env.adapter, env.host.runtime.hooks.count_tokens)
+        bound = calibrate(env.adapter, env.host.fleet.hooks.count_tokens)
         assert bound is not None
         shape = plain_shape(ChatRequest.model_validate({"messages": magic}))
         assert shape is not None and body["usage"]["prompt_tokens"] > bound.bound(shape)  # ... which it broke

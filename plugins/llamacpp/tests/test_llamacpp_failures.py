@@ -45,7 +45,7 @@ class Env:
 
     @property
     def adapter(self) -> LlamaCppAdapter:
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert isinstance(adapter, LlamaCppAdapter)
         return adapter
 
@@ -150,7 +150,7 @@ def test_a_stopped_child_leaves_the_inventory_answering_and_v1_failing_within_th
     status, before = env.api.get("/werk/v1/deployments")
     assert status == 200
     pid = env.child_pid()
-    deployments = env.host.runtime.deployments
+    deployments = env.host.fleet.deployments
     assert deployments is not None
     deployments.watch.fresh_s = 0.0  # every listing asks the child again
     listing = Api(env.base, KEY, timeout=4.0)  # below the 5 s an unbounded slot read took

@@ -103,7 +103,7 @@ class Env:
 
     @property
     def adapter(self) -> LlamaCppAdapter:
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert isinstance(adapter, LlamaCppAdapter)
         return adapter
 

@@ -87,6 +87,6 @@ def test_good_options_pass_the_check(tmp_path: Path, model: Path) -> None:
     profile = _profile(tmp_path, model, "parallel = 2, ctx = 4096, threads = 1, warmup_tokens = 0, slot_wait_s = 2.5")
     host = _build(tmp_path / "home", profile)
     try:
-        assert host.runtime.deployments is not None and list(host.runtime.deployments.instances) == ["tiny"]
+        assert host.fleet.deployments is not None and list(host.fleet.deployments.instances) == ["tiny"]
     finally:
         host.close()

@@ -159,7 +159,7 @@ def test_capabilities_do_not_expose_the_child_pid(tmp_path: Path, llama_server_p
     host = build_host(config(home, llama_server_path))
     with running(host) as base:
         api = Api(base, KEY)
-        adapter = host.runtime.adapter
+        adapter = host.fleet.adapter
         assert isinstance(adapter, LlamaCppAdapter)
         proc = adapter.current()
         assert proc is not None and proc.pid is not None
@@ -215,7 +215,7 @@ def test_a_starting_adapter_stops_the_stale_children_it_owns(
             assert stale.wait(timeout=5) in (0, -signal.SIGTERM)
             assert not stale_dir.exists() and not any(p.exists() for p in reused)
             assert not gone(sleeper, timeout=0.3)  # never signalled
-            adapter = host.runtime.adapter
+            adapter = host.fleet.adapter
             assert isinstance(adapter, LlamaCppAdapter)
             own = adapter.current()
             assert own is not None and own.run_dir is not None

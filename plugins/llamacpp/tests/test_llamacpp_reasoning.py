@@ -101,7 +101,7 @@ class Env:
         return self.call("POST", "/v1/chat/completions", {**body, **extra})
 
     def adapter(self, instance: str) -> LlamaCppAdapter:
-        deployments = self.host.runtime.deployments
+        deployments = self.host.fleet.deployments
         assert deployments is not None
         adapter = deployments.instances[instance].peek()
         assert isinstance(adapter, LlamaCppAdapter)

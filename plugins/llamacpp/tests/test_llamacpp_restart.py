@@ -55,7 +55,7 @@ class Session:
     @property
     def adapter(self) -> LlamaCppAdapter:
         assert self.host is not None
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert isinstance(adapter, LlamaCppAdapter)
         return adapter
 

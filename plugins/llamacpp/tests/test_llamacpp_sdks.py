@@ -253,7 +253,7 @@ class Local:
     api: Api
 
     def child(self, path: str) -> Any:
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert isinstance(adapter, LlamaCppAdapter)
         proc = adapter.current()
         assert proc is not None and proc.port is not None

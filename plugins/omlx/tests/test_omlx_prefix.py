@@ -75,7 +75,7 @@ def test_persistence_reuses_exact_prefixes_without_changing_output(
         assert b["choices"][0]["message"]["content"] == stock(moe_f32, second, 8)
         assert again["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
 
-        adapter = live.host.runtime.adapter
+        adapter = live.host.fleet.adapter
         assert isinstance(adapter, OmlxAdapter)
         (worker,) = adapter.live_workers()
         entries = cache_list(home)
@@ -102,6 +102,6 @@ def test_without_auto_or_disk_reuse_nothing_is_cached(
         chat(live, messages)
         doc = chat(live, messages)
         assert doc["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        adapter = live.host.runtime.adapter
+        adapter = live.host.fleet.adapter
         assert isinstance(adapter, OmlxAdapter)
         assert adapter.live_workers()[0].status()["prefix_cache"] is None

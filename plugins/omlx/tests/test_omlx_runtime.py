@@ -76,7 +76,7 @@ def test_a_platform_without_mlx_wheels_loads_the_plugin_and_says_why(
         caps = statuses(live.api)
         assert caps["runtime.experts.residency"]["status"] == "unavailable"
         assert "no wheel for win32" in caps["runtime.experts.residency"]["detail"]
-        adapter = live.host.runtime.adapter
+        adapter = live.host.fleet.adapter
         assert isinstance(adapter, OmlxAdapter) and adapter.runtime is None
     runtime.clear_probe_cache()
 

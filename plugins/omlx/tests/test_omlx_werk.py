@@ -32,7 +32,7 @@ MESSAGES = [{"role": "user", "content": "Which experts are hot today? Tell me ab
 
 
 def adapter_of(live: LiveHost) -> OmlxAdapter:
-    adapter = live.host.runtime.adapter
+    adapter = live.host.fleet.adapter
     assert isinstance(adapter, OmlxAdapter)
     return adapter
 

@@ -77,7 +77,7 @@ class Env:
 
     @property
     def adapter(self) -> VllmAdapter:
-        adapter = self.host.runtime.adapter
+        adapter = self.host.fleet.adapter
         assert isinstance(adapter, VllmAdapter)
         return adapter
 

@@ -2,7 +2,7 @@
 
 The HTTP layer resolves every request's instance once (``X-Werk-Deployment`` on control
 routes, ``model`` on ``/v1`` and chat planning; docs/deployments.md, "Routing") into a
-:class:`~werk_host.service.scope.RequestScope` (:meth:`BackendRuntime.scope`) that is passed
+:class:`~werk_host.service.scope.RequestScope` (:meth:`Fleet.scope`) that is passed
 explicitly to the service; nothing here depends on which request is running. :attr:`adapter`
 and :attr:`model` are the *default* instance's (a single-model host's one instance).
 """
@@ -25,7 +25,7 @@ from werk_host.service.scope import RequestScope
 log = logging.getLogger(__name__)
 
 
-class BackendRuntime:
+class Fleet:
     """The plugin host, its typed hook facade, and the deployment set (or none)."""
 
     def __init__(self, plugins: PluginHost, config: HostConfig) -> None:
