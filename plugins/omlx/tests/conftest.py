@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from werk_omlx.adapter import ENV_BUDGET
-from werk_omlx.runtime import ENV_PYTHON, mlx_platform
+from werk_omlx.interpreter import ENV_PYTHON, mlx_platform
 from werk_omlx.testing.testmodel import TINY, generate
 
 from werk_host.plugin import ModelManifest

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from werk_omlx import doctor
-from werk_omlx.runtime import apple_silicon
+from werk_omlx.interpreter import apple_silicon
 
 from werk_host.plugin import DoctorCheck, HostConfig
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from conftest import manifest_of
-from werk_omlx import plugin, runtime
+from werk_omlx import interpreter, plugin
 from werk_omlx.adapter import OmlxAdapter
 from werk_omlx.cli import find_omlx
-from werk_omlx.runtime import apple_silicon
+from werk_omlx.interpreter import apple_silicon
 
 from werk_host.plugin import ModelManifest
 from werk_host.testing.hosts import serving
@@ -45,7 +45,7 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_an_interpreter_without_mlx_is_reported_unavailable_with_the_reason(tmp_path: Path, bare_python: Path) -> None:
-    runtime.clear_probe_cache()
+    interpreter.clear_probe_cache()
     with serving(
         tmp_path / "home", plugin=plugin, plugin_name="omlx", model=fake_model(tmp_path / "m"), api_keys=(KEY,),
         backend_options={"python": str(bare_python)},
@@ -67,9 +67,9 @@ def test_an_interpreter_without_mlx_is_reported_unavailable_with_the_reason(tmp_
 def test_a_platform_without_mlx_wheels_loads_the_plugin_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runtime.sys, "platform", "win32")
-    runtime.clear_probe_cache()
-    assert runtime.mlx_platform() is not None
+    monkeypatch.setattr(interpreter.sys, "platform", "win32")
+    interpreter.clear_probe_cache()
+    assert interpreter.mlx_platform() is not None
     with serving(
         tmp_path / "home", plugin=plugin, plugin_name="omlx", model=fake_model(tmp_path / "m"), api_keys=(KEY,)
     ) as live:
@@ -77,8 +77,8 @@ def test_a_platform_without_mlx_wheels_loads_the_plugin_and_says_why(
         assert caps["runtime.experts.residency"]["status"] == "unavailable"
         assert "no wheel for win32" in caps["runtime.experts.residency"]["detail"]
         adapter = live.host.fleet.adapter
-        assert isinstance(adapter, OmlxAdapter) and adapter.runtime is None
-    runtime.clear_probe_cache()
+        assert isinstance(adapter, OmlxAdapter) and adapter.mlx is None
+    interpreter.clear_probe_cache()
 
 
 def test_an_omlx_command_outside_apple_silicon_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """The oMLX adapter: one MLX checkpoint served by Werk-owned MLX workers (or the oMLX CLI on a Mac).
 
-Creating an adapter starts nothing: it resolves the runtime (:mod:`werk_omlx.runtime`) and
+Creating an adapter starts nothing: it resolves the MLX interpreter (:mod:`werk_omlx.interpreter`) and
 reads the model's ``config.json``. The first inference starts a worker
 (:mod:`werk_omlx.workers`); routes that only observe (capabilities, expert listing and
 actions, token counting) never start one, so they never load a model.
@@ -70,8 +70,8 @@ from werk_host.plugin.reasoning import unsupported_profile
 
 from . import experts
 from .cli import OmlxCliServer, OmlxCliStartupError, find_omlx
+from .interpreter import MlxInterpreter, MlxUnavailable, probe_interpreter, worker_python
 from .options import MIB, ChatOptions, validated_options
-from .runtime import MlxRuntime, RuntimeUnavailable, probe_interpreter, worker_python
 from .workers import WorkerProcess, WorkerSpec, WorkerStartupError
 
 log = logging.getLogger(__name__)
@@ -147,14 +147,14 @@ class OmlxAdapter:
         config: HostConfig,
         manifest: ModelManifest,
         settings: Settings,
-        runtime: MlxRuntime | None,
+        mlx: MlxInterpreter | None,
         why_not: str | None,
         cli: Path | None,
     ) -> None:
         self.config = config
         self.manifest = manifest
         self.settings = settings
-        self.runtime = runtime
+        self.mlx = mlx
         self.why_not = why_not
         self.cli = cli
         self.model_dir = manifest.primary_path.parent
@@ -199,18 +199,18 @@ class OmlxAdapter:
         if server is not None:
             server.stop()
 
-    def _require_runtime(self) -> MlxRuntime:
+    def _require_mlx(self) -> MlxInterpreter:
         if self.closed:
             raise _unavailable("the oMLX adapter is shut down", retryable=False)
-        if self.runtime is None:
+        if self.mlx is None:
             raise _unavailable(self.why_not or "no MLX runtime is available here", retryable=False)
-        return self.runtime
+        return self.mlx
 
     def worker(self, budget: int | None) -> WorkerProcess:
         """The running worker for ``budget``, starting one (the model loads) when none runs.
 
         Starts are serialised; discovery never waits for one (it reads the worker table only)."""
-        runtime = self._require_runtime()
+        mlx = self._require_mlx()
         with self._start_lock:
             with self._lock:
                 current = self._workers.get(budget)
@@ -227,7 +227,7 @@ class OmlxAdapter:
                 log.info("stopping MLX worker %s to make room for another expert-cache budget", victim.generation[:8])
                 victim.stop()
             spec = WorkerSpec(
-                runtime=runtime,
+                mlx=mlx,
                 model_dir=self.model_dir,
                 model_name=self.manifest.name,
                 budget_bytes=budget,
@@ -285,7 +285,7 @@ class OmlxAdapter:
         if self.cli is not None:
             return reports | self._cli_capabilities()
         live = self.live_workers()
-        if self.runtime is None:
+        if self.mlx is None:
             why = self.why_not or "no MLX runtime is available here"
             for cap_id in (CapabilityId.MODEL_RESIDENCY, CapabilityId.EXPERTS, *CHAT_CAPABILITIES):
                 reports[cap_id] = CapabilityReport(CapabilityStatus.UNAVAILABLE, why)
@@ -367,7 +367,7 @@ class OmlxAdapter:
         """Exact prompt tokens from a running worker (any budget: same tokenizer); never starts one."""
         if self.cli is not None:
             raise WerkError(ErrorCode.UNSUPPORTED, "token counting is not supported through the oMLX CLI")
-        self._require_runtime()
+        self._require_mlx()
         live = self.live_workers()
         if not live:
             raise _unavailable("no MLX worker is running to count with; the first chat request starts one")
@@ -533,11 +533,11 @@ def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> OmlxAd
     except FileNotFoundError as err:
         log.error("%s", err)
         raise _unavailable("the configured omlx executable is not an executable file", retryable=False) from err
-    runtime: MlxRuntime | None = None
+    mlx: MlxInterpreter | None = None
     why_not: str | None = None
     if cli is None:
         try:
-            runtime = probe_interpreter(worker_python(settings.python))
-        except RuntimeUnavailable as err:
+            mlx = probe_interpreter(worker_python(settings.python))
+        except MlxUnavailable as err:
             why_not = err.reason
-    return OmlxAdapter(config, manifest, settings, runtime, why_not, cli)
+    return OmlxAdapter(config, manifest, settings, mlx, why_not, cli)

@@ -19,7 +19,7 @@ from werk_host.plugin.http import ConnectionPool
 from werk_host.plugin.process import BackendStartupError, find_executable
 from werk_host.plugin.workers import WorkerRun
 
-from .runtime import apple_silicon
+from .interpreter import apple_silicon
 
 log = logging.getLogger(__name__)
 

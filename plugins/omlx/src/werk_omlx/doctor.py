@@ -8,7 +8,7 @@
   ``omlx.python`` option, ``WERK_OMLX_PYTHON``, else this interpreter), read from package
   metadata without importing MLX; another interpreter answers a one-line metadata query
   bounded by :data:`PROBE_TIMEOUT_S`. ``fail`` when either is missing or outside the pinned
-  :data:`werk_omlx.runtime.SERIES`.
+  :data:`werk_omlx.interpreter.SERIES`.
 * ``omlx.cli`` (macOS on Apple silicon only): whether ``omlx`` is found (``warn`` when not: the
   worker serves instead).
 """
@@ -26,7 +26,7 @@ from werk_host.plugin import DoctorCheck, HostConfig
 
 from .adapter import PLUGIN_NAME
 from .cli import ENV_EXECUTABLE, find_omlx
-from .runtime import ENV_PYTHON, SERIES, apple_silicon, mlx_platform, worker_python
+from .interpreter import ENV_PYTHON, SERIES, apple_silicon, mlx_platform, worker_python
 
 PROBE_TIMEOUT_S = 15.0
 INSTALL_FIX = f"pip install 'werk-omlx' (brings mlx and mlx-lm {SERIES}x: mlx[cpu] on Linux, mlx on Apple silicon)"

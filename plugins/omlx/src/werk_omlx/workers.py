@@ -27,7 +27,7 @@ from werk_host.plugin.http import ConnectionPool
 from werk_host.plugin.process import BackendStartupError
 from werk_host.plugin.workers import WorkerRun
 
-from .runtime import MlxRuntime
+from .interpreter import MlxInterpreter
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class WorkerStartupError(BackendStartupError):
 class WorkerSpec:
     """Everything that decides what a worker serves and how it starts."""
 
-    runtime: MlxRuntime
+    mlx: MlxInterpreter
     model_dir: Path
     model_name: str
     #: the expert cache budget, or ``None`` for no offload
@@ -100,7 +100,7 @@ class WorkerProcess:
 
     def argv(self, run_dir: Path) -> list[str]:
         spec = self.spec
-        argv = [str(spec.runtime.python), "-m", "werk_omlx.worker"]
+        argv = [str(spec.mlx.python), "-m", "werk_omlx.worker"]
         argv += ["--model-dir", str(spec.model_dir), "--model-name", spec.model_name, "--port", str(self.port)]
         if spec.budget_bytes is not None:
             argv += ["--expert-cache-bytes", str(spec.budget_bytes)]

@@ -9,7 +9,7 @@ Two paths exist (docs/omlx.md):
 
 :func:`probe_interpreter` runs the interpreter once (cached by path, size and mtime) to read
 MLX's and mlx-lm's versions without importing MLX into ``werk serve``. The outcome is a
-:class:`MlxRuntime` or a reason that names no path (paths go to the log only).
+:class:`MlxInterpreter` or a reason that names no path (paths go to the log only).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def apple_silicon() -> bool:
 
 
 @dataclass(frozen=True)
-class MlxRuntime:
+class MlxInterpreter:
     """An interpreter that runs the worker: MLX and mlx-lm versions and the default device."""
 
     python: Path
@@ -67,7 +67,7 @@ class MlxRuntime:
     device: str
 
 
-class RuntimeUnavailable(Exception):
+class MlxUnavailable(Exception):
     """No MLX runtime here; ``reason`` names no path."""
 
     def __init__(self, reason: str) -> None:
@@ -75,7 +75,7 @@ class RuntimeUnavailable(Exception):
         self.reason = reason
 
 
-_cache: dict[tuple[str, int, int], MlxRuntime | RuntimeUnavailable] = {}
+_cache: dict[tuple[str, int, int], MlxInterpreter | MlxUnavailable] = {}
 _cache_lock = threading.Lock()
 
 
@@ -85,16 +85,16 @@ def worker_python(explicit: str | None) -> Path:
     return Path(raw).expanduser()
 
 
-def probe_interpreter(python: Path) -> MlxRuntime:
-    """The MLX runtime of ``python`` (cached); raises :class:`RuntimeUnavailable` with the reason."""
+def probe_interpreter(python: Path) -> MlxInterpreter:
+    """The MLX runtime of ``python`` (cached); raises :class:`MlxUnavailable` with the reason."""
     why = mlx_platform()
     if why is not None:
-        raise RuntimeUnavailable(why)
+        raise MlxUnavailable(why)
     try:
         st = python.stat()
     except OSError as err:
         log.error("the MLX worker interpreter %s is not there: %s", python, err)
-        raise RuntimeUnavailable("the configured MLX worker interpreter does not exist") from err
+        raise MlxUnavailable("the configured MLX worker interpreter does not exist") from err
     key = (str(python), st.st_size, st.st_mtime_ns)
     with _cache_lock:
         known = _cache.get(key)
@@ -102,12 +102,12 @@ def probe_interpreter(python: Path) -> MlxRuntime:
         known = _probe(python)
         with _cache_lock:
             _cache[key] = known
-    if isinstance(known, RuntimeUnavailable):
+    if isinstance(known, MlxUnavailable):
         raise known
     return known
 
 
-def _probe(python: Path) -> MlxRuntime | RuntimeUnavailable:
+def _probe(python: Path) -> MlxInterpreter | MlxUnavailable:
     try:
         done = subprocess.run(
             [str(python), "-c", _PROBE],
@@ -119,24 +119,24 @@ def _probe(python: Path) -> MlxRuntime | RuntimeUnavailable:
         found = json.loads(done.stdout.decode().strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
         log.error("probing the MLX worker interpreter %s failed: %s", python, err)
-        return RuntimeUnavailable("the MLX worker interpreter could not be run")
+        return MlxUnavailable("the MLX worker interpreter could not be run")
     if not isinstance(found, dict):
-        return RuntimeUnavailable("the MLX worker interpreter could not be run")
+        return MlxUnavailable("the MLX worker interpreter could not be run")
     if "error" in found:
         log.warning("MLX does not import under %s (%s)", python, found["error"])
-        return RuntimeUnavailable(
+        return MlxUnavailable(
             "MLX and mlx-lm are not importable by the worker interpreter (install werk-omlx, which brings "
             "mlx[cpu] on Linux or mlx on Apple silicon, or set omlx.python)"
         )
     if not found.get("werk_omlx"):
-        return RuntimeUnavailable("the worker interpreter does not have werk-omlx installed")
+        return MlxUnavailable("the worker interpreter does not have werk-omlx installed")
     mlx, mlx_lm = str(found.get("mlx", "")), str(found.get("mlx_lm", ""))
     if not (mlx.startswith(SERIES) and mlx_lm.startswith(SERIES)):
-        return RuntimeUnavailable(
+        return MlxUnavailable(
             f"the worker needs mlx and mlx-lm {SERIES}x (found mlx {mlx}, mlx-lm {mlx_lm}): its expert "
             "offload uses mlx-lm internals of that series"
         )
-    return MlxRuntime(python, mlx, mlx_lm, str(found.get("device", "")))
+    return MlxInterpreter(python, mlx, mlx_lm, str(found.get("device", "")))
 
 
 def clear_probe_cache() -> None:
