@@ -134,10 +134,11 @@ class LlamaCppAdapter(StateOperations):
         return last_flag_value(proc.argv[1:], _MEDIA_FLAGS) is not None
 
     def count_tokens(self, request: ChatRequest) -> int:
-        # the cache key: the JSON of the very body counted (equal bodies serialize equally), as
-        # is when short, else its digest (a JSON text never looks like a hex digest)
-        text = request.model_dump_json(exclude_none=True, exclude=_NOT_COUNTED)
-        key = text if len(text) <= _KEY_TEXT_MAX else hashlib.sha256(text.encode()).hexdigest()
+        # the cache key: the JSON of the very body counted (equal bodies serialize equally, by
+        # the model's own serializer), as is when short, else "#" and its digest (no JSON text
+        # starts with "#")
+        text = request.__pydantic_serializer__.to_json(request, exclude_none=True, exclude=_NOT_COUNTED)
+        key = text if len(text) <= _KEY_TEXT_MAX else b"#" + hashlib.sha256(text).digest()
         # a hit reads without the lock: each OrderedDict call on str keys is one step under the
         # interpreter lock, and a key evicted meanwhile only skips its refresh
         count = self._count_cache.get(key)

@@ -97,7 +97,7 @@ class LlamaServerCore:
         self._probes: dict[str, ProbeResult] = {}
         self._model_files: dict[str, str] = {}
         self._slot_owner: str | None = None
-        self._count_cache: OrderedDict[str, int] = OrderedDict()
+        self._count_cache: OrderedDict[bytes, int] = OrderedDict()
         self._exited: set[str] = set()  # generations whose child exited (:meth:`_watch`)
         self._proxy_pools: dict[str, ConnectionPool] = {}
         self._limits: tuple[tuple[str | None, str | None], ChatLimits] | None = None
