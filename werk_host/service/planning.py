@@ -82,7 +82,8 @@ class ChatPlanning:
         """The scope's adapter for an operation (started), gated on ``cap_id``."""
         adapter = scope.started()
         report = self.resolver.one(adapter, cap_id, scope.instance)
-        gate(cap_id, report.status, report.detail, False, probe_on_use=report.probe_on_use)
+        if report.status is not CapabilityStatus.SUPPORTED:  # what gate() passes at once
+            gate(cap_id, report.status, report.detail, False, probe_on_use=report.probe_on_use)
         if adapter is None:
             raise no_backend(what)
         return adapter
