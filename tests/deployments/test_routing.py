@@ -318,6 +318,19 @@ def test_factory_for_an_unknown_backend_is_not_chosen() -> None:
     assert choose_factory(factories, ModelManifest("alpha", (), None, {}), None) is factories[0]
 
 
+def test_two_accepting_backends_without_an_explicit_one_are_an_error_naming_both() -> None:
+    from werk_host.deployments.registry import BackendTie, choose_factory
+
+    first = AdapterFactory("one", lambda m: True, lambda c, m: MemoryAdapter("x"), plugin_name="p1")
+    second = AdapterFactory("two", lambda m: True, lambda c, m: MemoryAdapter("x"), plugin_name="p2")
+    unpinned = ModelManifest("alpha", (), None, {})
+    with pytest.raises(BackendTie) as tie:
+        choose_factory([first, second], unpinned, None)
+    assert "one (plugin p1)" in str(tie.value) and "two (plugin p2)" in str(tie.value)
+    assert choose_factory([first, second], unpinned, "two") is second  # an explicit backend wins
+    assert choose_factory([first, second], ModelManifest("alpha", (), "p1", {}), None) is first
+
+
 def test_werk_runtime_selects_an_instance_with_deployment(
     env: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:

@@ -73,23 +73,39 @@ def profile_for(config: HostConfig) -> DeploymentProfile | None:
 def choose_factory(
     factories: Iterable[AdapterFactory], manifest: ModelManifest, backend: str | None
 ) -> AdapterFactory | None:
-    """The factory serving ``manifest``: the named backend (or the manifest's), else the first
-    installed one that accepts the model."""
+    """The factory serving ``manifest`` (docs/plugin-kit.md, "Which backend serves a model"): the
+    named backend (or the manifest's) when there is one; otherwise the one installed factory
+    that accepts the model. ``None`` when none does; two or more accepting factories without an
+    explicit backend are a :class:`BackendTie` naming them all (never a silent pick)."""
     wanted = backend or manifest.backend
-    for factory in factories:
-        if wanted is not None:
-            if wanted in (factory.backend, factory.owner):
-                return factory
-        elif factory.accepts(manifest):
-            return factory
-    return None
+    if wanted is not None:
+        return next((f for f in factories if wanted in (f.backend, f.owner)), None)
+    accepting = [f for f in factories if f.accepts(manifest)]
+    if len(accepting) > 1:
+        raise BackendTie(manifest.name, accepting)
+    return accepting[0] if accepting else None
+
+
+class BackendTie(ValueError):
+    """More than one installed backend accepts a model and none was named."""
+
+    def __init__(self, model: str, factories: list[AdapterFactory]) -> None:
+        names = ", ".join(_named(f) for f in factories)
+        super().__init__(
+            f"model {model} is accepted by more than one installed backend ({names}); name one with "
+            f'werk models add NAME PATH --backend NAME or the profile instance\'s backend = "NAME"'
+        )
+
+
+def _named(factory: AdapterFactory) -> str:
+    return factory.backend if factory.backend == factory.owner else f"{factory.backend} (plugin {factory.owner})"
 
 
 def installed_backends(factories: Iterable[AdapterFactory]) -> str:
     """What an unknown backend's error says: the backend ids the loaded plugins offer (with
     the plugin's name where it differs) and how to install another (``pip install werk-NAME``,
     docs/operations.md, "Start-up")."""
-    named = (f.backend if f.backend == f.owner else f"{f.backend} (plugin {f.owner})" for f in factories)
+    named = (_named(f) for f in factories)
     offered = list(dict.fromkeys(named))
     have = f"installed backends: {', '.join(offered)}" if offered else "no backend plugin is installed"
     return f"{have}; install one with pip install werk-NAME, e.g. pip install werk-llamacpp"
@@ -138,7 +154,10 @@ class DeploymentSet:
                 manifest = registry.resolve(spec.model)
             except WerkError as err:
                 raise ProfileError(f"{self.profile.source}: instance {spec.id}: {err.message}") from err
-        factory = choose_factory(factories, manifest, spec.backend)
+        try:
+            factory = choose_factory(factories, manifest, spec.backend)
+        except BackendTie as err:
+            raise ProfileError(f"{self.profile.source}: instance {spec.id}: {err}") from err
         if factory is None:
             wanted = spec.backend or manifest.backend or "any installed backend"
             raise ProfileError(
