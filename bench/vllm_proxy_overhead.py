@@ -41,7 +41,7 @@ from werk_vllm.testing import testmodel  # noqa: E402
 
 from werk_host.config import HostConfig  # noqa: E402
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
-from werk_host.plugins import PluginHost  # noqa: E402
+from werk_host.pluginhost import PluginHost  # noqa: E402
 from werk_host.server import build_host  # noqa: E402
 from werk_host.testing.hosts import running  # noqa: E402
 

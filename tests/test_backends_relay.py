@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from werk_host.backend import client_disconnected
 from werk_host.backends.managed import free_port
 from werk_host.backends.relay import ClientGone, ConnectionPool, client_refusal, forward, post_json
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.seam import client_disconnected
 
 KEY = "sk-relay-upstream-0123456789"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from werk_host.backend import Adapter
 from werk_host.models import ModelManifest
 from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.seam import Adapter
 from werk_host.testing.conformance import ConformanceHost, ConformanceTarget, WerkConformance
 from werk_host.testing.reference import BACKEND_ID, EXPERIMENTAL_STATE, MemoryAdapter, MemoryBackendPlugin
 
@@ -88,7 +88,7 @@ class TestReferenceUnavailable(WerkConformance):
 SUITE = """
 import pytest
 from werk_host import hookimpl
-from werk_host.backend import CapabilityReport
+from werk_host.seam import CapabilityReport
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
 from werk_host.protocol import CapabilityId, CapabilityStatus

@@ -15,7 +15,7 @@ import pytest
 from werk_host import capdocs, hookspecs
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest
-from werk_host.plugins import OPERATION_HOOKS, hook_names
+from werk_host.pluginhost import OPERATION_HOOKS, hook_names
 from werk_host.protocol import CAPABILITY_OPERATIONS, CapabilityId, CapabilityStatus
 from werk_host.testing import pytest_plugin
 from werk_host.testing.api import Api

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from werk_host import hookimpl, hookspecs
-from werk_host.backend import DoctorCheck
 from werk_host.cli.plugins import render_inventory
 from werk_host.config import HostConfig
 from werk_host.memory.telemetry import NvmlAcceleratorSource
 from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
+from werk_host.seam import DoctorCheck
 from werk_host.testing.markers import covers_hooks
 from werk_host.testing.reference import MemoryBackendPlugin
 
@@ -217,7 +217,7 @@ API_RANGE = f"werk-host>={hookspecs.HOOK_API_VERSION},<0.{int(hookspecs.HOOK_API
 
 GOOD = """
 from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, DoctorCheck
+from werk_host.seam import AdapterFactory, DoctorCheck
 
 @hookimpl
 def werk_adapter_factories(config):

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from werk_host import hookimpl
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.cli import main
 from werk_host.config import ServerLimits
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import ChatLimits
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.gate import RETRY_AFTER, GateLimits, InferenceGate, gate_limits
 from werk_host.testing.hosts import MODEL, make_host, running
 from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from werk_host.backend import DecodeOutput, DecodeWork, PrefilledState, PrefillWork
 from werk_host.config import ServerLimits
 from werk_host.plugin import hookimpl
+from werk_host.seam import DecodeOutput, DecodeWork, PrefilledState, PrefillWork
 from werk_host.testing.hosts import MODEL, make_host, running
 from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin
 

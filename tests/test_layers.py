@@ -20,7 +20,7 @@ TABLE = ROOT / "docs" / "architecture.md"
 def layer_rows(text: str) -> list[tuple[str, list[str]]]:
     """``(layer name, [path under werk_host/ ...])`` per row of the Layers table, lowest first.
     A name without a directory in a row continues the previous entry's directory
-    (``werk_host/hookspecs.py``, ``backend.py``)."""
+    (``werk_host/hookspecs.py``, ``seam.py``)."""
     section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
     rows: list[tuple[str, list[str]]] = []
     for line in section.splitlines():

@@ -20,7 +20,21 @@ import pytest
 
 from tests.conftest import KEY
 from werk_host import hookimpl, hookspecs
-from werk_host.backend import (
+from werk_host.config import HostConfig
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.hookdocs import render
+from werk_host.hooks import BackendHooks, needed
+from werk_host.pluginhost import OPERATION_HOOKS, PluginHost, hook_names, incompatibility
+from werk_host.protocol import (
+    CapabilityId,
+    CapabilityStatus,
+    ChatRequest,
+    ExpertActionRequest,
+    ExpertListQuery,
+    TextInput,
+    Tier,
+)
+from werk_host.seam import (
     Adapter,
     AdapterFactory,
     CapabilityReport,
@@ -31,20 +45,6 @@ from werk_host.backend import (
     PrefilledState,
     PrefillWork,
     StoredStateRef,
-)
-from werk_host.config import HostConfig
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.hookdocs import render
-from werk_host.hooks import BackendHooks, needed
-from werk_host.plugins import OPERATION_HOOKS, PluginHost, hook_names, incompatibility
-from werk_host.protocol import (
-    CapabilityId,
-    CapabilityStatus,
-    ChatRequest,
-    ExpertActionRequest,
-    ExpertListQuery,
-    TextInput,
-    Tier,
 )
 from werk_host.testing.hosts import make_host
 from werk_host.testing.markers import covers_hooks
@@ -108,7 +108,7 @@ def test_no_host_call_site_names_a_hook_by_string() -> None:
 # -- discovery, versions and tolerant loading ----------------------------------------------
 GOOD_PLUGIN = """
 from werk_host import hookimpl
-from werk_host.backend import AdapterFactory
+from werk_host.seam import AdapterFactory
 
 @hookimpl
 def werk_adapter_factories(config):
@@ -396,7 +396,7 @@ def test_a_plugin_that_fails_later_answers_nothing_more() -> None:
 
 
 def test_the_private_pluggy_call_dispatch_relies_on_is_as_tested() -> None:
-    """werk_host/plugins.py runs an adapter's implementations with pluggy's private
+    """werk_host/pluginhost.py runs an adapter's implementations with pluggy's private
     ``PluginManager._hookexec`` (measured faster than the public hook call): this fails loudly
     when a pluggy release changes it, and pyproject.toml pins pluggy below 2."""
     assert pluggy.__version__.split(".")[0] == "1", f"dispatch is tested with pluggy 1.x, not {pluggy.__version__}"

@@ -9,9 +9,9 @@ from typing import Any
 import falcon.testing
 import pytest
 
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.plugin import hookimpl
 from werk_host.protocol import ChatRequest, ReasoningTierId
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.reasoning import budget_profile
 from werk_host.testing.hosts import make_host
 from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin

@@ -11,8 +11,8 @@ from typing import Annotated
 from pydantic import Field
 
 from werk_host import hookimpl
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.plugin.options import OptionInt, RequestOptions, validate_options
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import make_host, running
 from werk_host.testing.markers import covers_hooks

@@ -23,7 +23,7 @@ import pytest
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.plugin import hookimpl
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.protocol import ChatLimits
 from werk_host.server import Host, build_host
 from werk_host.service.scope import RequestScope

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from werk_host import hookimpl
-from werk_host.backend import Adapter, AdapterFactory, PrefilledState, PrefillWork
 from werk_host.config import HostConfig
 from werk_host.hooks import BackendHooks
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.protocol import TextInput
+from werk_host.seam import Adapter, AdapterFactory, PrefilledState, PrefillWork
 from werk_host.testing.reference import MemoryAdapter, MemoryBackendPlugin
 
 CONFIG = HostConfig(home=Path("/nonexistent"))

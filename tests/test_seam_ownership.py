@@ -18,18 +18,18 @@ from pathlib import Path
 import pytest
 
 from werk_host import hookspecs
-from werk_host.backend import PrefillWork
 from werk_host.config import HostConfig
 from werk_host.errors import WerkError
 from werk_host.hooks import BackendHooks
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.protocol import TextInput
+from werk_host.seam import PrefillWork
 
 pytest_plugins = ["pytester"]
 
 PLANTED = """
 from werk_host import hookimpl
-from werk_host.backend import AdapterFactory
+from werk_host.seam import AdapterFactory
 
 CALLS = []
 

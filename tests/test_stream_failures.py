@@ -24,10 +24,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from werk_host import hookimpl
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.backends.relay import ConnectionPool, forward
 from werk_host.config import BackendBounds
 from werk_host.protocol import WorkerObservation
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import LiveHost, serving
 from werk_host.testing.processes import gone

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from werk_host import hookspecs
-from werk_host.plugins import OPERATION_HOOKS, hook_names
+from werk_host.pluginhost import OPERATION_HOOKS, hook_names
 
 _ROLE = re.compile(r":\w+:`(~?)([\w.]+)`")
 

@@ -2,7 +2,7 @@
 
 :class:`BackendHooks` has one method per operation hook of :mod:`werk_host.hookspecs`, with
 the hook's typed arguments and result. Each call goes to the adapter's owning plugin (plus
-wrapper-only plugins) through :meth:`werk_host.plugins.PluginHost.dispatch`, and the result
+wrapper-only plugins) through :meth:`werk_host.pluginhost.PluginHost.dispatch`, and the result
 is checked against the hook's declared return type: a plugin answering with the wrong type is
 a plugin defect, reported as ``internal`` naming the plugin (never passed on to crash later).
 ``None`` stays ``None`` ("not implemented"); :func:`needed` turns it into ``unsupported``.
@@ -18,7 +18,14 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from werk_host import hookspecs
-from werk_host.backend import (
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.pluginhost import PluginHost
+from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
+from werk_host.protocol.deployments import DeploymentPlan
+from werk_host.protocol.discovery import CapabilityId
+from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
+from werk_host.protocol.telemetry import WorkerObservation
+from werk_host.seam import (
     Adapter,
     CapabilityReport,
     DecodeOutput,
@@ -34,13 +41,6 @@ from werk_host.backend import (
     Snapshot,
     StoredStateRef,
 )
-from werk_host.errors import ErrorCode, WerkError
-from werk_host.plugins import PluginHost
-from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
-from werk_host.protocol.deployments import DeploymentPlan
-from werk_host.protocol.discovery import CapabilityId
-from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
-from werk_host.protocol.telemetry import WorkerObservation
 
 T = TypeVar("T")
 
@@ -70,7 +70,7 @@ class BackendHooks:
 
     def operations(self) -> int:
         """How many operation-hook calls that may change a backend's evidence have ended so far
-        (:meth:`werk_host.plugins.PluginHost.operations`)."""
+        (:meth:`werk_host.pluginhost.PluginHost.operations`)."""
         return self._plugins.operations()
 
     def _one(self, adapter: Adapter, spec: object, kind: type[T], **kwargs: object) -> T | None:

@@ -36,7 +36,13 @@ from typing import Final
 
 import pluggy
 
-from werk_host.backend import (
+from werk_host.config import HostConfig
+from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
+from werk_host.protocol.deployments import DeploymentPlan
+from werk_host.protocol.discovery import CapabilityId
+from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
+from werk_host.protocol.telemetry import WorkerObservation
+from werk_host.seam import (
     Adapter,
     AdapterFactory,
     CapabilityReport,
@@ -54,12 +60,6 @@ from werk_host.backend import (
     Snapshot,
     StoredStateRef,
 )
-from werk_host.config import HostConfig
-from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
-from werk_host.protocol.deployments import DeploymentPlan
-from werk_host.protocol.discovery import CapabilityId
-from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
-from werk_host.protocol.telemetry import WorkerObservation
 
 #: The version of this hook API. It changes with the host's minor version while the host is
 #: 0.x: a plugin declares ``werk-host>=0.3,<0.4`` in its requirements and the host refuses to
@@ -74,7 +74,7 @@ hookspec = pluggy.HookspecMarker("werk")
 def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:  # type: ignore[empty-body]
     """Offer the adapter kinds this plugin provides (collected from every plugin).
 
-    Each :class:`~werk_host.backend.AdapterFactory` names its backend id, says which models it
+    Each :class:`~werk_host.seam.AdapterFactory` names its backend id, says which models it
     ``accepts`` and builds adapters in ``create``; its owner is this plugin (the host fills in
     ``plugin_name``: one given that is not the plugin's entry-point name fails the plugin). Must not start
     processes: factories are cheap descriptions; work happens in ``create``. A factory may
@@ -107,7 +107,7 @@ def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:  # type: ignore
     """Check what this plugin's engines need on this machine, for ``werk doctor`` (collected
     from every plugin; docs/plugin-kit.md, "Doctor checks").
 
-    Each :class:`~werk_host.backend.DoctorCheck` names one thing (an executable, a native
+    Each :class:`~werk_host.seam.DoctorCheck` names one thing (an executable, a native
     module, the platform), its ``ok``/``warn``/``fail`` status, what was found and, unless
     ``ok``, the fix: a command to run or a setting to change. Must be cheap: it loads no model
     and starts no process except short ``--version``/``--help`` probes with a time bound. An
@@ -264,7 +264,7 @@ def werk_reasoning_profile(adapter: Adapter, model: str | None, max_output_token
 def werk_chat_completion(adapter: Adapter, request: JsonObject) -> InferenceResponse | None:
     """Serve an OpenAI chat-completions request body (streaming when ``request["stream"]``).
     Returns the backend's response streamed, never buffered whole; honour
-    :data:`werk_host.backend.client_disconnected` while waiting for the first byte.
+    :data:`werk_host.seam.client_disconnected` while waiting for the first byte.
 
     Adapter method: ``@hookimpl(specname="werk_chat_completion") def chat_completion(self, request)``."""
 
@@ -273,7 +273,7 @@ def werk_chat_completion(adapter: Adapter, request: JsonObject) -> InferenceResp
 def werk_session_slot(adapter: Adapter, model_id: str) -> SessionSlot | None:
     """The session slot of ``model_id`` on the adapter's live backend process, for
     ``werk chat``/``werk run`` with a session (docs/chat.md, "Native snapshots"): an object
-    implementing :class:`~werk_host.backend.SessionSlot`. Must be cheap and run no
+    implementing :class:`~werk_host.seam.SessionSlot`. Must be cheap and run no
     inference (the host asks when a session opens). ``None`` (not implemented) means the backend
     keeps no native session snapshots; raise ``unsupported`` when this process cannot take them
     (e.g. its launch arguments disable slot saving) and ``unavailable`` when none runs.

@@ -28,7 +28,7 @@ from werk_host.logs import WAITRESS_QUEUE_LOGGER, QueueDepthLog
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
 from werk_host.openapi import build_openapi
 from werk_host.paths import ensure_private_dir
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, gate_limits
 from werk_host.service.inference import InferenceService

@@ -9,7 +9,7 @@ from werk_host.chat.archive import SessionDir
 from werk_host.chat.native import INDEX_NAME, NativeStatus
 from werk_host.chat.session import ChatSession, Sampling
 from werk_host.chat.transport import LocalTransport
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.testing.hosts import MODEL
 from werk_host.testing.reference import PLUGIN_NAME, MemoryBackendPlugin
 

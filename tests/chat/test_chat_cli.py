@@ -23,11 +23,11 @@ import pytest
 
 from tests.chat.support import two_turns
 from werk_host import hookimpl
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.chat.archive import ARCHIVE_NAME, Conversation, SessionDir
 from werk_host.chat.stream import read_turn
 from werk_host.cli import main
 from werk_host.protocol import ChatLimits
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.testing.hosts import MODEL, LiveHost, install_model
 from werk_host.testing.pytest_plugin import WerkServerFactory
 from werk_host.testing.reference import MemoryAdapter, MemoryBackendPlugin

@@ -16,13 +16,13 @@ import pytest
 
 from tests.chat.support import Chat, native_dir, snapshot_file, two_turns
 from werk_host import hookimpl
-from werk_host.backend import JsonObject
 from werk_host.chat.archive import ARCHIVE_NAME, MAX_MESSAGES, Conversation, Message, SessionDir
 from werk_host.chat.native import INDEX_NAME, RECEIPT_NAME, NativeStatus
 from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
+from werk_host.seam import JsonObject
 from werk_host.testing.hosts import MODEL
 from werk_host.testing.markers import covers_hooks
 from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin, MemorySessionSlot

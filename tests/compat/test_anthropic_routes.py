@@ -13,7 +13,7 @@ import pytest
 
 from tests.compat.conftest import KEY
 from werk_host import hookimpl
-from werk_host.backend import InferenceResponse, JsonObject
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.server import Host
 from werk_host.testing.hosts import make_host
 from werk_host.testing.reference import MAX_OUTPUT_TOKENS, PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin

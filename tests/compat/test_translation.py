@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.compat import anthropic, calls, ollama
 from werk_host.compat.upstream import UNREADABLE, read_document, sse_events
 from werk_host.errors import WerkError
+from werk_host.seam import InferenceResponse, JsonObject
 
 
 def _sse(*docs: object, done: bool = True) -> bytes:

@@ -15,12 +15,12 @@ from typing import Any
 import falcon.testing
 import pytest
 
-from werk_host.backend import AdapterFactory
 from werk_host.cli import main
 from werk_host.config import HostConfig, ServerLimits
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelFile, ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
+from werk_host.seam import AdapterFactory
 from werk_host.server import Host, build_host
 from werk_host.testing.hosts import running
 from werk_host.testing.reference import BACKEND_ID, MemoryAdapter, MemoryBackendPlugin

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from werk_host import hookimpl
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.server import Host
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import make_host, running

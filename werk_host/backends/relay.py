@@ -33,7 +33,7 @@ contract:
   goes to the log only), and every other non-200 status or non-object body to a retryable
   ``unavailable``. :func:`forward` relays any status as it is.
 * **Streaming.** :func:`forward` returns the response as an
-  :class:`~werk_host.backend.InferenceResponse` whose body yields chunks as the server sends
+  :class:`~werk_host.seam.InferenceResponse` whose body yields chunks as the server sends
   them (server-sent events included), never buffered whole; only the headers in
   :data:`PASSED_HEADERS` are relayed. A body the server breaks off (connection closed or reset
   before its end, a chunked body without its last chunk, fewer bytes than its
@@ -43,7 +43,7 @@ contract:
 * **Cancellation.** Closing the response before its end closes the upstream connection, which
   a server takes as its client going away (llama-server and vLLM then cancel the generation).
   While waiting for the first response byte, :func:`forward` polls
-  :data:`werk_host.backend.client_disconnected` every :data:`WATCH_INTERVAL_S`; when the client
+  :data:`werk_host.seam.client_disconnected` every :data:`WATCH_INTERVAL_S`; when the client
   has gone it closes the upstream connection and raises :class:`ClientGone`.
 """
 
@@ -58,9 +58,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from werk_host.backend import InferenceResponse, client_disconnected
 from werk_host.config import BackendBounds
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.seam import InferenceResponse, client_disconnected
 
 __all__ = [
     "IDLE_REUSE_S",

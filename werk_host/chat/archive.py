@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from werk_host.backend import JsonObject
 from werk_host.backend_caches import LOCK_NAME, hold_owner_lock
 from werk_host.errors import ErrorCode, WerkError, invalid
 from werk_host.paths import ensure_private_dir
+from werk_host.seam import JsonObject
 from werk_host.store._fs import fsync_fd, open_dir, read_small, replace_file
 
 #: The directory below ``WERK_HOME`` holding one directory per session.

@@ -45,10 +45,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import BinaryIO, Final
 
-from werk_host.backend import JsonObject, Snapshot, StoredStateRef
 from werk_host.chat.archive import private_to_user
 from werk_host.chat.seam import SessionSlot
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.seam import JsonObject, Snapshot, StoredStateRef
 from werk_host.store._fs import (
     CREATE_FLAGS,
     FILE_MODE,

@@ -1,12 +1,12 @@
 """The optional backend seam for a session slot and its native snapshots (docs/chat.md, "Native snapshots").
 
-The contract type :class:`~werk_host.backend.SessionSlot` lives with the other seam types
-in :mod:`werk_host.backend` (the plugin seam sits below ``werk chat`` in docs/architecture.md,
+The contract type :class:`~werk_host.seam.SessionSlot` lives with the other seam types
+in :mod:`werk_host.seam` (the plugin seam sits below ``werk chat`` in docs/architecture.md,
 "Layers"); this module names it for the chat code that drives it.
 """
 
 from __future__ import annotations
 
-from werk_host.backend import SessionSlot
+from werk_host.seam import SessionSlot
 
 __all__ = ["SessionSlot"]

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
 
-from werk_host.backend import JsonObject
 from werk_host.chat.archive import Conversation, Message, SessionDir
 from werk_host.chat.native import NativeCache, NativeReport, NativeStatus
 from werk_host.chat.stream import TurnResult, read_turn
 from werk_host.chat.transport import Transport
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.seam import JsonObject
 
 Say = Callable[[str], None]
 

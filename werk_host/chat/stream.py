@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from werk_host.backend import JsonObject
+from werk_host.seam import JsonObject
 
 #: The longest single event line accepted; a longer one ends the stream as an error.
 MAX_EVENT_BYTES: Final = 4 << 20

@@ -1,7 +1,7 @@
 """The two ways ``werk chat``/``werk run`` reach a model (docs/chat.md, "Local and --server").
 
 Both speak the same wire, an OpenAI ``/v1/chat/completions`` event stream, and return it as an
-:class:`~werk_host.backend.InferenceResponse` (status, streamed body, ``close`` to cancel):
+:class:`~werk_host.seam.InferenceResponse` (status, streamed body, ``close`` to cancel):
 
 * :class:`LocalTransport` starts the model's backend in this process through the plugin seam
   ``werk serve`` uses (:class:`~werk_host.service.fleet.Fleet` over a one-instance
@@ -30,7 +30,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final, Protocol
 
-from werk_host.backend import Adapter, InferenceResponse, JsonObject, client_disconnected
 from werk_host.backends.relay import ClientGone
 from werk_host.chat.seam import SessionSlot
 from werk_host.chat.stream import error_message, one_line
@@ -42,7 +41,8 @@ from werk_host.deployments.registry import DeploymentSet
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import needed
 from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
+from werk_host.seam import Adapter, InferenceResponse, JsonObject, client_disconnected
 from werk_host.service.counters import ChatStats
 from werk_host.service.fleet import Fleet
 from werk_host.service.inference import InferenceService, sanitized_error
@@ -94,7 +94,7 @@ def _answer_error(status: int, raw: bytes) -> WerkError:
 @contextlib.contextmanager
 def _interruptible() -> Iterator[Callable[[], bool]]:
     """While the body runs, Ctrl-C (SIGINT) only sets a flag, which is what
-    :data:`~werk_host.backend.client_disconnected` reports; yields the flag's reader. Outside the
+    :data:`~werk_host.seam.client_disconnected` reports; yields the flag's reader. Outside the
     main thread (no signal handlers there) nothing changes."""
     stopped = threading.Event()
     previous = None

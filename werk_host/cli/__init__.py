@@ -35,7 +35,7 @@ def plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Each plugin's own ``werk <name> ...`` commands (docs/plugin-kit.md, "Commands"). Only the
     plugins' small ``werk.cli`` modules are imported; a broken one adds nothing and is named in
     one line on stderr."""
-    from werk_host.plugins import PluginHost
+    from werk_host.pluginhost import PluginHost
 
     host = PluginHost()
     problems = host.load_cli_entry_points()

@@ -19,7 +19,7 @@ from werk_host import __version__
 from werk_host.cli.output import add_json_flag, emit, table
 from werk_host.config import HostConfig
 from werk_host.paths import werk_home
-from werk_host.plugins import PluginHost, PluginRecord
+from werk_host.pluginhost import PluginHost, PluginRecord
 
 #: The first-party plugins: entry-point name -> distribution (docs/plugin-kit.md).
 FIRST_PARTY = {

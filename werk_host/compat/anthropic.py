@@ -27,10 +27,10 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
-from werk_host.backend import JsonObject
 from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, Usage, as_object, first_choice, text_of, unreadable
 from werk_host.protocol import ChatRequest, StrictModel
 from werk_host.protocol.base import JsonBool, JsonFloat, NonNegativeJsonInt, PositiveJsonInt
+from werk_host.seam import JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Final
 
 import falcon
 
-from werk_host.backend import InferenceResponse, JsonObject, client_disconnected
 from werk_host.compat.upstream import error_message, read_document
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
+from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
 from werk_host.service.principals import Principal
 
 Call = Callable[[Principal, JsonObject], InferenceResponse]

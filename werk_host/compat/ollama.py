@@ -32,12 +32,12 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, JsonValue, model_validator
 
-from werk_host.backend import JsonObject
 from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, Usage, as_object, first_choice, text_of, unreadable
 from werk_host.deployments.durations import MAX_DURATION_TEXT, too_long
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import StrictModel
 from werk_host.protocol.base import JsonBool, JsonFloat, JsonInt, NonNegativeJsonInt, PositiveJsonInt
+from werk_host.seam import JsonObject
 
 log = logging.getLogger(__name__)
 

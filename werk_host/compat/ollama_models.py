@@ -15,9 +15,9 @@ from typing import TypeVar
 
 from pydantic import JsonValue
 
-from werk_host.backend import JsonObject
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DeploymentSet
+from werk_host.seam import JsonObject
 
 #: The per-request context of a served name (``None`` when unknown, e.g. a cold instance).
 ContextOf = Callable[[str], int | None]

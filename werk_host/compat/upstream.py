@@ -15,8 +15,8 @@ from typing import Final
 
 from pydantic import JsonValue
 
-from werk_host.backend import JsonObject
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.seam import JsonObject
 
 #: The largest non-streamed OpenAI answer read back (an answer is output text plus metadata).
 MAX_DOCUMENT_BYTES: Final = 32 << 20

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 import psutil  # type: ignore[import-untyped]
 
-from werk_host.backend import Adapter, AdapterFactory
 from werk_host.config import HostConfig
 from werk_host.deployments.durations import too_long
 from werk_host.deployments.profile import InstanceSpec
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.protocol.deployments import InstanceStateName
+from werk_host.seam import Adapter, AdapterFactory
 
 log = logging.getLogger(__name__)
 

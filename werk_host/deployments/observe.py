@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import psutil  # type: ignore[import-untyped]
 
-from werk_host.backend import Adapter
 from werk_host.protocol.telemetry import WorkerObservation
+from werk_host.seam import Adapter
 
 log = logging.getLogger(__name__)
 

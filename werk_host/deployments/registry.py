@@ -25,7 +25,6 @@ from dataclasses import replace
 
 from pydantic import JsonValue
 
-from werk_host.backend import AdapterFactory
 from werk_host.config import HostConfig
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.observe import WorkerWatch
@@ -39,8 +38,9 @@ from werk_host.deployments.profile import (
 )
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.protocol.deployments import InstanceStateName
+from werk_host.seam import AdapterFactory
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import falcon
 
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.compat import calls
 from werk_host.compat.anthropic import (
     CountTokensRequest,
@@ -33,6 +32,7 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.errors import retry_after
 from werk_host.http.io import parse_body, scope
 from werk_host.http.middleware import ANTHROPIC_PREFIX
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.principals import Principal
 
 #: The response header Anthropic's SDKs read the request id from.

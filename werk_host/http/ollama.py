@@ -28,7 +28,6 @@ from typing import Any, Protocol
 import falcon
 
 from werk_host import __version__
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.compat import calls, ollama_models
 from werk_host.compat.ollama import (
     OllamaChatRequest,
@@ -53,6 +52,7 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import parse_body, principal, scope
 from werk_host.http.middleware import OLLAMA_PREFIX
 from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Principal
 

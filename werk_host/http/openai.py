@@ -3,7 +3,7 @@
 Responses are relayed as the backend produces them. A client that disconnects is noticed in
 two places: while a response streams, the WSGI server fails the next write and closes the app
 iterator, which closes the upstream request; before the first byte, the backend's hook polls
-:data:`werk_host.backend.client_disconnected`, which is bound here to waitress's
+:data:`werk_host.seam.client_disconnected`, which is bound here to waitress's
 ``waitress.client_disconnected`` check (it needs ``channel_request_lookahead >= 1``).
 
 A backend that fails after its answer began (docs/operations.md, "Backend failures") cannot
@@ -25,11 +25,11 @@ from typing import Any, Protocol
 
 import falcon
 
-from werk_host.backend import InferenceResponse, JsonObject, client_disconnected
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import json_body, principal
 from werk_host.logs import RateLimitFilter
+from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
 from werk_host.service.principals import Principal
 
 log = logging.getLogger(__name__)

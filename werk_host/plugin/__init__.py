@@ -21,26 +21,6 @@ them:
 from __future__ import annotations
 
 from werk_host import hookimpl
-from werk_host.backend import (
-    Adapter,
-    AdapterFactory,
-    CapabilityReport,
-    DecodeOptions,
-    DecodeOutput,
-    DecodeWork,
-    DoctorCheck,
-    InferenceResponse,
-    JsonObject,
-    MemoryOperation,
-    MoveOutput,
-    MoveWork,
-    PayloadOpener,
-    PrefilledState,
-    PrefillWork,
-    Snapshot,
-    StoredStateRef,
-    client_disconnected,
-)
 from werk_host.chat.seam import SessionSlot
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits
 from werk_host.deployments.durations import MAX_DURATION_S
@@ -69,6 +49,26 @@ from werk_host.protocol import (
     TextInput,
     Tier,
     WorkerObservation,
+)
+from werk_host.seam import (
+    Adapter,
+    AdapterFactory,
+    CapabilityReport,
+    DecodeOptions,
+    DecodeOutput,
+    DecodeWork,
+    DoctorCheck,
+    InferenceResponse,
+    JsonObject,
+    MemoryOperation,
+    MoveOutput,
+    MoveWork,
+    PayloadOpener,
+    PrefilledState,
+    PrefillWork,
+    Snapshot,
+    StoredStateRef,
+    client_disconnected,
 )
 from werk_host.store.records import checksum_text
 

@@ -47,7 +47,7 @@ from typing import Literal
 
 from pydantic import JsonValue
 
-from werk_host.backend import InferenceResponse
+from werk_host.seam import InferenceResponse
 
 __all__ = [
     "SSE_DONE",

@@ -23,9 +23,9 @@ from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictInt, ValidationError
 
-from werk_host.backend import JsonObject
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol.base import integral_number
+from werk_host.seam import JsonObject
 
 __all__ = ["OptionBool", "OptionInt", "RequestOptions", "options_error", "validate_options"]
 

@@ -18,7 +18,7 @@ Two tools, used by :mod:`werk_host.service.inference` and :mod:`werk_host.servic
 Where the bound's evidence comes from
 -------------------------------------
 Only from the backend's own exact counts (``werk_count_tokens``), taken once per adapter
-identity (:meth:`werk_host.backend.Adapter.identity`, so a restarted or replaced backend
+identity (:meth:`werk_host.seam.Adapter.identity`, so a restarted or replaced backend
 process is calibrated afresh) on short *template-only* requests whose message contents are one
 sentinel byte. They give, for the roles of the conversations admission accepts (an optional
 leading ``system`` message, then ``user``/``assistant`` alternating from ``user``):
@@ -71,10 +71,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from werk_host.backend import Adapter
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import ChatRequest
 from werk_host.protocol.chat import ChatRole
+from werk_host.seam import Adapter
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ A listing the service hands out again (the capability listing, a page of states)
 the store page's read stamp (:class:`werk_host.store.store.ListedPage`), the capability
 evidence key (:meth:`werk_host.service.capabilities.CapabilityResolver.evidence_key`: the
 adapter's process identity, the operation count of
-:meth:`werk_host.plugins.PluginHost.operations`, the evidence TTL window), the
+:meth:`werk_host.pluginhost.PluginHost.operations`, the evidence TTL window), the
 compatibility keys it used. An entry is reused only while the caller's current stamp
 equals the kept one; nothing is keyed by object identity, so a defensive copy anywhere cannot
 defeat (or fool) it. Each entry is bounded (the map is cleared wholesale when full).

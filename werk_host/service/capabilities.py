@@ -10,7 +10,7 @@ dropped as soon as
 
 * the backend process changes (a restarted or replaced process is a new identity),
 * any operation hook that may change a backend's evidence returned or raised
-  (:meth:`werk_host.plugins.PluginHost.operations`: an opted-in prefill that ran the
+  (:meth:`werk_host.pluginhost.PluginHost.operations`: an opted-in prefill that ran the
   functional probe is visible to the very next request), or
 * its :data:`EVIDENCE_TTL_S` window is over (a process that died on its own, a telemetry
   sample): evidence is never older than the TTL.
@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from werk_host.backend import Adapter, CapabilityReport
 from werk_host.deployments.instances import Instance
 from werk_host.hooks import BackendHooks
 from werk_host.protocol import CAPABILITY_OPERATIONS, Capability, CapabilityId, CapabilityStatus
+from werk_host.seam import Adapter, CapabilityReport
 from werk_host.service.cache import Shared, StampedCache
 
 #: The host's own evidence for the request's adapter (``None``: not ready) on its instance.
@@ -99,7 +99,7 @@ class CapabilityResolver:
     def evidence_key(self, adapter: Adapter) -> EvidenceKey:
         """What evidence about ``adapter`` is kept under (here and by the state listing, in
         :mod:`werk_host.service.cache`): the process identity, the operation count
-        (:meth:`werk_host.plugins.PluginHost.operations`) and the TTL window now. It moves when
+        (:meth:`werk_host.pluginhost.PluginHost.operations`) and the TTL window now. It moves when
         the process changes, after any operation hook, and at the latest one TTL later."""
         return adapter.identity(), self._hooks.operations(), self._window()
 

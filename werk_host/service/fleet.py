@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 
-from werk_host.backend import Adapter
 from werk_host.config import HostConfig
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.profile import DeploymentProfile
 from werk_host.deployments.registry import DeploymentSet
 from werk_host.hooks import BackendHooks
 from werk_host.models import ModelManifest
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
+from werk_host.seam import Adapter
 from werk_host.service.principals import Principal
 from werk_host.service.scope import RequestScope
 

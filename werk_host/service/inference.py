@@ -33,13 +33,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from werk_host.backend import Adapter, InferenceResponse, JsonObject, client_disconnected
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.models import ModelManifest
 from werk_host.protocol import ChatLimits, ChatRequest
 from werk_host.protocol.chat import CompletionRequest
+from werk_host.seam import Adapter, InferenceResponse, JsonObject, client_disconnected
 from werk_host.service.admission import FitBounds, estimate_input_tokens, prompt_tokens
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.fleet import Fleet

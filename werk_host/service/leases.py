@@ -14,10 +14,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from werk_host.backend import Adapter, MemoryOperation
 from werk_host.errors import WerkError
 from werk_host.hooks import BackendHooks
 from werk_host.memory import Allocation, MemoryManager, MemoryReservation, MemoryTier
+from werk_host.seam import Adapter, MemoryOperation
 
 log = logging.getLogger(__name__)
 

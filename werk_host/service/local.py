@@ -19,16 +19,6 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from werk_host import __version__
-from werk_host.backend import (
-    Adapter,
-    CapabilityReport,
-    DecodeOptions,
-    DecodeWork,
-    MemoryOperation,
-    PrefilledState,
-    PrefillWork,
-    StoredStateRef,
-)
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.report import deployment_report
 from werk_host.errors import ErrorCode, WerkError
@@ -68,6 +58,16 @@ from werk_host.protocol import (
     Tier,
     TokenCount,
     WorkerObservation,
+)
+from werk_host.seam import (
+    Adapter,
+    CapabilityReport,
+    DecodeOptions,
+    DecodeWork,
+    MemoryOperation,
+    PrefilledState,
+    PrefillWork,
+    StoredStateRef,
 )
 from werk_host.service.cache import Shared
 from werk_host.service.capabilities import CapabilityResolver

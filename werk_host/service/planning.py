@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from werk_host.backend import Adapter
 from werk_host.deployments.instances import Instance
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks, needed
@@ -33,6 +32,7 @@ from werk_host.protocol import (
     ReasoningProfile,
     TokenCount,
 )
+from werk_host.seam import Adapter
 from werk_host.service.admission import estimate_input_tokens
 from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.fleet import Fleet

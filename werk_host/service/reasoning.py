@@ -9,7 +9,6 @@ default is the highest available tier, and a disabled launch default stays ``non
 
 from __future__ import annotations
 
-from werk_host.backend import Adapter, JsonObject
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
 from werk_host.protocol import (
@@ -21,6 +20,7 @@ from werk_host.protocol import (
     ReasoningTierId,
 )
 from werk_host.protocol.chat import ReasoningSelection
+from werk_host.seam import Adapter, JsonObject
 
 ANSWER_RESERVE_TOKENS = 512
 TIER_BUDGETS: tuple[tuple[ReasoningTierId, str, int], ...] = (

@@ -18,10 +18,10 @@ A scope is used by one request (one thread) at a time; :meth:`close` is idempote
 
 from __future__ import annotations
 
-from werk_host.backend import Adapter
 from werk_host.deployments.instances import Instance
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
+from werk_host.seam import Adapter
 from werk_host.service.principals import Principal
 
 

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from werk_host.backend import Adapter, CapabilityReport, MoveWork, StoredStateRef
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks, needed
 from werk_host.memory import MemoryManager
@@ -36,6 +35,7 @@ from werk_host.protocol import (
     tier_moves_in_direction,
 )
 from werk_host.protocol.states import AllSelector, FilterSelector, IdsSelector
+from werk_host.seam import Adapter, CapabilityReport, MoveWork, StoredStateRef
 from werk_host.service.cache import Shared, StampedCache
 from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.cursors import CursorCodec

@@ -50,12 +50,12 @@ import pytest
 from pydantic import JsonValue
 
 from werk_host import hookspecs
-from werk_host.backend import Adapter
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.plugin.checkpoints import checkpoint_manifest
-from werk_host.plugins import ENTRY_POINT_GROUP, PluginHost, incompatibility
+from werk_host.pluginhost import ENTRY_POINT_GROUP, PluginHost, incompatibility
 from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.seam import Adapter
 from werk_host.server import Host, build_host
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import running

@@ -15,7 +15,7 @@ from werk_host.cli import main as werk_main
 from werk_host.cli.cache import cmd_list as cache_list_command
 from werk_host.deployments.profile import ProfileError
 from werk_host.models import ModelRegistry
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.server import Host, build_host
 
 __all__ = [

@@ -27,7 +27,7 @@ from pydantic import JsonValue
 
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugins import PluginHost
+from werk_host.pluginhost import PluginHost
 from werk_host.server import Host, build_host, make_server
 from werk_host.testing.api import Api
 from werk_host.testing.reference import BACKEND_ID, PLUGIN_NAME, MemoryBackendPlugin

@@ -47,10 +47,10 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from werk_host import hookimpl
-from werk_host.backend import AdapterFactory, DoctorCheck
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest
 from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.seam import AdapterFactory, DoctorCheck
 from werk_host.testing.reference_adapter import MemoryAdapter, MemorySessionSlot, default_experts
 from werk_host.testing.reference_base import (
     BACKEND_ID,

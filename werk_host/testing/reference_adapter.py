@@ -19,20 +19,6 @@ from dataclasses import dataclass, field
 from pydantic import JsonValue
 
 from werk_host import hookimpl
-from werk_host.backend import (
-    CapabilityReport,
-    DecodeOutput,
-    DecodeWork,
-    InferenceResponse,
-    JsonObject,
-    MemoryOperation,
-    MoveOutput,
-    MoveWork,
-    PrefilledState,
-    PrefillWork,
-    Snapshot,
-    StoredStateRef,
-)
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import (
     CapabilityId,
@@ -52,6 +38,20 @@ from werk_host.protocol import (
     ReasoningProfile,
     Tier,
     WorkerObservation,
+)
+from werk_host.seam import (
+    CapabilityReport,
+    DecodeOutput,
+    DecodeWork,
+    InferenceResponse,
+    JsonObject,
+    MemoryOperation,
+    MoveOutput,
+    MoveWork,
+    PrefilledState,
+    PrefillWork,
+    Snapshot,
+    StoredStateRef,
 )
 from werk_host.service.reasoning import budget_profile, unsupported_profile
 from werk_host.testing.reference_base import (

@@ -16,9 +16,9 @@ from typing import Final
 
 from pydantic import ValidationError
 
-from werk_host.backend import InferenceResponse, JsonObject
 from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.protocol import CapabilityId, CapabilityStatus, ChatMessage, ChatRequest
+from werk_host.seam import InferenceResponse, JsonObject
 
 #: The name the reference plugin registers under (its adapters' owner).
 PLUGIN_NAME: Final = "testbackend"

@@ -47,10 +47,10 @@ from packaging.version import InvalidVersion, Version
 from stevedore import ExtensionManager, NamedExtensionManager
 
 from werk_host import __version__, hookspecs
-from werk_host.backend import Adapter, AdapterFactory, DoctorCheck
 from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol.discovery import CapabilityId
+from werk_host.seam import Adapter, AdapterFactory, DoctorCheck
 
 log = logging.getLogger(__name__)
 
