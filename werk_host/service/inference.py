@@ -265,12 +265,11 @@ class InferenceService:
 
     def _gated(self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None) -> InferenceResponse:
         instance = self._route(body)
-        if instance is not None:
-            instance.enter()  # in flight from routing on: keep-alive cannot stop it under this request
         try:
             if instance is None:
                 raise no_backend(what)
-            adapter = instance.use()
+            # in flight from before the start on: keep-alive cannot stop it under this request
+            adapter = instance.use(enter=True)
             verify = None
             if chat:
                 body, verify = self._admit(adapter, body, instance.manifest)
