@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.gate_support import TIMEOUT_S, control_routes_answer
 from werk_host import hookimpl
 from werk_host.cli import main
 from werk_host.config import ServerLimits
@@ -32,9 +33,6 @@ from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBacken
 KEYS = ("sk-gate-key-one-0001", "sk-gate-key-two-0002", "sk-gate-key-three-003", "sk-gate-key-four-0004")
 #: The longest a held stream stays open if a test never releases it.
 HOLD_S = 60.0
-#: Socket timeout of every request: a control route slower than this counts as starved.
-TIMEOUT_S = 10.0
-CONTROL_ROUTES = ("/werk/v1/info", "/werk/v1/capabilities", "/metrics", "/werk/v1/states")
 
 
 class HeldAdapter(MemoryAdapter):
@@ -135,17 +133,6 @@ class Live:
             "/v1/chat/completions", {"model": MODEL, "max_tokens": 8, "messages": [_HI], "stream": True}, key
         )
 
-    def get(self, path: str, key: str) -> int:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT_S)
-        try:
-            headers = {"Authorization": f"Bearer {key}", "X-Werk-Protocol-Version": "1.0"}
-            conn.request("GET", path, headers=headers)
-            response = conn.getresponse()
-            response.read()
-            return response.status
-        finally:
-            conn.close()
-
 
 _HI: JsonObject = {"role": "user", "content": "hello there"}
 
@@ -185,13 +172,7 @@ def test_control_routes_answer_for_every_key_while_streams_hold_the_inference_bo
     with live_host(home) as live:
         streams = [live.chat(KEYS[i % len(KEYS)]) for i in range(12)]
         statuses = _started(live, streams)
-        for key in KEYS:
-            for path in CONTROL_ROUTES:
-                try:
-                    status = live.get(path, key)
-                except TimeoutError:
-                    pytest.fail(f"{path} starved while inference streams ran: no answer in {TIMEOUT_S}s")
-                assert status == 200, (path, status)
+        control_routes_answer(live.port, KEYS, "inference streams")
         assert sorted(statuses, key=str) == [200] * 6 + [503] * 6, statuses
         for stream in streams:
             if stream.status == 503:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.gate_support import TIMEOUT_S, control_routes_answer
 from werk_host.config import ServerLimits
 from werk_host.plugin import hookimpl
 from werk_host.seam import DecodeOutput, DecodeWork, PrefilledState, PrefillWork
@@ -30,9 +31,6 @@ from werk_host.testing.reference import PLUGIN_NAME, MemoryAdapter, MemoryBacken
 KEYS = ("sk-gate-pd-key-one-001", "sk-gate-pd-key-two-002", "sk-gate-pd-key-three-03", "sk-gate-pd-key-four-004")
 #: The longest a held operation stays in the backend if a test never releases it.
 HOLD_S = 60.0
-#: Socket timeout of every request: a control route slower than this counts as starved.
-TIMEOUT_S = 10.0
-CONTROL_ROUTES = ("/werk/v1/info", "/werk/v1/capabilities", "/metrics", "/werk/v1/states")
 HOST_BOUND, PER_KEY = 6, 3  # of ServerLimits(threads=8): 8 - max(2, 8 // 4), half of that
 
 
@@ -143,25 +141,6 @@ class Live:
         assert isinstance(handoff, str)
         return handoff
 
-    def get(self, path: str, key: str) -> int:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT_S)
-        try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {key}", "X-Werk-Protocol-Version": "1.0"})
-            response = conn.getresponse()
-            response.read()
-            return response.status
-        finally:
-            conn.close()
-
-    def control_routes_answer(self) -> None:
-        for key in KEYS:
-            for path in CONTROL_ROUTES:
-                try:
-                    status = self.get(path, key)
-                except TimeoutError:
-                    pytest.fail(f"{path} starved while prefills/decodes ran: no answer in {TIMEOUT_S}s")
-                assert status == 200, (path, status)
-
 
 @contextmanager
 def live_host(home: Path, slots: int = HOST_BOUND) -> Iterator[Live]:
@@ -207,7 +186,7 @@ def test_held_operations_leave_control_routes_answering(home: Path, operation: s
             live.plugin.hold_decodes = True
             calls = [live.decode(key, handoff) for key, handoff in handoffs]
         live.plugin.wait_inside(HOST_BOUND)
-        live.control_routes_answer()
+        control_routes_answer(live.port, KEYS, "prefills/decodes")
         assert live.plugin.open == HOST_BOUND
         statuses = _finish(live, calls)
         assert sorted(statuses, key=str) == [200] * HOST_BOUND + [503] * (12 - HOST_BOUND), statuses
