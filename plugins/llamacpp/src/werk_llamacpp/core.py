@@ -29,7 +29,7 @@ from werk_host.plugin import (
     hookimpl,
 )
 
-from .binary import find_llama_server
+from .binary import find_llama_server, inspect_executable
 from .capabilities import capability_reports
 from .integrity import key_id, load_key
 from .native import LlamaServerClient, NativeConnectionError, NativeError, NativeHTTPError
@@ -172,8 +172,6 @@ class LlamaServerCore:
         return args
 
     def _advertises(self, flag: str) -> bool:
-        from .binary import inspect_executable
-
         return inspect_executable(self.binary_path).advertises(flag)
 
     def current(self) -> LlamaServerProcess | None:
