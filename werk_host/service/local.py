@@ -214,11 +214,8 @@ class LocalControlService:
     def capabilities(self, scope: RequestScope) -> Shared[tuple[Capability, ...]]:
         return self.capability_resolver.listing(scope.adapter, scope.instance)
 
-    def memory_report(self) -> MemoryReport:
-        return MemoryReport.model_validate(self.memory_manager.report())
-
     def memory(self) -> MemoryReport:
-        return self.memory_report()
+        return MemoryReport.model_validate(self.memory_manager.report())
 
     def observability(self) -> Observability:
         workers: list[WorkerObservation] = []
@@ -233,7 +230,7 @@ class LocalControlService:
             workers=workers,
             context_per_request_tokens=min(per_request) if complete else None,
             context_capacity_tokens=sum(capacity) if complete else None,
-            memory=self.memory_report(),
+            memory=self.memory(),
         )
 
     def _ready_adapters(self) -> list[Adapter]:
@@ -560,7 +557,7 @@ class LocalControlService:
         instances = {i: s.value for i, s in deployments.states().items()} if deployments is not None else {}
         return MetricsReading(
             handoffs_live=self.handoffs.live_count(),
-            memory=self.memory_report(),
+            memory=self.memory(),
             states=states,
             state_bytes=state_bytes,
             instances=instances,
