@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Final
 
 from werk_host import hookspecs
+from werk_host.hookdocs import END as END
+from werk_host.hookdocs import replace_section
 from werk_host.protocol import CAPABILITY_OPERATIONS, CapabilityId
 
 BEGIN = "<!-- BEGIN GENERATED: python -m werk_host.capdocs docs/plugin-kit.md -->"
-END = "<!-- END GENERATED -->"
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,7 @@ def capability_table() -> str:
 
 def render(guide: str) -> str:
     """``guide`` with its generated section replaced by the current table."""
-    head, sep, rest = guide.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise ValueError("the guide has no generated-section markers")
-    return f"{head}{BEGIN}\n{capability_table()}{END}{tail}"
+    return replace_section(guide, BEGIN, capability_table())
 
 
 def main(argv: list[str]) -> int:

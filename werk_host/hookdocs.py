@@ -41,13 +41,18 @@ def hook_reference() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def render(guide: str) -> str:
-    """``guide`` with its generated section replaced by the current reference."""
-    head, sep, rest = guide.partition(BEGIN)
+def replace_section(guide: str, begin: str, section: str) -> str:
+    """``guide`` with the text between ``begin`` and :data:`END` replaced by ``section``."""
+    head, sep, rest = guide.partition(begin)
     _, sep2, tail = rest.partition(END)
     if not sep or not sep2:
         raise ValueError("the guide has no generated-section markers")
-    return f"{head}{BEGIN}\n{hook_reference()}{END}{tail}"
+    return f"{head}{begin}\n{section}{END}{tail}"
+
+
+def render(guide: str) -> str:
+    """``guide`` with its generated section replaced by the current reference."""
+    return replace_section(guide, BEGIN, hook_reference())
 
 
 def main(argv: list[str]) -> int:
