@@ -205,13 +205,13 @@ CASES: list[tuple[str, str, int | None, str]] = [
         "instances = 2\n" + TWO,
         "instances",
         1,
-        "unknown key; did you mean instance? (a profile holds only [[instance]] and [alias.NAME] tables)",
+        "unknown key; did you mean instance? (a profile holds only [[instance]], [alias.NAME] and [routing] tables)",
     ),
     (
         TWO + "[server]\nport = 1\n",
         "server",
         9,
-        "unknown key (a profile holds only [[instance]] and [alias.NAME] tables)",
+        "unknown key (a profile holds only [[instance]], [alias.NAME] and [routing] tables)",
     ),
     (
         TWO + 'keepalive = "1h"\n',
@@ -356,7 +356,7 @@ CASES: list[tuple[str, str, int | None, str]] = [
         TWO + '[alias.chat]\nreplicas = ["a"]\nreplica = ["b"]\n',
         "alias.chat.replica",
         11,
-        "unknown key; did you mean replicas? (an alias takes only replicas)",
+        "unknown key; did you mean replicas? (an alias takes only replicas and match)",
     ),
     # Lines are found past multi-line strings and arrays that look like headers, and in inline arrays.
     (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from werk_host.cli import main
 from werk_host.config import HostConfig, ServerLimits
+from werk_host.deployments.profile import ProfileError
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelFile, ModelManifest, ModelRegistry
 from werk_host.pluginhost import PluginHost
@@ -368,3 +370,77 @@ def test_metrics_label_requests_with_their_instance(env: Any) -> None:
         for s in family.samples
     }
     assert states[("a1", "ready")] == 1 and states[("bad", "cold")] == 1 and states[("bad", "failed")] == 0
+
+
+AGENT_PROFILE = (
+    PROFILE
+    + """
+[alias.agents]
+replicas = ["b"]
+match = ["claude-*", "gpt-5*"]
+
+[alias.wide]
+replicas = ["a2"]
+match = ["claude-opus-*", "o4-*"]
+
+[routing]
+fallback = "a2"
+"""
+)
+
+
+def test_agent_model_names_route_by_pattern_then_fallback(tmp_path: Path) -> None:
+    """Issue 30 item 5: an alias's ``match`` globs claim the names agents send (the first alias
+    in profile order wins), ``[routing] fallback`` takes any other unknown name; exact ids,
+    aliases and model names still win over both."""
+    host, _ = build(tmp_path, AGENT_PROFILE)
+    try:
+        client = falcon.testing.TestClient(host.app, headers={"Authorization": f"Bearer {KEY}"})
+        assert served_by(chat(client, "claude-opus-4-8")) == "b"  # agents' pattern is listed first
+        assert served_by(chat(client, "gpt-5.1-codex")) == "b"
+        assert served_by(chat(client, "o4-mini")) == "a2"
+        assert served_by(chat(client, "some-other-name")) == "a2"  # the fallback
+        assert served_by(chat(client, "a1")) == "a1"  # an id is never shadowed by a pattern
+        assert served_by(chat(client, "beta")) == "b"
+        counted = client.simulate_post(
+            "/werk/v1/chat/count_tokens",
+            json={"model": "claude-sonnet-4", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert counted.status_code == 200, counted.text
+        assert counted.json["data"]["model"] == "claude-sonnet-4"
+    finally:
+        host.close()
+
+
+def test_an_unknown_model_is_named_with_what_is_served(env: Any) -> None:
+    """Without a pattern or fallback, the 404 names the model asked for and lists what a
+    ``model`` value may name, on ``/v1`` and chat planning alike."""
+    _, _, client = env
+    missing = chat(client, "claude-opus-4-8")
+    assert missing.status_code == 404
+    message = missing.json["error"]["message"]
+    assert message == 'model "claude-opus-4-8" is not served here (served: a1, a2, b, bad, pair, alpha, beta, broken)'
+    planned = client.simulate_post(
+        "/werk/v1/chat/count_tokens", json={"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert planned.status_code == 404 and '"gpt-5" is not served here' in planned.json["error"]["message"]
+    long = chat(client, "x" * 200)
+    assert long.status_code == 404 and "x" * 129 not in long.json["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("tail", "message"),
+    [
+        ('[alias.p]\nreplicas = ["b"]\nmatch = "claude-*"\n', "match: must be an array of model-name patterns"),
+        ('[alias.p]\nreplicas = ["b"]\nmatch = ["bad name"]\n', "match[0]: must be a model-name pattern"),
+        (
+            '[alias.p]\nreplicas = ["b"]\nmatch = ["c-*"]\n[alias.q]\nreplicas = ["b"]\nmatch = ["c-*"]\n',
+            'match: "c-*" is matched by alias p already',
+        ),
+        ('[routing]\nfallback = "nope"\n', "fallback: must be an instance id or an alias"),
+        ('[routing]\nfallbak = "b"\n', "unknown key; did you mean fallback?"),
+    ],
+)
+def test_pattern_and_fallback_profile_errors(tmp_path: Path, tail: str, message: str) -> None:
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        build(tmp_path, PROFILE + tail)

@@ -55,8 +55,11 @@ INSTANCE_KEYS = (
 )
 _ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-ALIAS_KEYS = ("replicas",)
-TOP_LEVEL_KEYS = ("instance", "alias")
+ALIAS_KEYS = ("replicas", "match")
+ROUTING_KEYS = ("fallback",)
+TOP_LEVEL_KEYS = ("instance", "alias", "routing")
+#: A ``match`` pattern: a model name with ``*``/``?`` wildcards (``fnmatch``, case-sensitive).
+PATTERN_RE = re.compile(r"[A-Za-z0-9._:/*?-]{1,256}")
 
 _ID_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
@@ -124,10 +127,15 @@ class DeploymentProfile:
     instances: tuple[InstanceSpec, ...]
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     source: str = "<profile>"
+    #: ``(pattern, alias)`` in profile order: model names an alias's ``match`` claims
+    patterns: tuple[tuple[str, str], ...] = ()
+    #: the instance id or alias serving model names nothing else names (``[routing] fallback``)
+    fallback: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", tuple(self.instances))
         object.__setattr__(self, "aliases", MappingProxyType({k: tuple(v) for k, v in self.aliases.items()}))
+        object.__setattr__(self, "patterns", tuple(self.patterns))
 
     def instance(self, id: str) -> InstanceSpec | None:
         """The instance with this id, or ``None``."""
@@ -238,7 +246,9 @@ class _Checker:
             if key not in TOP_LEVEL_KEYS:
                 self.fail(
                     (key,),
-                    _unknown_key(key, TOP_LEVEL_KEYS, "a profile holds only [[instance]] and [alias.NAME] tables"),
+                    _unknown_key(
+                        key, TOP_LEVEL_KEYS, "a profile holds only [[instance]], [alias.NAME] and [routing] tables"
+                    ),
                 )
         raw_instances = data.get("instance")
         if raw_instances is None:
@@ -265,8 +275,9 @@ class _Checker:
                     )
                 default_at = index
             specs.append(spec)
-        aliases = self.aliases(data.get("alias", {}), ids)
-        return DeploymentProfile(tuple(specs), aliases, self.source)
+        aliases, patterns = self.aliases(data.get("alias", {}), ids)
+        fallback = self.fallback(data.get("routing", {}), ids, aliases)
+        return DeploymentProfile(tuple(specs), aliases, self.source, patterns, fallback)
 
     def instance(self, index: int, raw: object) -> InstanceSpec:
         at: _DocPath = ("instance", index)
@@ -372,10 +383,14 @@ class _Checker:
             return float(value)
         self.fail(at, f"must be a duration string {DURATION_HINT} or whole seconds, not {_toml_type(value)}")
 
-    def aliases(self, value: object, ids: Mapping[str, int]) -> dict[str, tuple[str, ...]]:
+    def aliases(
+        self, value: object, ids: Mapping[str, int]
+    ) -> tuple[dict[str, tuple[str, ...]], tuple[tuple[str, str], ...]]:
+        """The aliases by name, and the ``(pattern, alias)`` pairs of their ``match`` lists."""
         if not isinstance(value, dict):
             self.fail(("alias",), f"must be a table of aliases ([alias.NAME] tables), not {_toml_type(value)}")
         aliases: dict[str, tuple[str, ...]] = {}
+        patterns: dict[str, str] = {}
         for name, body in value.items():
             at: _DocPath = ("alias", name)
             if not ID_RE.fullmatch(name):
@@ -386,7 +401,7 @@ class _Checker:
                 self.fail(at, f"must be a table with replicas = [...], not {_toml_type(body)}")
             for key in body:
                 if key not in ALIAS_KEYS:
-                    self.fail((*at, key), _unknown_key(key, ALIAS_KEYS, "an alias takes only replicas"))
+                    self.fail((*at, key), _unknown_key(key, ALIAS_KEYS, "an alias takes only replicas and match"))
             replicas = body.get("replicas")
             if replicas is None:
                 self.fail(at, 'missing required key "replicas"')
@@ -408,7 +423,40 @@ class _Checker:
                     self.fail(where, f"{_quote(replica)} is listed more than once")
                 seen.add(replica)
             aliases[name] = tuple(replicas)
-        return aliases
+            for pattern in self.match(body.get("match", []), at):
+                if pattern in patterns:
+                    self.fail((*at, "match"), f"{_quote(pattern)} is matched by alias {patterns[pattern]} already")
+                patterns[pattern] = name
+        return aliases, tuple(patterns.items())
+
+    def match(self, value: object, at: _DocPath) -> list[str]:
+        """An alias's ``match``: model-name patterns with ``*`` and ``?`` wildcards."""
+        where: _DocPath = (*at, "match")
+        if not isinstance(value, list):
+            self.fail(where, f'must be an array of model-name patterns such as ["claude-*"], not {_toml_type(value)}')
+        for index, pattern in enumerate(value):
+            if not isinstance(pattern, str) or not PATTERN_RE.fullmatch(pattern):
+                self.fail(
+                    (*where, index),
+                    "must be a model-name pattern: 1-256 letters, digits, '.', '_', ':', '/', '-' and the "
+                    "wildcards '*' and '?'",
+                )
+        return list(value)
+
+    def fallback(self, value: object, ids: Mapping[str, int], aliases: Mapping[str, object]) -> str | None:
+        """``[routing] fallback``: the instance id or alias unknown model names go to."""
+        if not isinstance(value, dict):
+            self.fail(("routing",), f"must be a table ([routing]), not {_toml_type(value)}")
+        for key in value:
+            if key not in ROUTING_KEYS:
+                self.fail(("routing", key), _unknown_key(key, ROUTING_KEYS, "[routing] takes only fallback"))
+        fallback = value.get("fallback")
+        if fallback is None:
+            return None
+        if not isinstance(fallback, str) or (fallback not in ids and fallback not in aliases):
+            known = ", ".join([*ids, *aliases])
+            self.fail(("routing", "fallback"), f"must be an instance id or an alias (known: {known})")
+        return fallback
 
 
 # -- helpers -----------------------------------------------------------------------------------

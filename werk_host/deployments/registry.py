@@ -17,7 +17,9 @@ installed plugin serves fails ``werk serve`` at start, before anything runs.
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Iterable
@@ -228,12 +230,39 @@ class DeploymentSet:
         return instance
 
     def replicas(self, name: str) -> tuple[Instance, ...]:
-        """The instances a ``model`` value names: an instance id, an alias, or a model name."""
+        """The instances a ``model`` value names (docs/deployments.md, "Routing"): an instance
+        id, an alias, a model name, else the first alias whose ``match`` pattern the name fits,
+        else the profile's ``[routing] fallback``; empty when none does."""
         if name in self.instances:
             return (self.instances[name],)
         if name in self.aliases:
-            return tuple(self.instances[i] for i in self.aliases[name])
-        return tuple(i for i in self.instances.values() if i.manifest.name == name)
+            return self._alias(name)
+        named = tuple(i for i in self.instances.values() if i.manifest.name == name)
+        if named:
+            return named
+        for pattern, alias in self.profile.patterns:
+            if fnmatch.fnmatchcase(name, pattern):
+                return self._alias(alias)
+        fallback = self.profile.fallback
+        if fallback is None:
+            return ()
+        return self._alias(fallback) if fallback in self.aliases else (self.instances[fallback],)
+
+    def _alias(self, name: str) -> tuple[Instance, ...]:
+        return tuple(self.instances[i] for i in self.aliases[name])
+
+    def served_names(self) -> list[str]:
+        """What a ``model`` value may name: instance ids, aliases, then model names."""
+        names = [*self.instances, *self.aliases]
+        return names + sorted({i.manifest.name for i in self.instances.values()} - set(names))
+
+    def not_served(self, name: str) -> WerkError:
+        """404 ``model_not_found`` naming the model asked for and what is served."""
+        return WerkError(
+            ErrorCode.NOT_FOUND,
+            f"model {_shown(name)} is not served here (served: {', '.join(self.served_names())})",
+            details={"openai_code": "model_not_found"},
+        )
 
     def route(self, name: str | None, *, advance: bool = True) -> Instance:
         """The instance serving a request for ``name`` (the default instance for ``None``)."""
@@ -241,7 +270,7 @@ class DeploymentSet:
             return self.default
         replicas = self.replicas(name)
         if not replicas:
-            raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
+            raise self.not_served(name)
         if len(replicas) == 1:
             return replicas[0]
         up = [r for r in replicas if not r.down()]
@@ -256,3 +285,13 @@ class DeploymentSet:
 
     def states(self) -> dict[str, InstanceStateName]:
         return {i.id: i.view().state for i in self.instances.values()}
+
+
+#: The most of a requested model name an error message repeats.
+_SHOWN_MAX = 128
+
+
+def _shown(name: str) -> str:
+    """``name`` quoted for a message, cut to :data:`_SHOWN_MAX` characters."""
+    cut = name if len(name) <= _SHOWN_MAX else name[:_SHOWN_MAX] + "..."
+    return json.dumps(cut, ensure_ascii=False)

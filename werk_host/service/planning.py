@@ -62,7 +62,7 @@ class ChatPlanning:
             return (scope.instance,)
         replicas = deployments.replicas(model)
         if not replicas:
-            raise WerkError(ErrorCode.NOT_FOUND, "model is not installed on this server")
+            raise deployments.not_served(model)
         return replicas
 
     def _one(self, scope: RequestScope, model: str | None) -> RequestScope:

@@ -31,6 +31,7 @@ from werk_host.plugin import (
 
 from .binary import find_llama_server, inspect_executable
 from .capabilities import capability_reports
+from .gguf_meta import default_context
 from .integrity import key_id, load_key
 from .native import LlamaServerClient, NativeConnectionError, NativeError, NativeHTTPError
 from .probe import ProbeResult, run_probe
@@ -71,6 +72,21 @@ def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str
     return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
 
 
+def _available_memory() -> int:
+    """Host memory available now (``MemAvailable``; free pages where that cannot be read)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
 def unavailable(message: str) -> WerkError:
     return WerkError(ErrorCode.UNAVAILABLE, message, retryable=True)
 
@@ -85,7 +101,10 @@ class LlamaServerCore:
         self.instance_id = f"llamacpp:{manifest.name}"
         self.binary_path = find_llama_server(opts.get("llama_server"))
         self.parallel = int(opts.get("parallel", 2))
-        self.ctx = int(opts.get("ctx", 4096 * self.parallel))
+        if "ctx" in opts:
+            self.ctx = int(opts["ctx"])
+        else:  # the trained context per slot, where memory allows (:mod:`.gguf_meta`)
+            self.ctx = self.parallel * default_context(manifest.primary_path, self.parallel, _available_memory())
         self.threads = int(opts["threads"]) if "threads" in opts else None
         self.warmup_tokens = int(opts.get("warmup_tokens", config.warmup_tokens))  # --warmup-tokens
         self.work_dir = config.home / "backends" / "llamacpp"
