@@ -29,6 +29,7 @@ from werk_host.protocol import (
     CapabilityId,
     CapabilityStatus,
     ChatRequest,
+    DeploymentPlan,
     ExpertActionRequest,
     ExpertListQuery,
     TextInput,
@@ -630,3 +631,55 @@ def test_hook_werk_deployment_plan(facade: tuple[BackendHooks, MemoryAdapter, Pl
     assert (plan.parallel_slots, plan.context_per_slot, plan.device) == (1, 64, "cpu")
     adapter.close()
     assert hooks.deployment_plan(adapter) is None
+
+
+class RefusingAdapter(MemoryAdapter):
+    """The reference adapter whose prefill refuses every request and that has no plan."""
+
+    @hookimpl(specname="werk_prefill")
+    def prefill(self, work: PrefillWork) -> PrefilledState:
+        raise WerkError(ErrorCode.RESOURCE_EXHAUSTED, f"no room for {work.model_id}")
+
+    @hookimpl(specname="werk_deployment_plan")
+    def deployment_plan(self) -> DeploymentPlan | None:
+        return None
+
+
+def test_one_plain_implementation_is_called_as_pluggy_calls_it() -> None:
+    """Dispatch calls a lone plain implementation directly (werk_host/pluginhost.py ``_call``,
+    measured in docs/architecture.md): its result, its ``None`` and its exception are exactly
+    what pluggy's own call of the same list gives; a wrapper registered later still wraps."""
+    host = PluginHost()
+    host.register(MemoryBackendPlugin(), "testbackend")
+    work = PrefillWork("tiny", TextInput(type="text", text="a b c"), want_snapshot=False)
+
+    def both(adapter: MemoryAdapter, hook: str, **kwargs: object) -> tuple[object, object]:
+        """(dispatch's answer, pluggy's answer), each a result or the exception raised."""
+        plugin = host._plugin(adapter)
+        impls = plugin.hooks[hook].get_hookimpls()
+        assert len(impls) == 1 and not impls[0].wrapper  # the direct path is the one taken
+        answers: list[object] = []
+        for call in (
+            lambda: host.dispatch(hook, adapter, **kwargs),
+            lambda: plugin.pm._hookexec(hook, impls, {**kwargs, "adapter": adapter}, True),
+        ):
+            try:
+                answers.append(call())
+            except WerkError as err:
+                answers.append((err.code, err.message))
+        return answers[0], answers[1]
+
+    adapter = attached(host, MemoryAdapter(model_name="tiny"))
+    mine, theirs = both(adapter, "werk_prefill", work=work)
+    assert isinstance(mine, PrefilledState) and isinstance(theirs, PrefilledState)
+    assert mine.prompt_tokens == theirs.prompt_tokens == 3
+    limits, expected = both(adapter, "werk_chat_limits", model="tiny")
+    assert limits == expected and limits is not None
+    refusing = attached(host, RefusingAdapter(model_name="tiny"))
+    assert both(refusing, "werk_deployment_plan") == (None, None)  # None passes as pluggy passes it
+    refused = both(refusing, "werk_prefill", work=work)
+    assert refused[0] == refused[1] == (ErrorCode.RESOURCE_EXHAUSTED, "no room for tiny")
+    observer = Observer()
+    host.register(observer, "observer")
+    host.dispatch("werk_prefill", adapter, work=work)
+    assert observer.seen == [("prefill:before", BACKEND_ID), ("prefill:after", "3")]

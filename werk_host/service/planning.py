@@ -104,9 +104,11 @@ class ChatPlanning:
     def _resolved(self, adapter: Adapter, model: str, request: ChatRequest) -> ChatRequest:
         """``request`` as the counting hook receives it: ``werk.reasoning.tier`` resolved once
         (:func:`resolved_request`); it and backend members ``werk.<name>`` on a planning request
-        fail exactly as on chat."""
+        fail exactly as on chat. Without ``werk`` there is nothing to validate or resolve."""
+        if request.werk is None:
+            return request
         self.hooks.request_options(adapter, request)
-        if request.werk is not None and request.werk.reasoning is not None:
+        if request.werk.reasoning is not None:
             limits = self.hooks.chat_limits(adapter, model)
             return resolved_request(self.hooks, adapter, request, limits)
         return request

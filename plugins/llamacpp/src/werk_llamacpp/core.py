@@ -118,6 +118,7 @@ class LlamaServerCore:
         self._slot_owner: str | None = None
         self._count_cache: OrderedDict[bytes, int] = OrderedDict()
         self._exited: set[str] = set()  # generations whose child exited (:meth:`_watch`)
+        self._identity = ("none", f"{self.instance_id}#none")
         self._proxy_pools: dict[str, ConnectionPool] = {}
         self._limits: tuple[tuple[str | None, str | None], ChatLimits] | None = None
         self.last_decode: dict[str, Any] = {}
@@ -200,7 +201,11 @@ class LlamaServerCore:
 
     def identity(self) -> str:
         proc = self.current()
-        return f"{self.instance_id}#{proc.generation if proc else 'none'}"
+        generation = proc.generation if proc else "none"
+        named = self._identity  # (generation, identity): one string per child, not one per call
+        if named[0] != generation:
+            named = self._identity = (generation, f"{self.instance_id}#{generation}")
+        return named[1]
 
     def close(self) -> None:
         with self._life:
