@@ -53,9 +53,9 @@ def test_anthropic_sdk_errors(served: str) -> None:
         with pytest.raises(anthropic.NotFoundError) as missing:
             client.messages.create(model="nope", max_tokens=8, messages=TURNS)
         with pytest.raises(anthropic.BadRequestError) as bad:
-            client.messages.create(model="tiny", max_tokens=1000, messages=TURNS)
+            client.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "word " * 70}])
     assert missing.value.request_id is not None and missing.value.request_id.startswith("req_")
-    assert "output tokens" in str(bad.value)
+    assert "the context holds" in str(bad.value)
 
 
 def test_ollama_client(served: str) -> None:
@@ -83,6 +83,6 @@ def test_ollama_client_errors(served: str) -> None:
         with pytest.raises(ollama.ResponseError) as missing:
             client.chat(model="nope", messages=[{"role": "user", "content": "x"}])
         with pytest.raises(ollama.ResponseError) as bad:
-            list(client.chat(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True))
+            list(client.chat(model="tiny", messages=[{"role": "user", "content": "word " * 70}], stream=True))
     assert missing.value.status_code == 404 and missing.value.error == "model is not served here"
-    assert bad.value.status_code == 400 and "output tokens" in bad.value.error
+    assert bad.value.status_code == 400 and "the context holds" in bad.value.error

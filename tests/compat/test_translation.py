@@ -123,17 +123,17 @@ def test_anthropic_request_becomes_the_openai_chat_body() -> None:
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "only text content blocks"),
-        ({"system": [{"type": "document"}]}, "system: only text content blocks"),
-        ({"tools": [{"name": "t", "input_schema": {}}]}, "tools are not supported"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "source"),
+        ({"system": [{"type": "document"}]}, "system: 'document' blocks are not supported"),
+        ({"tools": [{"name": "t", "input_schema": {}}]}, "input_schema"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1023}}, "budget_tokens"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": 1.5}, "temperature"),
         ({"stream": "yes"}, "stream"),
         ({"stop_sequences": [""]}, "stop_sequences"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
         ({"messages": []}, "messages"),
-        ({"mcp_servers": []}, "mcp_servers"),
+        ({"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]}, "mcp_servers"),
     ],
 )
 def test_anthropic_requests_it_cannot_honour_are_refused(extra: dict[str, Any], fragment: str) -> None:

@@ -3,7 +3,11 @@ with a translated body, and handing its answer back for translation.
 
 The call is made exactly as ``/v1`` makes it (werk_host/http/openai.py): the hook can poll
 waitress's ``client_disconnected`` check while it waits for the backend, the serving instance
-is named in ``X-Werk-Deployment`` and labels the request's metrics. A translated stream closes
+is named in ``X-Werk-Deployment`` and labels the request's metrics. The Anthropic and Ollama
+routes call with ``clamp_output_tokens=True``: both protocols treat ``max_tokens`` (``num_predict``)
+as a ceiling, so admission lowers a requested output above the instance's ceiling instead of
+refusing it, and the value sent is named in ``X-Werk-Max-Tokens-Applied`` (docs/compat.md,
+"Output budget"; werk_host/service/inference.py). A translated stream closes
 the inference response when it ends or when the server closes it because the client went away,
 which closes the upstream request and stops the generation.
 """
@@ -18,6 +22,7 @@ import falcon
 from werk_host.compat.upstream import error_message, read_document
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
+from werk_host.service.inference import MAX_TOKENS_HEADER, clamp_output
 from werk_host.service.principals import Principal
 
 Call = Callable[[Principal, JsonObject], InferenceResponse]
@@ -27,15 +32,23 @@ MAX_ERROR_BYTES: Final = 64 * 1024
 FAILED: Final = "the backend failed to process the request"
 
 
-def invoke(req: falcon.Request, resp: falcon.Response, call: Call, body: JsonObject) -> InferenceResponse:
-    """``call(principal, body)`` with the client's disconnect check bound; names the serving
-    instance on ``resp`` and in ``req.context.instance_id``."""
+def invoke(
+    req: falcon.Request, resp: falcon.Response, call: Call, body: JsonObject, *, clamp_output_tokens: bool = False
+) -> InferenceResponse:
+    """``call(principal, body)`` with the client's disconnect check bound (and, with
+    ``clamp_output_tokens``, output clamping on: module docstring); names the serving instance
+    on ``resp`` and in ``req.context.instance_id``, and a clamped output in its header."""
     check = req.env.get("waitress.client_disconnected")
     token = client_disconnected.set(check if callable(check) else None)
+    clamping = clamp_output.set(clamp_output_tokens)
     try:
         response = call(req.context.principal, body)  # set by the request middleware
     finally:
+        clamp_output.reset(clamping)
         client_disconnected.reset(token)
+    applied = response.headers.get(MAX_TOKENS_HEADER)
+    if applied is not None:
+        resp.set_header(MAX_TOKENS_HEADER, applied)
     served_by = response.headers.get(DEPLOYMENT_HEADER)
     if served_by is not None:
         resp.set_header(DEPLOYMENT_HEADER, served_by)

@@ -52,7 +52,11 @@ INSTANCE_KEYS = (
     "default",
     "endpoint",
     "api_key_env",
+    "output_limit",
 )
+#: ``output_limit``: how ``/v1`` admission treats a requested output above the ceiling
+#: (werk_host/service/inference.py): ``refuse`` (``output_limit_exceeded``) or ``clamp``.
+OUTPUT_LIMITS = ("refuse", "clamp")
 _ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIAS_KEYS = ("replicas", "match")
@@ -103,6 +107,8 @@ class InstanceSpec:
     #: appears in a profile, a log or a response)
     api_key_env: str | None = None
     keep_alive_max_s: float | None = None
+    #: ``"refuse"`` or ``"clamp"`` (:data:`OUTPUT_LIMITS`)
+    output_limit: str = "refuse"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
@@ -315,6 +321,7 @@ class _Checker:
             preload=self.boolean(raw, at, "preload"),
             keep_alive_s=keep_alive,
             keep_alive_max_s=self.keep_alive_max(at, raw, keep_alive),
+            output_limit=self.output_limit(at, raw),
             default=self.boolean(raw, at, "default"),
         )
 
@@ -326,6 +333,12 @@ class _Checker:
         if ceiling < (math.inf if keep_alive is None else keep_alive):
             self.fail((*at, "keep_alive_max"), "is shorter than keep_alive: it bounds how far a client may extend it")
         return ceiling
+
+    def output_limit(self, at: _DocPath, raw: dict[str, object]) -> str:
+        value = self.string(raw, at, "output_limit")
+        if value is not None and value not in OUTPUT_LIMITS:
+            self.fail((*at, "output_limit"), f"{_quote(value)} is not one of {', '.join(OUTPUT_LIMITS)}")
+        return value or "refuse"
 
     def string(self, raw: dict[str, object], at: _DocPath, key: str) -> str | None:
         value = raw.get(key)

@@ -6,7 +6,14 @@ routing, counters, disconnect cancellation), and its answer translated back. Eve
 these paths, from validation to a backend failure, is Anthropic's error shape
 (:func:`render_error`, chosen by path in werk_host/http/app.py). The key may come as
 ``x-api-key`` (what Anthropic's SDKs send) or a bearer token; the ``anthropic-version`` and
-``anthropic-beta`` headers are accepted whatever their value.
+``anthropic-beta`` headers (and Claude Code's ``x-app``, ``?beta=true``) are accepted whatever
+their value.
+
+``thinking`` becomes a reasoning tier chosen from the serving instance's verified reasoning
+profile (:func:`~werk_host.compat.anthropic_request.thinking_tier`), read here as discovery
+(a cold instance has no profile yet). ``max_tokens`` is a ceiling: the call clamps it to the
+instance's output ceiling and context (werk_host/compat/calls.py). A count with thinking
+resolves its tier for the instance's output ceiling, the output a large request gets.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from werk_host.compat.anthropic import (
     error_document,
     message,
     message_stream,
+    thinking_tier,
 )
 from werk_host.compat.upstream import sse_events
 from werk_host.control import WerkControl
@@ -32,6 +40,7 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.errors import retry_after
 from werk_host.http.io import parse_body, scope
 from werk_host.http.middleware import ANTHROPIC_PREFIX
+from werk_host.protocol import ReasoningProfile
 from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.principals import Principal
 
@@ -67,13 +76,41 @@ def render_error(req: falcon.Request, resp: falcon.Response, status: int, error:
     _json(req, resp, status, error_document(status, error.public_message(), _request_id(req)))
 
 
+def _profile(control: WerkControl, req: falcon.Request, model: str, output: int) -> ReasoningProfile | None:
+    """The reasoning profile of the instance ``model`` names for ``output`` tokens; ``None`` for
+    an unknown model (the chat or count answers that itself)."""
+    try:
+        return control.reasoning(scope(req), model, output)
+    except WerkError:
+        return None
+
+
+def _tier(control: WerkControl, req: falcon.Request, request: CountTokensRequest, output: int) -> str | None:
+    """The reasoning tier ``request.thinking`` asks for; the profile is read only where the
+    choice depends on it (``adaptive`` is always the default tier)."""
+    thinking = request.thinking
+    if thinking is None or thinking.type == "adaptive":
+        return thinking_tier(thinking, None)
+    return thinking_tier(thinking, _profile(control, req, request.model, output))
+
+
+def _ceiling(control: WerkControl, req: falcon.Request, model: str) -> int | None:
+    """The instance's output ceiling (discovery: ``None`` while it is cold or unknown)."""
+    try:
+        return control.chat_limits(scope(req), model).max_output_tokens
+    except WerkError:
+        return None
+
+
 class Messages:
-    def __init__(self, inference: ChatInference) -> None:
+    def __init__(self, control: WerkControl, inference: ChatInference) -> None:
+        self.control = control
         self.inference = inference
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, MessagesRequest)
-        response = calls.invoke(req, resp, self.inference.chat_completion, chat_body(request))
+        body = chat_body(request, _tier(self.control, req, request, request.max_tokens))
+        response = calls.invoke(req, resp, self.inference.chat_completion, body, clamp_output_tokens=True)
         if response.status >= 400:
             status, text = calls.failure(response)
             _json(req, resp, status, error_document(status, text, _request_id(req)))
@@ -93,10 +130,15 @@ class CountTokens:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, CountTokensRequest)
-        count = self.control.count_tokens(scope(req), count_request(request))
+        tier = None
+        ceiling = None
+        if request.thinking is not None:
+            ceiling = _ceiling(self.control, req, request.model)
+            tier = _tier(self.control, req, request, ceiling or 1)
+        count = self.control.count_tokens(scope(req), count_request(request, tier, ceiling))
         _json(req, resp, 200, {"input_tokens": count.input_tokens})
 
 
 def add_routes(app: falcon.App[Any, Any], control: WerkControl, inference: ChatInference) -> None:
-    app.add_route(ANTHROPIC_PREFIX, Messages(inference))
+    app.add_route(ANTHROPIC_PREFIX, Messages(control, inference))
     app.add_route(ANTHROPIC_PREFIX + "/count_tokens", CountTokens(control))

@@ -187,7 +187,7 @@ class _Generation(_Resource):
         keep_alive: float | None,
         started_ns: int,
     ) -> None:
-        response = calls.invoke(req, resp, call, body)
+        response = calls.invoke(req, resp, call, body, clamp_output_tokens=True)  # num_predict is a ceiling
         if response.status >= 400:
             status, text = calls.failure(response)
             _json(resp, status, error_document(text))

@@ -43,6 +43,8 @@ class ChatCounters(DataModel):
     requests_active: int = 0
     requests_failed: int = 0
     requests_rejected: int = 0
+    #: admitted with a lowered requested output (werk_host/service/inference.py, docs/compat.md)
+    requests_clamped: int = 0
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
 

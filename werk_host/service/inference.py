@@ -2,7 +2,13 @@
 
 Generation admission runs before the backend is called: a requested output above the
 model's output ceiling is ``output_limit_exceeded``; input plus requested output above the
-per-request context is ``context_length_exceeded``. The input is the backend's exact count
+per-request context is ``context_length_exceeded``. A request admitted with *output clamping*
+(the Anthropic and Ollama routes, which treat ``max_tokens`` as a ceiling: :data:`clamp_output`,
+set by werk_host/compat/calls.py; on ``/v1`` an instance whose profile says
+``output_limit = "clamp"``) instead has its requested output lowered to the ceiling and to what
+the context leaves after the input; the value sent is named in the ``X-Werk-Max-Tokens-Applied``
+response header and the request counts in ``requests_clamped`` (docs/compat.md). An input that
+leaves no room is still ``context_length_exceeded``. The input is the backend's exact count
 when it has one, else the shared estimator of :mod:`werk_host.service.admission`. The exact
 count is skipped when :class:`~werk_host.service.admission.FitBounds` proves the request fits
 (an upper bound from calibrated evidence, no backend call); answers are the same either way.
@@ -28,8 +34,9 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -54,6 +61,20 @@ USAGE_TAIL_BYTES = 8192
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 #: Called with the prompt tokens a relayed answer reports (see ``InferenceService._admit``).
 UsageCheck = Callable[[int], None]
+#: Names the requested output Werk sent when it clamped the client's (module docstring).
+MAX_TOKENS_HEADER: Final = "X-Werk-Max-Tokens-Applied"
+#: Whether the request being served clamps its requested output instead of refusing it; the
+#: compatibility routes set it around their call (werk_host/compat/calls.py).
+clamp_output: ContextVar[bool] = ContextVar("clamp_output", default=False)
+#: The body fields that carry a requested output.
+_OUTPUT_FIELDS: Final = ("max_tokens", "max_completion_tokens")
+
+
+def with_output(body: JsonObject, tokens: int) -> JsonObject:
+    """``body`` (a copy) asking for ``tokens`` output tokens in every output field it has
+    (``max_tokens`` when it has none)."""
+    fields = [name for name in _OUTPUT_FIELDS if body.get(name) is not None] or ["max_tokens"]
+    return {**body, **dict.fromkeys(fields, tokens)}
 
 
 def admission_error(openai_code: str, message: str) -> WerkError:
@@ -158,11 +179,13 @@ class InferenceService:
         return self._admit(adapter, body, served if served is not None else self.fleet.model)[0]
 
     def _admit(
-        self, adapter: Adapter, body: JsonObject, served: ModelManifest | None
-    ) -> tuple[JsonObject, UsageCheck | None]:
+        self, adapter: Adapter, body: JsonObject, served: ModelManifest | None, clamp: bool = False
+    ) -> tuple[JsonObject, UsageCheck | None, int | None]:
         """:meth:`admit_chat`, plus, when the fit bound admitted the request (no exact count),
         a check of the prompt tokens the backend then reports against that bound: a count above
-        it withdraws the evidence (:meth:`FitBounds.observe`)."""
+        it withdraws the evidence (:meth:`FitBounds.observe`). With ``clamp`` the requested
+        output is lowered instead of refused (module docstring); the third member is then the
+        output sent, when it was lowered."""
         try:
             request = ChatRequest.model_validate(body)
         except ValidationError as err:
@@ -173,14 +196,23 @@ class InferenceService:
             body = {**body, "werk": {**(werk if isinstance(werk, dict) else {}), **options}}
         self._check_served(request.model, served)
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
+        applied = None
+        ceiling = limits.max_output_tokens if limits is not None else None
+        if clamp and ceiling is not None and request.requested_output_tokens() > ceiling:
+            applied, body = ceiling, with_output(body, ceiling)
+            request = request.model_copy(update=dict.fromkeys(_OUTPUT_FIELDS, None) | {"max_tokens": ceiling})
         body, request = resolve_reasoning(self.fleet.hooks, adapter, body, request, limits)  # once, for every hook
         output = request.requested_output_tokens()
         self._check_output(limits, output)
         if limits is not None and limits.context_tokens is not None:
             if self._fit_bound(adapter, request, limits.context_tokens - output) is not None:
-                return body, partial(self.bounds.observe, adapter, request)
-            self._check_context(limits, self._input_tokens(adapter, request) + output)
-        return body, None
+                return body, partial(self.bounds.observe, adapter, request), applied
+            needed = self._input_tokens(adapter, request)
+            if clamp and needed < limits.context_tokens < needed + output:
+                output = limits.context_tokens - needed
+                applied, body = output, with_output(body, output)
+            self._check_context(limits, needed + output)
+        return body, None, applied
 
     def _check_output(self, limits: ChatLimits | None, output: int) -> None:
         """``output_limit_exceeded`` for a requested output above the model's ceiling."""
@@ -205,10 +237,13 @@ class InferenceService:
         if self.fleet.deployments is None and model not in (None, *((served.name,) if served else ())):
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
 
-    def _admit_completion(self, adapter: Adapter, body: JsonObject, served: ModelManifest | None) -> None:
+    def _admit_completion(
+        self, adapter: Adapter, body: JsonObject, served: ModelManifest | None, clamp: bool = False
+    ) -> tuple[JsonObject, int | None]:
         """Validate and admit a ``/v1/completions`` request (and Ollama's ``raw`` generate): the
         same output ceiling as chat, and each prompt's input (:func:`prompt_tokens`) plus the
-        requested output within the context."""
+        requested output within the context; with ``clamp``, the output lowered to fit as for
+        chat. Returns the body to send and the output sent when it was lowered."""
         try:
             request = CompletionRequest.model_validate(body)
         except ValidationError as err:
@@ -216,9 +251,17 @@ class InferenceService:
         self._check_served(request.model, served)
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
         output = request.requested_output_tokens()
+        applied = None
+        if clamp and limits is not None and limits.max_output_tokens is not None and output > limits.max_output_tokens:
+            applied = output = limits.max_output_tokens
         self._check_output(limits, output)
         if limits is not None:
-            self._check_context(limits, max(prompt_tokens(p) for p in request.prompts()) + output)
+            needed = max(prompt_tokens(p) for p in request.prompts())
+            context = limits.context_tokens
+            if clamp and context is not None and needed < context < needed + output:
+                applied = output = context - needed
+            self._check_context(limits, needed + output)
+        return (body if applied is None else {**body, "max_tokens": applied}), applied
 
     def _route(self, body: JsonObject) -> Instance | None:
         """The instance a ``/v1`` body's ``model`` names (an instance id, a served model name or
@@ -271,17 +314,18 @@ class InferenceService:
             # in flight from before the start on: keep-alive cannot stop it under this request
             adapter = instance.use(enter=True)
             verify = None
+            clamp = clamp_output.get() or instance.spec.output_limit == "clamp"
             if chat:
-                body, verify = self._admit(adapter, body, instance.manifest)
+                body, verify, applied = self._admit(adapter, body, instance.manifest, clamp)
             else:
-                self._admit_completion(adapter, body, instance.manifest)
+                body, applied = self._admit_completion(adapter, body, instance.manifest, clamp)
             self._seat(ticket, adapter, instance.id)
         except BaseException:
             if instance is not None:
                 instance.leave()
             raise
         label = instance.id if instance is not None else DEFAULT_INSTANCE
-        self.stats.add(instance=label, requests_total=1, requests_active=1)
+        self.stats.add(instance=label, requests_total=1, requests_active=1, requests_clamped=int(applied is not None))
         hooks = self.fleet.hooks
         try:
             response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
@@ -296,6 +340,8 @@ class InferenceService:
             response = sanitized_error(response)
         if instance is not None:
             response.headers[DEPLOYMENT_HEADER] = instance.id
+        if applied is not None:
+            response.headers[MAX_TOKENS_HEADER] = str(applied)
         return self._tracked(response, label, instance, verify, ticket)
 
     def _tracked(

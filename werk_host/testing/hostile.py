@@ -102,8 +102,9 @@ _FIELDS: Final[dict[str, str]] = {
     "/v1/chat/completions": "stream_options temperature top_p n stop seed tools tool_choice response_format "
     "presence_penalty frequency_penalty logit_bias logprobs top_logprobs reasoning_effort werk user",
     "/v1/completions": "prompt temperature top_p n stop seed echo suffix logprobs best_of logit_bias",
-    "/v1/messages": "system tools tool_choice thinking service_tier",
-    "/v1/messages/count_tokens": "system tools tool_choice thinking",
+    "/v1/messages": "system tools tool_choice thinking service_tier output_config output_format context_management "
+    "mcp_servers container",
+    "/v1/messages/count_tokens": "system tools tool_choice thinking output_config context_management mcp_servers",
     "/api/chat": "format keep_alive think tools",
     "/api/generate": "format keep_alive think suffix template context images",
     "/api/show": "",

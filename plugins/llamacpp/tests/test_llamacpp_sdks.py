@@ -178,11 +178,19 @@ def test_anthropic_sdk_sees_the_serving_instance_and_typed_errors(served: Served
     with anthropic.Anthropic(base_url=served.url, api_key=KEY, max_retries=0, timeout=120) as client:
         raw = client.messages.with_raw_response.create(model=MODEL, messages=_anthropic_turns(FIRST), max_tokens=2)
         assert raw.headers["x-werk-deployment"] == MODEL and raw.parse().usage.output_tokens <= 2
-        with pytest.raises(anthropic.BadRequestError) as too_long:
-            client.messages.create(model=MODEL, messages=_anthropic_turns(FIRST), max_tokens=1 << 20)
+        # max_tokens is a ceiling (docs/compat.md, "Output budget"): clamped, named in a header;
+        # the stream is left at its headers, which stops the generation
+        with client.messages.with_streaming_response.create(
+            model=MODEL, messages=_anthropic_turns(FIRST), max_tokens=1 << 20, stream=True
+        ) as clamped:
+            assert clamped.status_code == 200 and int(clamped.headers["x-werk-max-tokens-applied"]) < 1 << 20
+        image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+        with pytest.raises(anthropic.BadRequestError) as text_only:
+            client.messages.create(model=MODEL, messages=[{"role": "user", "content": [image]}], max_tokens=2)
         with pytest.raises(anthropic.NotFoundError):
             client.messages.create(model="nope", messages=_anthropic_turns(FIRST), max_tokens=2)
-    assert "gguf" not in str(too_long.value) and too_long.value.status_code == 400
+    assert "gguf" not in str(text_only.value) and text_only.value.status_code == 400
+    assert "text content parts only" in str(text_only.value)  # no projector: the model takes no images
 
 
 # -- ollama --------------------------------------------------------------------------------------
