@@ -155,7 +155,12 @@ def test_a_failed_request_and_keep_alive_zero(client: falcon.testing.TestClient,
     # a request the model cannot serve does not touch residency
     refused = client.simulate_post(
         "/api/chat",
-        json={"model": "tiny", "messages": MESSAGES, "keep_alive": "1h", "options": {"num_predict": 10_000}},
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "word " * 70}],  # more than the context holds
+            "keep_alive": "1h",
+            "options": {"num_predict": 8},
+        },
         headers=AUTH,
     )
     assert refused.status_code == 400, refused.text

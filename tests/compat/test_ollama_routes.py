@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import falcon.testing
@@ -11,8 +13,11 @@ import pytest
 
 from tests.compat.conftest import KEY
 from tests.test_hardening import HOSTILE_BODIES
+from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.server import Host
+from werk_host.testing.hosts import backend_host
 from werk_host.testing.reference import CONTEXT_TOKENS, MAX_OUTPUT_TOKENS, MemoryBackendPlugin
+from werk_host.testing.reference_base import EXPERIMENTAL_STATE
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MESSAGES: list[dict[str, Any]] = [
@@ -23,6 +28,20 @@ MESSAGES: list[dict[str, Any]] = [
 ]
 #: The reference model allows 63 output tokens; Ollama's default (no limit) is admitted as 256.
 SHORT = {"num_predict": 8}
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[tuple[Host, MemoryBackendPlugin]]:
+    """The compat host whose reference backend also reports its reasoning profile (so that
+    Ollama's ``think`` finds a verified one)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    statuses = {**EXPERIMENTAL_STATE, CapabilityId.REASONING: CapabilityStatus.SUPPORTED}
+    built, plugin = backend_host(home, operator_api_keys=(KEY,), adapter_kwargs={"statuses": statuses})
+    try:
+        yield built, plugin
+    finally:
+        built.close()
 
 
 def _post(client: falcon.testing.TestClient, path: str, body: object) -> falcon.testing.Result:
@@ -115,15 +134,14 @@ def test_counters_count_ollama_requests(client: falcon.testing.TestClient) -> No
     ("body", "status", "fragment"),
     [
         ({"model": "nope", "messages": MESSAGES}, 404, "not served"),
-        ({"model": "tiny", "messages": MESSAGES, "options": {"num_ctx": CONTEXT_TOKENS + 1}}, 400, "num_ctx"),
-        (
-            {"model": "tiny", "messages": MESSAGES, "options": {"num_predict": MAX_OUTPUT_TOKENS + 1}},
-            400,
-            "output tokens",
-        ),
         ({"model": "tiny", "messages": [{"role": "user", "content": "word " * 70}], "options": SHORT}, 400, "context"),
-        ({"model": "tiny", "messages": MESSAGES, "options": {"mirostat": 1}}, 400, "mirostat"),
-        ({"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"),
+        ({"model": "tiny", "messages": MESSAGES, "options": {"temperature": "hot"}}, 400, "temperature"),
+        ({"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "function"),
+        (
+            {"model": "tiny", "messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "a b"}}]},
+            400,
+            "name",
+        ),
         (
             {"model": "tiny", "messages": MESSAGES, "think": "high", "options": {"num_predict": 8}},
             400,
@@ -139,6 +157,30 @@ def test_bad_input_is_ollamas_4xx(
     assert fragment in _error(_post(client, "/api/chat", body), status)
     after = client.simulate_get("/werk/v1/observability", headers=AUTH).json["data"]["chat"]["requests_total"]
     assert after == before
+
+
+def test_options_ollama_ignores_or_cannot_apply_are_accepted(client: falcon.testing.TestClient) -> None:
+    """Ollama ignores options it does not know, and ``num_ctx`` cannot resize a running
+    instance's context; a ``num_predict`` above the ceiling is clamped (docs/compat.md)."""
+    for options in (
+        {"num_ctx": CONTEXT_TOKENS + 1, **SHORT},
+        {"mirostat": 1, "tfs_z": 2, "penalize_newline": True, "no_such_option": [1], **SHORT},
+        {"num_keep": 4, "num_thread": 2, "low_vram": True, "f16_kv": True, **SHORT},
+    ):
+        result = _post(
+            client, "/api/chat", {"model": "tiny", "messages": MESSAGES, "stream": False, "options": options}
+        )
+        assert result.status_code == 200, (options, result.text)
+    clamped = _post(
+        client,
+        "/api/chat",
+        {"model": "tiny", "messages": MESSAGES, "stream": False, "options": {"num_predict": MAX_OUTPUT_TOKENS + 1}},
+    )
+    assert clamped.status_code == 200, clamped.text
+    applied = min(
+        MAX_OUTPUT_TOKENS, CONTEXT_TOKENS - _count(client, MESSAGES)
+    )  # the ceiling, or what the context leaves
+    assert clamped.headers["x-werk-max-tokens-applied"] == str(applied) and clamped.json["eval_count"] <= applied
 
 
 def test_a_reasoning_tier_the_profile_offers_is_accepted(

@@ -309,14 +309,13 @@ def test_ollama_generate_bodies() -> None:
 @pytest.mark.parametrize(
     ("model", "extra", "fragment"),
     [
-        (ollama.OllamaChatRequest, {"tools": [{"type": "function"}]}, "tools are not supported"),
-        (ollama.OllamaChatRequest, {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
-        (ollama.OllamaChatRequest, {"messages": [{"role": "tool", "content": "x"}]}, "role"),
-        (ollama.OllamaChatRequest, {"options": {"mirostat": 2}}, "option mirostat is not supported"),
+        (ollama.OllamaChatRequest, {"tools": [{"type": "function"}]}, "function"),
+        (ollama.OllamaChatRequest, {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "PNG, JPEG"),
+        (ollama.OllamaChatRequest, {"messages": [{"role": "robot", "content": "x"}]}, "role"),
         (ollama.OllamaChatRequest, {"options": {"num_predict": 0}}, "num_predict"),
         (ollama.OllamaChatRequest, {"options": {"num_predict": -3}}, "num_predict"),
         (ollama.OllamaChatRequest, {"options": {"num_ctx": 0}}, "num_ctx"),
-        (ollama.OllamaChatRequest, {"options": {"temperatur": 1}}, "temperatur"),
+        (ollama.OllamaChatRequest, {"options": {"temperature": "1"}}, "temperature"),
         (ollama.OllamaChatRequest, {"options": {"top_p": 2}}, "top_p"),
         (ollama.OllamaChatRequest, {"format": "yaml"}, "format"),
         (ollama.OllamaChatRequest, {"think": "extreme"}, "think"),
@@ -353,15 +352,6 @@ def test_ollama_requests_it_cannot_honour_are_refused(model: Any, extra: dict[st
 def test_ollama_keep_alive(value: str | float, seconds: float) -> None:
     assert _chat(keep_alive=value).keep_alive == seconds
     assert _chat(keep_alive=value).keep_alive_s == seconds
-
-
-def test_num_ctx_is_checked_against_the_served_context() -> None:
-    options = ollama.OllamaOptions(num_ctx=2048)
-    ollama.check_num_ctx(options, 2048)
-    ollama.check_num_ctx(options, None)  # a cold instance: unknown, not checked
-    with pytest.raises(WerkError) as err:
-        ollama.check_num_ctx(options, 2047)
-    assert err.value.message == "options.num_ctx 2048 exceeds the 2047-token context this model is served with"
 
 
 def _lines(wire: bytes) -> list[JsonObject]:

@@ -10,7 +10,10 @@ counters therefore act on all three protocols the same way.
 * :mod:`werk_host.compat.upstream` reads the OpenAI answer (JSON documents, SSE events).
 * :mod:`werk_host.compat.anthropic` and :mod:`werk_host.compat.ollama` hold the request
   models and both directions of each translation; they know nothing of HTTP.
+* :mod:`werk_host.compat.ollama` (requests), :mod:`werk_host.compat.ollama_messages`
+  (messages, tools, tool calls, images) and :mod:`werk_host.compat.ollama_answers` (answers,
+  streams, tool calls back) are the Ollama translation.
 * :mod:`werk_host.compat.ollama_models` describes served models for ``/api/tags``,
-  ``/api/ps`` and ``/api/show``.
+  ``/api/ps`` and ``/api/show`` (with the capabilities the serving instance has shown).
 * :mod:`werk_host.compat.calls` is the one piece of HTTP glue both route families share.
 """

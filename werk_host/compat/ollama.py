@@ -1,66 +1,74 @@
-"""The Ollama generation API as a translation of the ``/v1`` path (docs/compat.md).
+"""The Ollama generation API as a translation of the ``/v1`` path (docs/compat.md, "Ollama").
 
-``POST /api/chat`` becomes an OpenAI chat body (:func:`chat_body`); ``POST /api/generate``
-becomes one too (``system`` + ``prompt`` as a two-message conversation), or with ``raw: true``
-an OpenAI completions body whose prompt is sent as it is (:func:`generate_body`). ``options``
-map as follows: ``num_predict`` → ``max_tokens`` (``-1``/``-2``: no limit is sent),
-``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``presence_penalty`` and
-``frequency_penalty`` carry over; ``num_ctx`` is checked against the served context
-(:func:`check_num_ctx`); launch settings (``num_thread``, ``num_gpu``, ...) belong to the
-deployment and have no effect; any other option is refused. ``format`` becomes
-``response_format``; ``think`` becomes ``werk.reasoning`` (``true``: the model's default tier,
-a level: that tier; ``false`` asks for nothing here, and tier ``none`` where the serving runtime
-has a verified reasoning profile, which werk_host/http/ollama.py checks). A request without messages (chat) or prompt
-(generate) is Ollama's load/unload idiom (:func:`residency_answer`).
+``POST /api/chat`` becomes an OpenAI chat body (:func:`chat_body`): messages, tools, tool calls,
+tool results and images as :mod:`werk_host.compat.ollama_messages` says. ``POST /api/generate``
+becomes one too (``system`` + ``prompt`` (+ ``images``) as a two-message conversation), or with
+``raw: true`` an OpenAI completions body whose prompt is sent as it is (:func:`generate_body`).
 
-Answers: NDJSON lines by default, one JSON object with ``stream: false``; the last (or only)
-object has ``done: true``, ``done_reason``, ``prompt_eval_count`` and ``eval_count`` (the
-backend's usage; left out when it reports none) and ``total_duration`` (measured here, ns).
-Errors are ``{"error": message}`` (:func:`error_document`), inside a stream too.
+``options`` (:class:`OllamaOptions`), as Ollama reads them: ``num_predict`` → ``max_tokens``
+(``-1``/``-2``: no limit is sent); ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``,
+``presence_penalty`` and ``frequency_penalty`` carry over as the OpenAI fields;
+``min_p``, ``typical_p``, ``repeat_penalty`` and ``repeat_last_n`` carry over under the same
+names (llama-server's sampling fields); ``num_ctx``, ``num_keep`` and the launch settings
+(``num_thread``, ``num_gpu``, ...) are accepted with no effect (the deployment fixes the
+context and how the instance runs); any other option is ignored, as Ollama ignores options it
+does not know. A known option of the wrong type is refused.
+
+``format`` becomes ``response_format``; ``think`` becomes ``werk.reasoning`` (``true``: the
+model's default tier, a level: that tier), which werk_host/http/ollama.py checks against the
+serving instance's verified reasoning profile (and turns ``false`` into tier ``none`` where
+there is one). A request without messages (chat) or prompt (generate) is Ollama's load/unload
+idiom. Answers: :mod:`werk_host.compat.ollama_answers`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import time
-from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, Field, JsonValue, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
 
-from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, Usage, as_object, first_choice, text_of, unreadable
+from werk_host.compat.ollama_answers import (
+    Shape,
+    answer,
+    answer_stream,
+    error_document,
+    line,
+    residency_answer,
+    timestamp,
+)
+from werk_host.compat.ollama_messages import Image, OllamaMessage, OllamaTool, data_url, openai_messages, openai_tools
+from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED
 from werk_host.deployments.durations import MAX_DURATION_TEXT, too_long
-from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol import StrictModel
 from werk_host.protocol.base import JsonBool, JsonFloat, JsonInt, NonNegativeJsonInt, PositiveJsonInt
 from werk_host.seam import JsonObject
 
+__all__ = [
+    "STREAM_CUT",
+    "STREAM_FAILED",
+    "OllamaChatRequest",
+    "OllamaGenerateRequest",
+    "OllamaMessage",
+    "OllamaOptions",
+    "OllamaShowRequest",
+    "Shape",
+    "answer",
+    "answer_stream",
+    "chat_body",
+    "error_document",
+    "generate_body",
+    "keep_alive_seconds",
+    "line",
+    "residency_answer",
+    "served_name",
+    "timestamp",
+]
+
 log = logging.getLogger(__name__)
 
-#: Options that select sampling behaviour this translation cannot express: refused by name.
-UNSUPPORTED_OPTIONS: Final = frozenset(
-    {
-        "num_keep",
-        "tfs_z",
-        "typical_p",
-        "min_p",
-        "repeat_last_n",
-        "repeat_penalty",
-        "mirostat",
-        "mirostat_tau",
-        "mirostat_eta",
-        "penalize_newline",
-        "logits_all",
-        "vocab_only",
-        "embedding_only",
-        "f16_kv",
-    }
-)
-#: ``options`` → OpenAI field, carried over unchanged.
+#: ``options`` → the body field it becomes, carried over unchanged.
 SAMPLING: Final = (
     ("temperature", "temperature"),
     ("top_p", "top_p"),
@@ -68,6 +76,10 @@ SAMPLING: Final = (
     ("seed", "seed"),
     ("presence_penalty", "presence_penalty"),
     ("frequency_penalty", "frequency_penalty"),
+    ("min_p", "min_p"),
+    ("typical_p", "typical_p"),
+    ("repeat_penalty", "repeat_penalty"),
+    ("repeat_last_n", "repeat_last_n"),
 )
 
 # -- keep_alive ------------------------------------------------------------------------------
@@ -107,7 +119,10 @@ def _num_predict(value: int) -> int:
 
 
 class OllamaOptions(StrictModel):
-    """Ollama ``options`` (see the module docstring for what each one does here)."""
+    """Ollama ``options`` (see the module docstring for what each one does here); options it
+    does not name are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     num_predict: Annotated[JsonInt, AfterValidator(_num_predict)] | None = None
     temperature: Annotated[JsonFloat, Field(ge=0)] | None = None
@@ -115,53 +130,33 @@ class OllamaOptions(StrictModel):
     top_k: NonNegativeJsonInt | None = None
     seed: JsonInt | None = None
     stop: list[Annotated[str, Field(min_length=1)]] | None = None
-    num_ctx: PositiveJsonInt | None = None
     presence_penalty: Annotated[JsonFloat, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[JsonFloat, Field(ge=-2, le=2)] | None = None
-    # launch settings: the deployment profile owns them; accepted, no effect
-    numa: JsonBool | None = None
+    min_p: Annotated[JsonFloat, Field(ge=0, le=1)] | None = None
+    typical_p: Annotated[JsonFloat, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[JsonFloat, Field(ge=0)] | None = None
+    repeat_last_n: Annotated[JsonInt, Field(ge=-1)] | None = None
+    # accepted, no effect: the deployment fixes the context and how the instance runs
+    num_ctx: PositiveJsonInt | None = None
+    num_keep: JsonInt | None = None
     num_batch: JsonInt | None = None
     num_gpu: JsonInt | None = None
     main_gpu: JsonInt | None = None
-    low_vram: JsonBool | None = None
     num_thread: JsonInt | None = None
     use_mmap: JsonBool | None = None
-    use_mlock: JsonBool | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _refuse_unsupported(cls, data: Any) -> Any:
+    def _note_ignored(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            refused = sorted(UNSUPPORTED_OPTIONS & set(data))
-            if refused:
-                raise ValueError(f"option {refused[0]} is not supported by this server")
-        return data
-
-
-def _not_given(data: dict[str, Any], name: str, message: str) -> None:
-    if data.get(name):
-        raise ValueError(message)
-
-
-class OllamaMessage(StrictModel):
-    role: Literal["system", "user", "assistant"]
-    content: str = ""
-    #: a replayed assistant turn's thinking: accepted, not sent to the model again
-    thinking: str | None = None
-    images: list[str] | None = None  # only empty
-    tool_calls: list[JsonValue] | None = None  # only empty
-
-    @model_validator(mode="before")
-    @classmethod
-    def _supported(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            _not_given(data, "images", "images are not supported on this route")
-            _not_given(data, "tool_calls", "tool calls are not supported on this route")
+            ignored = set(data) - set(cls.model_fields)
+            if ignored:
+                log.debug("ignored %d Ollama option(s) this server does not know", len(ignored))
         return data
 
 
 Format = Literal["", "json"] | dict[str, JsonValue]
-Think = JsonBool | Literal["low", "medium", "high"]
+Think = JsonBool | Literal["low", "medium", "high", "max"]
 
 
 class _Generation(StrictModel):
@@ -183,19 +178,26 @@ class _Generation(StrictModel):
         ``None`` when the request has none."""
         return keep_alive_seconds(self.keep_alive) if self.keep_alive is not None else None
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the request asks for thinking (``true`` or a level)."""
+        return self.think is not None and self.think is not False
+
 
 class OllamaChatRequest(_Generation):
     """``POST /api/chat``."""
 
     messages: list[OllamaMessage] = Field(default_factory=list)
-    tools: list[dict[str, JsonValue]] | None = None  # only empty
+    tools: list[OllamaTool] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _supported(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            _not_given(data, "tools", "tools are not supported on this route (use /v1/chat/completions)")
-        return data
+    @property
+    def has_images(self) -> bool:
+        return any(m.images for m in self.messages)
+
+
+def _not_given(data: dict[str, Any], name: str, message: str) -> None:
+    if data.get(name):
+        raise ValueError(message)
 
 
 class OllamaGenerateRequest(_Generation):
@@ -207,7 +209,7 @@ class OllamaGenerateRequest(_Generation):
     suffix: str | None = None  # only empty
     template: str | None = None  # only empty
     context: list[JsonInt] | None = None  # only empty
-    images: list[str] | None = None  # only empty
+    images: list[Image] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -216,10 +218,15 @@ class OllamaGenerateRequest(_Generation):
             _not_given(data, "suffix", "suffix (fill-in-the-middle) is not supported on this route")
             _not_given(data, "template", "template is not supported: the model's own chat template is used")
             _not_given(data, "context", "context is not supported: send the conversation to /api/chat")
-            _not_given(data, "images", "images are not supported on this route")
-            if data.get("raw") is True and (data.get("system") or data.get("format") or data.get("think")):
-                raise ValueError("raw cannot be combined with system, format or think")
+            if data.get("raw") is True and (
+                data.get("system") or data.get("format") or data.get("think") or data.get("images")
+            ):
+                raise ValueError("raw cannot be combined with system, format, think or images")
         return data
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.images)
 
 
 class OllamaShowRequest(StrictModel):
@@ -240,22 +247,22 @@ class OllamaShowRequest(StrictModel):
         return self.model or self.name or ""
 
 
+class OllamaEmbedRequest(StrictModel):
+    """``POST /api/embed`` (``input``) and the older ``POST /api/embeddings`` (``prompt``)."""
+
+    model: str = Field(min_length=1, max_length=256)
+    input: str | list[str] | None = None
+    prompt: str | None = None
+    truncate: JsonBool | None = None
+    dimensions: PositiveJsonInt | None = None
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive | None = None
+
+
 def served_name(model: str) -> str:
     """The deployment name a client's model names: Ollama's default tag ``:latest`` dropped
     (instance ids, model names and aliases never contain ``:``)."""
     return model.removesuffix(":latest")
-
-
-def check_num_ctx(options: OllamaOptions | None, context_tokens: int | None) -> None:
-    """``num_ctx`` above the per-request context the model is served with is refused; when the
-    context is unknown (a cold instance) it is not checked. A smaller value changes nothing."""
-    if options is None or options.num_ctx is None or context_tokens is None:
-        return
-    if options.num_ctx > context_tokens:
-        raise WerkError(
-            ErrorCode.INVALID_REQUEST,
-            f"options.num_ctx {options.num_ctx} exceeds the {context_tokens}-token context this model is served with",
-        )
 
 
 def _common(request: _Generation, *, stream: bool) -> JsonObject:
@@ -276,7 +283,7 @@ def _common(request: _Generation, *, stream: bool) -> JsonObject:
         body["response_format"] = {"type": "json_object"}
     elif isinstance(request.format, dict):
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "response", "schema": request.format}}
-    if request.think is not None and request.think is not False:
+    if request.thinks:
         tier = "default" if request.think is True else request.think
         body["werk"] = {"reasoning": {"tier": tier}}
     return body
@@ -285,7 +292,9 @@ def _common(request: _Generation, *, stream: bool) -> JsonObject:
 def chat_body(request: OllamaChatRequest) -> JsonObject:
     """The OpenAI chat body for an ``/api/chat`` request with messages."""
     body = _common(request, stream=request.streamed)
-    body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+    body["messages"] = openai_messages(request.messages)
+    if request.tools:
+        body["tools"] = openai_tools(request.tools)
     return body
 
 
@@ -299,113 +308,10 @@ def generate_body(request: OllamaGenerateRequest) -> tuple[bool, JsonObject]:
     messages: list[JsonValue] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
-    messages.append({"role": "user", "content": request.prompt or ""})
+    content: JsonValue = request.prompt or ""
+    if request.images:
+        parts: list[JsonValue] = [{"type": "text", "text": request.prompt}] if request.prompt else []
+        content = parts + [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in request.images]
+    messages.append({"role": "user", "content": content})
     body["messages"] = messages
     return True, body
-
-
-# -- answers ---------------------------------------------------------------------------------
-
-
-class Shape(StrEnum):
-    """Which Ollama answer shape: ``message`` objects (chat) or ``response`` text (generate)."""
-
-    CHAT = "chat"
-    GENERATE = "generate"
-
-
-def timestamp() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _piece(shape: Shape, model: str, text: str, thinking: str) -> JsonObject:
-    doc: JsonObject = {"model": model, "created_at": timestamp()}
-    if shape is Shape.CHAT:
-        message: JsonObject = {"role": "assistant", "content": text}
-        if thinking:
-            message["thinking"] = thinking
-        doc["message"] = message
-    else:
-        doc["response"] = text
-        if thinking:
-            doc["thinking"] = thinking
-    doc["done"] = False
-    return doc
-
-
-def _finished(doc: JsonObject, finish: str | None, usage: Usage | None, started_ns: int) -> JsonObject:
-    doc["done"] = True
-    doc["done_reason"] = finish or "stop"
-    doc["total_duration"] = time.monotonic_ns() - started_ns
-    if usage is not None:
-        doc["prompt_eval_count"] = usage.prompt_tokens
-        doc["eval_count"] = usage.completion_tokens
-    return doc
-
-
-def _texts(choice: JsonObject, part: str) -> tuple[str, str]:
-    """``(text, thinking)`` of a choice: chat ``message``/``delta`` content and reasoning, or
-    completions ``text``."""
-    inner = as_object(choice.get(part))
-    if inner is None:
-        return text_of(choice.get("text")), ""
-    return text_of(inner.get("content")), text_of(inner.get("reasoning_content"))
-
-
-def answer(doc: JsonObject, shape: Shape, model: str, started_ns: int) -> JsonObject:
-    """The single Ollama object (``stream: false``) for an OpenAI answer document."""
-    choice = first_choice(doc)
-    if choice is None:
-        raise unreadable()
-    text, thinking = _texts(choice, "message")
-    finish = choice.get("finish_reason")
-    piece = _piece(shape, model, text, thinking)
-    return _finished(piece, finish if isinstance(finish, str) else None, Usage.of(doc), started_ns)
-
-
-def line(doc: JsonObject) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
-
-
-def answer_stream(events: Iterable[JsonObject], shape: Shape, model: str, started_ns: int) -> Iterator[bytes]:
-    """NDJSON lines for the OpenAI chunks ``events``: one per text (or thinking) delta, then the
-    ``done`` line. A backend failure inside the stream ends it with an ``{"error": ...}`` line
-    carrying a fixed message."""
-    finish: str | None = None
-    usage: Usage | None = None
-    try:
-        for event in events:
-            if "error" in event:
-                log.warning("the backend reported an error inside a stream")
-                yield line(error_document(STREAM_FAILED))
-                return
-            usage = Usage.of(event) or usage
-            choice = first_choice(event)
-            if choice is None:
-                continue
-            text, thinking = _texts(choice, "delta")
-            if text or thinking:
-                yield line(_piece(shape, model, text, thinking))
-            reason = choice.get("finish_reason")
-            if isinstance(reason, str):
-                finish = reason
-    except Exception as err:  # one line, no traceback (docs/operations.md, "Backend failures")
-        log.warning("a backend stream failed while it was translated: %s", type(err).__name__)
-        yield line(error_document(STREAM_FAILED))
-        return
-    if finish is None:
-        yield line(error_document(STREAM_CUT))
-        return
-    yield line(_finished(_piece(shape, model, "", ""), finish, usage, started_ns))
-
-
-def residency_answer(shape: Shape, model: str, reason: Literal["load", "unload"]) -> JsonObject:
-    """The answer to a load (or unload) request: ``done`` with ``done_reason`` saying which."""
-    doc = _piece(shape, model, "", "")
-    doc["done"] = True
-    doc["done_reason"] = reason
-    return doc
-
-
-def error_document(message: str) -> JsonObject:
-    return {"error": message}

@@ -4,12 +4,15 @@ Names are what routing accepts: every instance id and every alias, the list ``/v
 gives. Facts come from the model manifests: ``size`` is the bytes of the model's files and
 ``digest`` the manifest identity (a SHA-256); when an alias's replicas differ in a fact it is
 null. What Werk does not know (family, parameter size, quantization, the VRAM share, the
-modification time) is null, never guessed. Nothing here starts an instance.
+modification time) is null, never guessed. ``capabilities`` come from evidence about the
+serving instance (:class:`Evidence`, gathered by werk_host/http/ollama.py), never from a
+name. Nothing here starts an instance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -93,14 +96,31 @@ def running(deployments: DeploymentSet | None, context_of: ContextOf) -> JsonObj
     return {"models": models}
 
 
-def show(replicas: Sequence[Instance], context_tokens: int | None) -> JsonObject:
-    """``POST /api/show`` for a name served by ``replicas``: the known facts, and the served
-    per-request context as the ``num_ctx`` parameter when it is known."""
+@dataclass(frozen=True)
+class Evidence:
+    """What the serving instance has shown it does (``None``: not known now, e.g. cold)."""
+
+    tools: bool | None = None
+    thinking: bool | None = None
+    vision: bool | None = None
+
+    def capabilities(self) -> list[JsonValue]:
+        """Ollama's ``capabilities``: ``completion`` (every served model chats), then each
+        capability with evidence; never ``embedding`` (no backend here embeds)."""
+        found: list[JsonValue] = ["completion"]
+        found += [name for name in ("tools", "thinking", "vision") if getattr(self, name) is True]
+        return found
+
+
+def show(replicas: Sequence[Instance], context_tokens: int | None, evidence: Evidence) -> JsonObject:
+    """``POST /api/show`` for a name served by ``replicas``: the known facts, the served
+    per-request context as the ``num_ctx`` parameter when it is known, and the capabilities
+    ``evidence`` shows."""
     facts = _facts(replicas)
     return {
         "modified_at": None,
         "details": facts["details"],
         "model_info": {},
         "parameters": f"num_ctx {context_tokens}" if context_tokens is not None else "",
-        "capabilities": ["completion"],
+        "capabilities": evidence.capabilities(),
     }

@@ -1,4 +1,4 @@
-"""Ollama routes under ``/api``: tags, ps, version, show, chat and generate.
+"""Ollama routes under ``/api``: tags, ps, version, show, chat, generate and embed.
 
 Thin resources over :mod:`werk_host.compat.ollama` and :mod:`werk_host.compat.ollama_models`
 (docs/compat.md). Generation is served by the same inference service as ``/v1`` (admission,
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import falcon
 
@@ -31,19 +31,19 @@ from werk_host import __version__
 from werk_host.compat import calls, ollama_models
 from werk_host.compat.ollama import (
     OllamaChatRequest,
+    OllamaEmbedRequest,
     OllamaGenerateRequest,
-    OllamaOptions,
     OllamaShowRequest,
     Shape,
     answer,
     answer_stream,
     chat_body,
-    check_num_ctx,
     error_document,
     generate_body,
     residency_answer,
     served_name,
 )
+from werk_host.compat.ollama_models import Evidence
 from werk_host.compat.upstream import sse_events
 from werk_host.control import WerkControl
 from werk_host.deployments.instances import Instance
@@ -51,6 +51,7 @@ from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import parse_body, principal, scope
 from werk_host.http.middleware import OLLAMA_PREFIX
+from werk_host.protocol import ChatRequest
 from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
 from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.fleet import Fleet
@@ -79,6 +80,27 @@ def _not_served() -> WerkError:
     return WerkError(ErrorCode.NOT_FOUND, "model is not served here")
 
 
+#: A 1x1 PNG: the image the vision probe has the serving instance count.
+PROBE_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC"
+_TEXT: Final = {"type": "text", "text": "?"}
+#: What each probe asks the serving instance to count: a user message with an image (vision),
+#: a user message with one function tool (tools).
+PROBES: Final[dict[str, dict[str, Any]]] = {
+    "vision": {
+        "messages": [
+            {
+                "role": "user",
+                "content": [_TEXT, {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PROBE_PNG}"}}],
+            }
+        ]
+    },
+    "tools": {
+        "messages": [{"role": "user", "content": "?"}],
+        "tools": [{"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}],
+    },
+}
+
+
 class _Resource:
     def __init__(self, control: WerkControl, inference: Inference, fleet: Fleet) -> None:
         self.control = control
@@ -101,6 +123,33 @@ class _Resource:
                 raise
             return None
 
+    def thinks(self, req: falcon.Request, name: str, output_tokens: int) -> bool | None:
+        """Whether ``name`` has a verified reasoning profile (docs/protocol.md, "Reasoning");
+        ``None`` while one of its instances is cold (no profile yet)."""
+        if any(r.peek() is None for r in self.replicas(name)):
+            return None
+        try:
+            return self.control.reasoning(scope(req), name, output_tokens).supported
+        except WerkError as err:
+            if err.code is ErrorCode.NOT_FOUND:
+                raise
+            return False  # the capability is not offered: no verified profile
+
+    def accepts(self, req: falcon.Request, name: str, probe: str) -> bool | None:
+        """Whether the instance serving ``name`` takes what :data:`PROBES` ``probe`` holds (an
+        image, a tool): it counts that request (the counting hook answers ``invalid_request``
+        for content the model cannot take, docs/plugin-hooks.md); ``None`` when it cannot tell
+        (no count offered, a failure). Counting starts a cold instance: callers that must not
+        start one check first."""
+        request = ChatRequest.model_validate({"model": name, **PROBES[probe]})
+        try:
+            self.control.count_tokens(scope(req), request)
+        except WerkError as err:
+            if err.code is ErrorCode.NOT_FOUND:
+                raise
+            return False if err.code is ErrorCode.INVALID_REQUEST else None
+        return True
+
 
 class Tags(_Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -120,31 +169,49 @@ class Version(_Resource):
 
 class Show(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        """The model's facts and the capabilities its instances have shown; a cold instance is
+        not started, so what only a running instance shows (thinking, vision) is left out
+        until it runs."""
         request = parse_body(req, OllamaShowRequest)
-        replicas = self.replicas(request.requested)
-        _json(resp, 200, ollama_models.show(replicas, self.context_of(req, served_name(request.requested))))
+        name = served_name(request.requested)
+        replicas = self.replicas(name)
+        ready = all(r.peek() is not None for r in replicas)
+        evidence = Evidence(
+            tools=self.accepts(req, name, "tools") if ready else None,
+            thinking=self.thinks(req, name, DEFAULT_OUTPUT_TOKENS),
+            vision=self.accepts(req, name, "vision") if ready else None,
+        )
+        _json(resp, 200, ollama_models.show(replicas, self.context_of(req, name), evidence))
 
 
 class _Generation(_Resource):
-    def _think_off(
+    def _prepare(
         self, req: falcon.Request, request: OllamaChatRequest | OllamaGenerateRequest, body: JsonObject
     ) -> None:
-        """``think: false`` asks for reasoning tier ``none`` where the serving runtime has a
-        verified reasoning profile (it turns thinking off there); elsewhere it asks for nothing,
-        as a runtime without budget control keeps its native default. A cold instance has no
-        profile yet (docs/compat.md, "Ollama")."""
-        if request.think is not False:
-            return
-        try:
-            profile = self.control.reasoning(scope(req), served_name(request.model), DEFAULT_OUTPUT_TOKENS)
-        except WerkError:
-            return  # an unknown model: the chat answers that itself
-        if profile.supported:
-            body["werk"] = {"reasoning": {"tier": "none"}}
-
-    def _check_options(self, req: falcon.Request, model: str, options: OllamaOptions | None) -> None:
-        if options is not None and options.num_ctx is not None:
-            check_num_ctx(options, self.context_of(req, served_name(model)))
+        """What the serving instance must show before ``body`` is sent (docs/compat.md,
+        "Ollama"). ``think``: the instances ``model`` names are started (the request needs
+        them anyway) so that their reasoning profile is known; ``true`` or a level where there
+        is no verified profile is Ollama's 400 ``"<model>" does not support thinking``;
+        ``false`` asks for tier ``none`` where there is one (thinking off), else nothing.
+        ``images``: an instance that cannot take them is a 400 saying so."""
+        name = served_name(request.model)
+        if request.think is not None:
+            for instance in self.replicas(name):
+                instance.use()
+            options = request.options
+            wanted = options.num_predict if options is not None and options.num_predict else 0
+            supported = self.thinks(req, name, wanted if wanted > 0 else DEFAULT_OUTPUT_TOKENS)
+            if request.thinks and not supported:
+                raise WerkError(ErrorCode.INVALID_REQUEST, f"{json.dumps(request.model)} does not support thinking")
+            if request.think is False:
+                body.pop("werk", None)
+                if supported:
+                    body["werk"] = {"reasoning": {"tier": "none"}}
+        if request.has_images and self.accepts(req, name, "vision") is False:
+            raise WerkError(
+                ErrorCode.INVALID_REQUEST,
+                f"{json.dumps(request.model)} does not support images: the instance serving it takes text only",
+            )
 
     def _residency(
         self, req: falcon.Request, resp: falcon.Response, shape: Shape, model: str, keep_alive: float | None
@@ -208,9 +275,8 @@ class Chat(_Generation):
         if not request.messages:
             self._residency(req, resp, Shape.CHAT, request.model, request.keep_alive_s)
             return
-        self._check_options(req, request.model, request.options)
         body = chat_body(request)
-        self._think_off(req, request, body)
+        self._prepare(req, request, body)
         self._serve(
             req,
             resp,
@@ -231,10 +297,8 @@ class Generate(_Generation):
         if not request.prompt:
             self._residency(req, resp, Shape.GENERATE, request.model, request.keep_alive_s)
             return
-        self._check_options(req, request.model, request.options)
         chat, body = generate_body(request)
-        if chat:
-            self._think_off(req, request, body)
+        self._prepare(req, request, body)
         self._serve(
             req,
             resp,
@@ -248,6 +312,21 @@ class Generate(_Generation):
         )
 
 
+class Embed(_Resource):
+    """``/api/embed`` and the older ``/api/embeddings``: no backend served here computes
+    embeddings (the instances run for chat and completion), so a valid request for a served
+    model is 501 in Ollama's shape, saying so."""
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, OllamaEmbedRequest)
+        self.replicas(served_name(request.model))
+        raise WerkError(
+            ErrorCode.UNSUPPORTED,
+            f"{json.dumps(request.model)} does not support embeddings: "
+            "the instances served here generate text only (chat and completion)",
+        )
+
+
 #: (path under ``/api``, resource class) of every Ollama route.
 ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
     ("/tags", Tags),
@@ -256,6 +335,8 @@ ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
     ("/show", Show),
     ("/chat", Chat),
     ("/generate", Generate),
+    ("/embed", Embed),
+    ("/embeddings", Embed),
 )
 
 
