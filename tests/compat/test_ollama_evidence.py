@@ -155,7 +155,7 @@ def test_tools_and_a_tool_turn_are_served(client: falcon.testing.TestClient) -> 
 @pytest.mark.parametrize("path", ["/api/embed", "/api/embeddings"])
 def test_embed_is_ollamas_error_naming_why(client: falcon.testing.TestClient, path: str) -> None:
     body = {"model": "tiny", "input": ["a", "b"]} if path == "/api/embed" else {"model": "tiny", "prompt": "a"}
-    message = _error(_post(client, path, body), 501)
+    message = _error(_post(client, path, body), 400)
     assert (
         message
         == '"tiny" does not support embeddings: the instances served here generate text only (chat and completion)'

@@ -315,13 +315,13 @@ class Generate(_Generation):
 class Embed(_Resource):
     """``/api/embed`` and the older ``/api/embeddings``: no backend served here computes
     embeddings (the instances run for chat and completion), so a valid request for a served
-    model is 501 in Ollama's shape, saying so."""
+    model is 400 saying so, as Ollama answers a request for a capability the model lacks."""
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, OllamaEmbedRequest)
         self.replicas(served_name(request.model))
         raise WerkError(
-            ErrorCode.UNSUPPORTED,
+            ErrorCode.INVALID_REQUEST,
             f"{json.dumps(request.model)} does not support embeddings: "
             "the instances served here generate text only (chat and completion)",
         )
