@@ -77,8 +77,9 @@ def test_tool_results_answer_the_call_they_name() -> None:
         {"role": "tool", "content": "answers nothing"},
         {"role": "TOOL", "content": "names its own", "tool_call_id": "call_x"},
     ]
+    messages[1]["content"] = None  # as some clients send a call-only turn
     sent = ollama.chat_body(_chat(messages=messages))["messages"]
-    assert [c["id"] for c in sent[1]["tool_calls"]] == ["call_a", "call_1_1", "call_1_2"]
+    assert sent[1]["content"] == "" and [c["id"] for c in sent[1]["tool_calls"]] == ["call_a", "call_1_1", "call_1_2"]
     assert sent[1]["tool_calls"][1]["function"]["arguments"] == '{"x": 1}'
     assert [m["tool_call_id"] for m in sent[2:]] == ["call_1_1", "call_a", "call_1_2", "call_5", "call_x"]
 

@@ -110,10 +110,13 @@ class OllamaMessage(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _lowercase_role(cls, data: Any) -> Any:
-        """Ollama reads roles case-insensitively."""
-        if isinstance(data, dict) and isinstance(data.get("role"), str):
-            return {**data, "role": data["role"].lower()}
+    def _as_ollama_reads(cls, data: Any) -> Any:
+        """Ollama reads roles case-insensitively and a ``null`` content as empty."""
+        if isinstance(data, dict):
+            if isinstance(data.get("role"), str):
+                data = {**data, "role": data["role"].lower()}
+            if "content" in data and data["content"] is None:
+                data = {**data, "content": ""}
         return data
 
     @model_validator(mode="after")
