@@ -10,7 +10,7 @@ import falcon
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http import anthropic, ollama, openai
+from werk_host.http import anthropic, ollama, openai, responses
 from werk_host.http.errors import error_body, from_falcon, retry_after, status_for
 from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
@@ -119,6 +119,7 @@ def create_app(
     if inference is not None:
         openai.add_routes(app, inference)
         anthropic.add_routes(app, control, inference)  # docs/compat.md
+        responses.add_routes(app, control, inference)  # docs/compat.md, "OpenAI Responses"
         if fleet is not None:
             ollama.add_routes(app, control, inference, fleet)
     app.add_route(METRICS_PATH, metrics.resource)

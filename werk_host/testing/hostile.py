@@ -92,6 +92,8 @@ _TYPED: Final[dict[str, dict[str, str]]] = {
         "/v1/messages": "model:name max_tokens:int+ messages:list+ stream:bool? temperature:unit? top_p:unit? "
         "top_k:int0? metadata:dict? stop_sequences:list?",
         "/v1/messages/count_tokens": "model:name messages:list+",
+        "/v1/responses": "model:name max_output_tokens:int+? stream:bool? top_p:unit? metadata:dict? tools:list? "
+        "instructions:str? parallel_tool_calls:bool? store:bool?",
         "/api/chat": "model:name messages:list stream:bool? options:dict?",
         "/api/generate": "model:name prompt:str? system:str? stream:bool? options:dict? raw:bool?",
         "/api/show": "model:name? name:name? verbose:bool?",
@@ -105,6 +107,8 @@ _FIELDS: Final[dict[str, str]] = {
     "/v1/messages": "system tools tool_choice thinking service_tier output_config output_format context_management "
     "mcp_servers container",
     "/v1/messages/count_tokens": "system tools tool_choice thinking output_config context_management mcp_servers",
+    "/v1/responses": "input tool_choice temperature reasoning text include previous_response_id prompt_cache_key "
+    "client_metadata truncation service_tier top_logprobs",
     "/api/chat": "format keep_alive think tools",
     "/api/generate": "format keep_alive think suffix template context images",
     "/api/show": "",
@@ -143,6 +147,7 @@ def routes(model: str) -> tuple[Route, ...]:
         "/v1/completions": ("openai", {"model": model, "prompt": "hi", "max_tokens": 1}),
         "/v1/messages": ("anthropic", {"model": model, "max_tokens": 1, "messages": user}),
         "/v1/messages/count_tokens": ("anthropic", {"model": model, "messages": user}),
+        "/v1/responses": ("openai", {"model": model, "input": "hi", "max_output_tokens": 1}),
         "/api/chat": ("ollama", {"model": model, "messages": user, "stream": False, "options": {"num_predict": 1}}),
         "/api/generate": ("ollama", {"model": model, "prompt": "hi", "stream": False, "options": {"num_predict": 1}}),
         "/api/show": ("ollama", {"model": model}),
@@ -240,6 +245,25 @@ _TOOLS: Final[tuple[Any, ...]] = _lines(
 """
 ) + ([{"type": "function", "function": {"name": "f"}}] * 300,)
 
+#: Responses API ``input`` items (``/v1/responses``).
+_ITEMS: Final[tuple[Any, ...]] = _lines(
+    r"""
+[{"type": "message", "role": "user"}]
+[{"type": "message", "role": "tool", "content": "x"}]
+[{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]
+[{"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]
+[{"type": "message", "role": "system", "content": [{"type": "input_image", "image_url": "data:,"}]}]
+[{"type": "function_call", "call_id": 1, "name": "f", "arguments": "{}"}]
+[{"type": "function_call", "call_id": "c", "name": "f f", "arguments": {}}]
+[{"type": "function_call_output", "call_id": "c"}]
+[{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]
+[{"type": "reasoning", "summary": "x"}]
+[{"type": "item_reference", "id": "msg_1"}]
+[{"type": "web_search_call", "status": "completed"}]
+[{"type": "reasoning", "summary": []}]
+"""
+)
+
 _TOOL_CHOICE: Final[tuple[Any, ...]] = _lines(
     r"""
 "required"
@@ -278,7 +302,7 @@ _OPTION_TYPES: Final[dict[str, str]] = {
     "num_gpu": "int?",
 }
 _NUMERIC: Final = frozenset(
-    ["max_tokens", "max_completion_tokens", "n", "top_k", "top_logprobs", "logprobs", "best_of", "seed"]
+    _words("max_tokens max_completion_tokens max_output_tokens n top_k top_logprobs logprobs best_of seed")
 )
 _STRINGS: Final = frozenset(["prompt", "system", "model", "suffix", "template"])
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
@@ -318,8 +342,10 @@ def _field_cases(route: Route) -> Iterable[Case]:
             values += HUGE_NUMBERS
         if name == "keep_alive":
             values += _KEEP_ALIVE
-        if name == "messages":
+        if name in ("messages", "input"):
             values += [json.dumps(m) for m in _MESSAGES]
+        if name == "input":
+            values += [json.dumps(i) for i in _ITEMS]
         if name == "tools":
             values += [json.dumps(t) for t in _TOOLS]
         if name == "tool_choice":
