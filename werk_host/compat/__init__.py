@@ -1,4 +1,5 @@
-"""Client-compatibility layers: the Anthropic Messages API and the Ollama API over ``/v1``.
+"""Client-compatibility layers: the Anthropic Messages API, the OpenAI Responses API and the
+Ollama API over ``/v1``.
 
 Every route here is a translation (docs/compat.md): a request in the client's shape is
 validated by a pydantic model and turned into the OpenAI chat (or completions) body that
@@ -15,5 +16,8 @@ counters therefore act on all three protocols the same way.
   streams, tool calls back) are the Ollama translation.
 * :mod:`werk_host.compat.ollama_models` describes served models for ``/api/tags``,
   ``/api/ps`` and ``/api/show`` (with the capabilities the serving instance has shown).
-* :mod:`werk_host.compat.calls` is the one piece of HTTP glue both route families share.
+* :mod:`werk_host.compat.responses` (request models and the request's translation) and
+  :mod:`werk_host.compat.responses_answer` (the ``response`` object and its event stream) are
+  the OpenAI Responses API translation (``POST /v1/responses``, stateless).
+* :mod:`werk_host.compat.calls` is the one piece of HTTP glue the route families share.
 """
