@@ -16,6 +16,7 @@ them:
 * :mod:`werk_host.plugin.checkpoints`: checkpoint directories and model files as manifests.
 * :mod:`werk_host.plugin.options`: validating a backend's ``werk.<name>`` request options.
 * :mod:`werk_host.plugin.openai`: OpenAI answers and SSE chunks for in-process engines.
+* :mod:`werk_host.plugin.tools`: forced tool calls as a JSON-schema-constrained generation.
 """
 
 from __future__ import annotations
