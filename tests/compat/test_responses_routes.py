@@ -15,10 +15,20 @@ import pytest
 
 from tests.compat.conftest import KEY
 from tests.compat.test_anthropic_routes import FailingBackend
+from werk_host import hookimpl
 from werk_host.compat.responses import ResponsesRequest, chat_body
+from werk_host.protocol import CapabilityId, CapabilityStatus
+from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.server import Host
 from werk_host.testing.hosts import make_host
-from werk_host.testing.reference import CONTEXT_TOKENS, MAX_OUTPUT_TOKENS, PLUGIN_NAME
+from werk_host.testing.reference import (
+    CONTEXT_TOKENS,
+    EXPERIMENTAL_STATE,
+    MAX_OUTPUT_TOKENS,
+    PLUGIN_NAME,
+    MemoryAdapter,
+    MemoryBackendPlugin,
+)
 
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 CODEX_FIRST = Path(__file__).parent / "fixtures" / "agents" / "codex_responses.json"
@@ -199,3 +209,40 @@ def test_the_openai_sdk_reads_answers_and_streams(served: str) -> None:
     assert "".join(texts) == final.output_text == "hello world"
     assert final.usage is not None and final.usage.output_tokens == 2
     assert "store" in refused.value.message
+
+
+# -- reasoning effort ----------------------------------------------------------------------------------
+
+
+class RecordingAdapter(MemoryAdapter):
+    """The reference adapter, keeping the chat bodies it is given."""
+
+    seen: list[JsonObject] = []
+
+    @hookimpl(specname="werk_chat_completion")
+    def chat_completion(self, request: JsonObject) -> InferenceResponse:
+        self.seen.append(request)
+        return super().chat_completion(request)
+
+
+class RecordingBackend(MemoryBackendPlugin):
+    adapter_class = RecordingAdapter
+
+
+@pytest.mark.parametrize("reasoning", [True, False], ids=["verified-profile", "no-profile"])
+def test_reasoning_effort_is_a_tier_only_where_the_profile_offers_it(tmp_path: Path, reasoning: bool) -> None:
+    """The reference profile offers only tier ``none`` for this output (the others need room for
+    their budget): ``effort: "none"`` is forwarded as that tier, ``"low"`` and ``"high"`` are
+    ignored; without a verified profile every effort is ignored."""
+    statuses = {**EXPERIMENTAL_STATE, CapabilityId.REASONING: CapabilityStatus.SUPPORTED} if reasoning else None
+    plugin = RecordingBackend(statuses=statuses) if statuses else RecordingBackend()
+    host = make_host(tmp_path, plugin=plugin, plugin_name=PLUGIN_NAME, api_keys=(KEY,))
+    RecordingAdapter.seen.clear()
+    try:
+        client = falcon.testing.TestClient(host.app)
+        for effort in ("none", "low", "high"):
+            assert _post(client, _body(reasoning={"effort": effort, "summary": "auto"})).status_code == 200
+    finally:
+        host.close()
+    tiers = [(body.get("werk") or {}).get("reasoning", {}).get("tier") for body in RecordingAdapter.seen]
+    assert tiers == (["none", None, None] if reasoning else [None, None, None])
