@@ -83,7 +83,10 @@ def test_listing_routes(client: falcon.testing.TestClient) -> None:
         show = _post(client, "/api/show", {"model": name})
         assert show.status_code == 200 and show.json["parameters"] == f"num_ctx {CONTEXT_TOKENS}"
     assert _post(client, "/api/show", {"name": "tiny"}).status_code == 200  # the older field
-    assert _error(_post(client, "/api/show", {"model": "tiny:7b"}), 404) == "model is not served here"
+    assert (
+        _error(_post(client, "/api/show", {"model": "tiny:7b"}), 404)
+        == 'model "tiny:7b" is not served here (served: tiny)'
+    )
     _error(_post(client, "/api/show", {}), 400)
 
 

@@ -108,10 +108,14 @@ class _Resource:
         self.fleet = fleet
 
     def replicas(self, model: str) -> tuple[Instance, ...]:
+        """The instances ``model`` names; 404 naming it and what is served, as the chat path
+        answers (docs/deployments.md, "Routing")."""
         deployments = self.fleet.deployments
-        found = deployments.replicas(served_name(model)) if deployments is not None else ()
-        if not found:
+        if deployments is None:
             raise _not_served()
+        found = deployments.replicas(served_name(model))
+        if not found:
+            raise deployments.not_served(served_name(model))
         return found
 
     def context_of(self, req: falcon.Request, name: str) -> int | None:
