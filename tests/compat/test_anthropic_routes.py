@@ -182,3 +182,10 @@ def test_backend_failures_are_anthropic_errors_without_backend_text(failing: Hos
         message = _anthropic_error(result, 502, "api_error")
         assert message == "the backend failed to process the request"
         assert "secret" not in result.text and "gguf" not in result.text
+
+
+def test_max_tokens_above_the_ceiling_is_clamped_not_refused(client: falcon.testing.TestClient) -> None:
+    """What was ``output_limit_exceeded`` here is now the output budget (docs/compat.md)."""
+    result = _post(client, "/v1/messages", _body(max_tokens=MAX_OUTPUT_TOKENS + 1))
+    assert result.status_code == 200, result.text
+    assert int(result.headers["x-werk-max-tokens-applied"]) <= MAX_OUTPUT_TOKENS
