@@ -9,8 +9,11 @@ client's shape. Admission, limits, deployment routing, disconnect cancellation a
 counters therefore act on all three protocols the same way.
 
 * :mod:`werk_host.compat.upstream` reads the OpenAI answer (JSON documents, SSE events).
-* :mod:`werk_host.compat.anthropic` and :mod:`werk_host.compat.ollama` hold the request
-  models and both directions of each translation; they know nothing of HTTP.
+* :mod:`werk_host.compat.anthropic` (what the HTTP layer imports, and Anthropic's error shape)
+  over :mod:`werk_host.compat.anthropic_models` (request models),
+  :mod:`werk_host.compat.anthropic_request` (the request's translation, tools and thinking
+  included) and :mod:`werk_host.compat.anthropic_answer` (``message`` and its event stream) is
+  the Anthropic Messages translation. No compat module knows HTTP.
 * :mod:`werk_host.compat.ollama` (requests), :mod:`werk_host.compat.ollama_messages`
   (messages, tools, tool calls, images) and :mod:`werk_host.compat.ollama_answers` (answers,
   streams, tool calls back) are the Ollama translation.
