@@ -13,7 +13,7 @@ counters therefore act on all three protocols the same way.
   over :mod:`werk_host.compat.anthropic_models` (request models),
   :mod:`werk_host.compat.anthropic_request` (the request's translation, tools and thinking
   included) and :mod:`werk_host.compat.anthropic_answer` (``message`` and its event stream) is
-  the Anthropic Messages translation. No compat module knows HTTP.
+  the Anthropic Messages translation; none of them knows HTTP.
 * :mod:`werk_host.compat.ollama` (requests), :mod:`werk_host.compat.ollama_messages`
   (messages, tools, tool calls, images) and :mod:`werk_host.compat.ollama_answers` (answers,
   streams, tool calls back) are the Ollama translation.
