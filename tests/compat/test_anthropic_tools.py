@@ -196,7 +196,11 @@ def test_a_tool_conversation_becomes_openai_turns_in_order() -> None:
                     {
                         "type": "tool_result",
                         "tool_use_id": "toolu_01B",
-                        "content": [{"type": "text", "text": "no such"}, {"type": "text", "text": "file"}],
+                        "content": [
+                            {"type": "text", "text": "no such"},
+                            {"type": "tool_reference", "tool_name": "Grep"},
+                            {"type": "text", "text": "file"},
+                        ],
                         "is_error": True,
                         "cache_control": {"type": "ephemeral"},
                     },
@@ -228,7 +232,7 @@ def test_a_tool_conversation_becomes_openai_turns_in_order() -> None:
         },
         {"role": "system", "content": "The user may interrupt."},
         {"role": "tool", "tool_call_id": "toolu_01A", "content": "alpha"},
-        {"role": "tool", "tool_call_id": "toolu_01B", "content": "Error: no such\nfile"},
+        {"role": "tool", "tool_call_id": "toolu_01B", "content": "Error: no such\nGrep\nfile"},
         {"role": "user", "content": [{"type": "text", "text": "here:"}]},
         {"role": "tool", "tool_call_id": "toolu_01C", "content": ""},
     ]

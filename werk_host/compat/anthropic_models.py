@@ -84,12 +84,22 @@ class ToolUseBlock(StrictModel):
     caller: dict[str, JsonValue] | None = None
 
 
+class ToolReferenceBlock(StrictModel):
+    """A tool search result naming a deferred tool (``defer_loading``). Werk offers every tool
+    from the start, so the reference only says which tool was found: its name is the text."""
+
+    type: Literal["tool_reference"]
+    tool_name: str = Field(min_length=1, max_length=256)
+    cache_control: CacheControl | None = None
+
+
 class ToolResultBlock(StrictModel):
-    """The result of a tool call: text (a string or text blocks), optionally an error."""
+    """The result of a tool call: text (a string, or text and tool reference blocks), optionally
+    an error."""
 
     type: Literal["tool_result"]
     tool_use_id: str = Field(pattern=TOOL_ID_PATTERN)
-    content: str | list[TextBlock] | None = None
+    content: str | list[Annotated[TextBlock | ToolReferenceBlock, Field(discriminator="type")]] | None = None
     is_error: JsonBool | None = None
     cache_control: CacheControl | None = None
 
@@ -100,8 +110,10 @@ class ToolResultBlock(StrictModel):
         if isinstance(content, list):
             for block in content:
                 kind = block.get("type") if isinstance(block, dict) else None
-                if kind != "text":
-                    raise ValueError(f"tool_result content: {_named(kind)} blocks are not supported, only text")
+                if kind not in ("text", "tool_reference"):
+                    raise ValueError(
+                        f"tool_result content: {_named(kind)} blocks are not supported, only text and tool_reference"
+                    )
         return data
 
 

@@ -12,7 +12,8 @@ The mapping (docs/compat.md, "Anthropic Messages"):
 * ``user`` text and ``image`` (base64) blocks → OpenAI text and ``image_url`` (data URL) parts;
   ``tool_result`` blocks → ``role: "tool"`` messages with ``tool_call_id``, placed before the
   rest of that user turn (so they follow the assistant call they answer); their content is
-  the result's text, prefixed ``Error: `` when ``is_error``.
+  the result's text (a ``tool_reference`` block as the tool's name), prefixed ``Error: `` when
+  ``is_error``.
 * ``assistant`` text blocks → text parts and ``tool_use`` blocks → ``tool_calls`` (the ids kept,
   ``input`` as the arguments JSON); ``thinking``/``redacted_thinking`` blocks are dropped.
 * ``tools`` → function tools (``input_schema`` as ``parameters``, its ``$schema`` member
@@ -99,7 +100,10 @@ def _image(block: ImageBlock) -> JsonObject:
 
 def _tool_message(block: ToolResultBlock) -> JsonObject:
     content = block.content
-    text = content if isinstance(content, str) else "\n".join(b.text for b in content or ())
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "\n".join(b.text if isinstance(b, TextBlock) else b.tool_name for b in content or ())
     if block.is_error:
         text = ERROR_PREFIX + text
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
