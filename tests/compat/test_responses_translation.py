@@ -385,7 +385,14 @@ def test_reasoning_then_text_then_two_streamed_calls() -> None:
         ("function_call", "call_a"),
         ("function_call", "call_b"),
     ]
-    assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2, 3]
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    assert [e["output_index"] for e in added] == [0, 1, 2, 3]
+    # a call item is announced with the identity it keeps (the SDK checks it at output_item.done)
+    assert [(e["item"].get("call_id"), e["item"].get("name")) for e in added[2:]] == [
+        ("call_a", "get_weather"),
+        ("call_b", "get_weather"),
+    ]
+    assert [e["item"]["id"] for e in added] == [i["id"] for i in final["output"]]
     assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "hmm"}]
     Response.model_validate(final)
 

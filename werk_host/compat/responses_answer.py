@@ -10,7 +10,8 @@ finish is ``status: "incomplete"`` with ``incomplete_details.reason: "max_output
 (``content_filter``: reason ``content_filter``); anything else is ``completed``. ``usage``
 carries the backend's counts (``input_tokens_details.cached_tokens`` and
 ``output_tokens_details.reasoning_tokens`` where the backend reports them, else 0;
-``cache_write_tokens`` 0: no backend reports it), or is null when the backend reports none. The request's settings are echoed.
+``cache_write_tokens`` 0: no backend reports it), or is null when the backend reports none.
+The request's settings are echoed.
 
 **Stream.** :func:`response_stream` turns the chat chunks into server-sent events, each
 ``event: <type>`` with ``data`` carrying the same ``type`` and a ``sequence_number`` from 0:
@@ -256,8 +257,8 @@ class _Stream:
         doc = envelope(self.request, self.id, self.created, status, output, usage, reason)
         return self.event(kind, response=doc)
 
-    def _open(self, kind: str, prefix: str) -> tuple[_Item, list[bytes]]:
-        item = _Item(kind, len(self.items), new_id(prefix))
+    def _open(self, kind: str, prefix: str, call_id: str = "", name: str = "") -> tuple[_Item, list[bytes]]:
+        item = _Item(kind, len(self.items), new_id(prefix), call_id=call_id, name=name)
         self.items.append(item)
         return item, [self.event("response.output_item.added", output_index=item.index, item=item.opened())]
 
@@ -285,8 +286,7 @@ class _Stream:
         item = self.calls.get(index)
         if item is None:
             yield from self.close_current("completed")
-            item, events = self._open("function_call", "fc")
-            item.call_id, item.name = call_id or new_id("call"), name
+            item, events = self._open("function_call", "fc", call_id or new_id("call"), name)
             self.calls[index] = item
             yield from events
         elif name and not item.name:
