@@ -8,7 +8,8 @@ A text answer, streamed and not, whose ``usage.input_tokens`` equals
 ``response.function_call_arguments.delta`` events and, non-streamed, as a ``function_call``
 item, each valid against the tool's parameters; the follow-up turn with its
 ``function_call_output`` completes with text; Codex CLI's recorded first request (its tools,
-``namespace`` and ``web_search`` included, a short input) streams to ``response.completed``;
+``namespace`` and ``web_search`` included, a short input) streams to ``response.completed``; an
+``input_image`` is a 400 on SmolLM2, which has no projector;
 a client that leaves in the middle of an answer, streamed or not, stops the generation in the
 llama-server child (seen in its own ``/slots`` and ``/metrics``).
 """
@@ -205,6 +206,19 @@ def test_a_forced_call_streams_its_arguments(served: Served, choice: Any) -> Non
     _weather(calls[0].arguments)
     assert final.usage is not None
     assert final.usage.input_tokens == served.count(input=ASK, tools=TOOLS, tool_choice=choice)
+
+
+# -- images --------------------------------------------------------------------------------------------
+
+#: A 1x1 PNG.
+PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+
+
+def test_an_image_is_400_on_a_model_without_a_projector(served: Served) -> None:
+    content = [{"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": PIXEL}]
+    with served.client() as client, pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL, input=[{"role": "user", "content": content}], max_output_tokens=8)
+    assert refused.value.status_code == 400 and "text content parts only" in refused.value.message
 
 
 # -- Codex ---------------------------------------------------------------------------------------------
