@@ -84,5 +84,5 @@ def test_ollama_client_errors(served: str) -> None:
             client.chat(model="nope", messages=[{"role": "user", "content": "x"}])
         with pytest.raises(ollama.ResponseError) as bad:
             list(client.chat(model="tiny", messages=[{"role": "user", "content": "word " * 70}], stream=True))
-    assert missing.value.status_code == 404 and missing.value.error == "model is not served here"
+    assert missing.value.status_code == 404 and missing.value.error == 'model "nope" is not served here (served: tiny)'
     assert bad.value.status_code == 400 and "the context holds" in bad.value.error
