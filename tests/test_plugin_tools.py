@@ -122,10 +122,16 @@ def test_the_instruction_joins_a_system_message_and_names_the_forced_function() 
     assert messages[0]["role"] == "developer" and isinstance(content, str)
     assert content.startswith("Be brief.\n\n") and "Call the function get_weather now." in content
     assert "ping" not in content  # a named choice describes that function only
-    # a system message with content parts is left as it is: the instruction goes first
+    # a system message of text parts gets one more part
     parts = [{"role": "system", "content": [{"type": "text", "text": "Hi"}]}, *ASK]
     sent = _forced().constrained_body({"messages": parts, "tools": TOOLS}, render_tools=True)
-    assert isinstance(sent["messages"], list) and sent["messages"][1:] == parts
+    messages = sent["messages"]
+    assert isinstance(messages, list) and messages[1:] == ASK and isinstance(messages[0], dict)
+    added = messages[0]["content"]
+    assert isinstance(added, list) and added[0] == {"type": "text", "text": "Hi"} and len(added) == 2
+    # a user message first: the instruction goes before it
+    sent = _forced().constrained_body({"messages": ASK, "tools": TOOLS}, render_tools=True)
+    assert isinstance(sent["messages"], list) and sent["messages"][1:] == ASK
 
 
 def test_a_template_that_renders_tools_keeps_them() -> None:

@@ -21,8 +21,8 @@ turns it into a constrained generation with this module and parses the answer ba
   schema as ``response_format`` (``json_schema``, strict); with ``render_tools`` (templates
   that do not render ``tools``) also ``tools`` and ``parallel_tool_calls`` removed and
   :meth:`ForcedCall.instruction` (each function's name, description and compact JSON-Schema
-  parameters, and which call to make) merged into the first system or developer message with
-  string content, or put first as a system message.
+  parameters, and which call to make) added to a first system or developer message of text
+  (string content, or one more text part), else put first as a system message.
 * :func:`render_history` rewrites a conversation's tool turns for a template that cannot render
   them: an assistant message's ``tool_calls`` become its text, one call JSON object
   ``{"name", "arguments"}`` per line after any content (the shape the model is constrained to),
@@ -518,16 +518,18 @@ class _Streamed:
 
 
 def _with_system(messages: JsonValue, text: str) -> list[JsonValue]:
-    """``messages`` with ``text`` appended to the first system/developer message (string
-    content), or as a new first system message."""
+    """``messages`` with ``text`` appended to the first message when it is a system/developer
+    message of text (a string, or text parts: then as one more text part), else as a new first
+    system message."""
     listed = list(messages) if isinstance(messages, list) else []
     first = listed[0] if listed else None
-    if (
-        isinstance(first, dict)
-        and first.get("role") in ("system", "developer")
-        and isinstance(first.get("content"), str)
-    ):
-        content = str(first["content"])
+    if not isinstance(first, dict) or first.get("role") not in ("system", "developer"):
+        return [{"role": "system", "content": text}, *listed]
+    content = first.get("content")
+    if isinstance(content, str):
         listed[0] = {**first, "content": f"{content}\n\n{text}" if content else text}
-        return listed
-    return [{"role": "system", "content": text}, *listed]
+    elif isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        listed[0] = {**first, "content": [*content, {"type": "text", "text": text}]}
+    else:
+        return [{"role": "system", "content": text}, *listed]
+    return listed
