@@ -56,7 +56,7 @@ from werk_host.plugin import (
 )
 from werk_host.plugin.http import post_json
 
-from . import reasoning
+from . import reasoning, tools
 from .binary import LlamaServerNotFound
 from .core import BACKEND_ID, PLUGIN_NAME, unavailable
 from .native import NativeError
@@ -201,8 +201,9 @@ class LlamaCppAdapter(StateOperations):
     @hookimpl(specname="werk_count_tokens")
     def count_request(self, request: ChatRequest) -> int:
         """The exact count of the body the chat sends for ``request`` (:func:`.reasoning.counted_request`:
-        a tier the host resolved becomes the thinking switch and budget)."""
-        return self.count_tokens(reasoning.counted_request(request))
+        a tier the host resolved becomes the thinking switch and budget; :func:`.tools.counted`:
+        tool turns and a forced tool choice as :mod:`.tools` sends them)."""
+        return self.count_tokens(tools.counted(self, reasoning.counted_request(request)))
 
     @hookimpl(specname="werk_reasoning_profile")
     def reasoning_profile(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:
@@ -212,8 +213,11 @@ class LlamaCppAdapter(StateOperations):
     @hookimpl(specname="werk_chat_completion")
     def chat_completion(self, request: JsonObject) -> InferenceResponse:
         """``request`` relayed to ``/v1/chat/completions`` on an ordinary slot (:func:`.slots.forward_ordinary`),
-        a resolved ``werk.reasoning`` tier as llama-server's thinking switch and budget."""
-        return forward_ordinary(self, "/v1/chat/completions", reasoning.forwarded_chat(request))
+        a resolved ``werk.reasoning`` tier as llama-server's thinking switch and budget, tool turns
+        and a forced tool choice as :mod:`.tools` makes them (the answer parsed back into the call)."""
+        body, forced = tools.chat_body(self, reasoning.forwarded_chat(request))
+        response = forward_ordinary(self, "/v1/chat/completions", body)
+        return response if forced is None else forced.relay(response, stream=body.get("stream") is True)
 
     @hookimpl(specname="werk_text_completion")
     def text_completion(self, request: JsonObject) -> InferenceResponse:
