@@ -353,6 +353,15 @@ def test_a_stream_that_stops_without_the_call_ends_with_a_typed_error(output: st
     assert err.value.code is ErrorCode.UNAVAILABLE
 
 
+def test_other_delta_fields_pass_without_the_text() -> None:
+    events = _engine_stream(OUTPUT)
+    events.insert(1, _chunk({"reasoning_content": "Paris, so get_weather."}))
+    response, _ = _response(events)
+    chunks, _ = _read(b"".join(_forced().relay(response, stream=True).body))
+    thinking = [c.choices[0].delta.model_extra for c in chunks if c.choices and c.choices[0].delta.model_extra]
+    assert thinking == [{"reasoning_content": "Paris, so get_weather."}]
+
+
 def test_stream_errors_and_other_events_pass_through() -> None:
     error = b'data: {"error": {"message": "x", "type": "server_error"}}\n\n'
     response, _ = _response([b": keep-alive\n\n", error, b"data: [DONE]\n\n"])

@@ -36,7 +36,8 @@ turns it into a constrained generation with this module and parses the answer ba
   are scanned as they arrive: once the call's name is complete the first ``delta.tool_calls``
   chunk goes out (``index`` 0, ``id``, ``type``, ``function.name``, ``arguments: ""``), then each
   piece of the arguments as a further ``function.arguments`` delta; the chunk with the engine's
-  ``finish_reason`` then says ``"tool_calls"``. Every other event (the role chunk, a
+  ``finish_reason`` then says ``"tool_calls"``. A delta's other fields (the role, reasoning
+  text) go out as they came, without the text. Every other event (the role chunk, a
   ``choices: []`` usage chunk, ``data: [DONE]``, anything unparsed) passes through byte for
   byte, so the final ``usage`` is exactly the engine's.
 * **Output that is not one complete call.** Cut by ``max_tokens`` (``finish_reason``
@@ -494,8 +495,8 @@ class _Streamed:
             self.scan.feed(content)
         rest = {k: v for k, v in delta.items() if k != "content"}
         out: list[JsonValue] = []
-        if "role" in rest:  # the role chunk: kept, without the scanned text
-            out.append(self._choice(index, {**rest, "content": None}))
+        if rest:  # the role, reasoning text and the like: kept, without the scanned text
+            out.append(self._choice(index, {**rest, "content": None} if "role" in rest else rest))
         if not self.started and self.scan.name in allowed:
             self.started = True
             head: JsonObject = {"name": self.scan.name, "arguments": ""}
