@@ -37,9 +37,9 @@ turns it into a constrained generation with this module and parses the answer ba
   chunk goes out (``index`` 0, ``id``, ``type``, ``function.name``, ``arguments: ""``), then each
   piece of the arguments as a further ``function.arguments`` delta; the chunk with the engine's
   ``finish_reason`` then says ``"tool_calls"``. A delta's other fields (the role, reasoning
-  text) go out as they came, without the text. Every other event (the role chunk, a
-  ``choices: []`` usage chunk, ``data: [DONE]``, anything unparsed) passes through byte for
-  byte, so the final ``usage`` is exactly the engine's.
+  text) go out as they came, without the text. Every other event (a ``choices: []`` usage
+  chunk, ``data: [DONE]``, anything unparsed) passes through byte for byte, so the final
+  ``usage`` is exactly the engine's.
 * **Output that is not one complete call.** Cut by ``max_tokens`` (``finish_reason``
   ``"length"``): the JSON answer is left as the engine sent it (the text as ``content``,
   ``"length"``); a stream sends the text as ``content`` when no call had begun, else ends the
