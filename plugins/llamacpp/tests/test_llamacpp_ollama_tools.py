@@ -25,10 +25,9 @@ import ollama
 import pytest
 from werk_llamacpp.process import ENV_ARGS
 
-from werk_host.compat import ollama as translation
-from werk_host.compat.upstream import sse_events
 from werk_host.plugin import ModelManifest
 from werk_host.testing.host import ModelRegistry
+from werk_host.testing.translations import OllamaShape, ollama_answer, ollama_answer_stream, sse_events
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-ollama-tools-5521"
@@ -147,13 +146,13 @@ def test_real_openai_tool_calls_become_ollamas(url: str, stream: bool) -> None:
     status, raw = _v1(url, body)
     assert status == 200, raw[:400]
     if stream:
-        lines = b"".join(translation.answer_stream(sse_events([raw]), translation.Shape.CHAT, MODEL, 0))
+        lines = b"".join(ollama_answer_stream(sse_events([raw]), OllamaShape.CHAT, MODEL, 0))
         docs = [json.loads(line) for line in lines.decode().splitlines()]
         called = [d for d in docs if d.get("message", {}).get("tool_calls")]
         assert len(called) == 1 and docs[-1]["done"] is True and docs[-1]["done_reason"] == "stop", docs
         calls = called[0]["message"]["tool_calls"]
     else:
-        done = translation.answer(json.loads(raw), translation.Shape.CHAT, MODEL, 0)
+        done = ollama_answer(json.loads(raw), OllamaShape.CHAT, MODEL, 0)
         assert done["done_reason"] == "stop", done
         calls = done["message"]["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["get_weather"]

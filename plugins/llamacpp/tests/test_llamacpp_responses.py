@@ -35,10 +35,10 @@ from test_llamacpp_sdks import LONG, STORY, Local, _read_until, _send, _wait_idl
 from test_llamacpp_sdks import local as local  # the fixture: ``werk serve``'s host in this process
 from werk_llamacpp.process import ENV_ARGS
 
-from werk_host.compat.responses import ResponsesRequest, chat_body
 from werk_host.plugin import ModelManifest
 from werk_host.testing.api import Api
 from werk_host.testing.host import ModelRegistry
+from werk_host.testing.translations import ResponsesRequest, responses_chat_body
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-responses-test-7741"
@@ -69,7 +69,7 @@ class Served:
 
     def count(self, **request: Any) -> int:
         """Werk's exact count of the chat request a Responses request translates to."""
-        body = chat_body(ResponsesRequest.model_validate({"model": MODEL, **request}))
+        body = responses_chat_body(ResponsesRequest.model_validate({"model": MODEL, **request}))
         counted = {k: v for k, v in body.items() if k in ("model", "messages", "tools", "tool_choice")}
         status, answer = self.api.post("/werk/v1/chat/count_tokens", counted)
         assert status == 200, answer
