@@ -97,6 +97,8 @@ _TYPED: Final[dict[str, dict[str, str]]] = {
         "/api/chat": "model:name messages:list stream:bool? options:dict?",
         "/api/generate": "model:name prompt:str? system:str? stream:bool? options:dict? raw:bool?",
         "/api/show": "model:name? name:name? verbose:bool?",
+        "/api/embed": "model:name truncate:bool? dimensions:int+? options:dict?",
+        "/api/embeddings": "model:name prompt:str? options:dict?",
     }.items()
 }
 
@@ -112,6 +114,8 @@ _FIELDS: Final[dict[str, str]] = {
     "/api/chat": "format keep_alive think tools",
     "/api/generate": "format keep_alive think suffix template context images",
     "/api/show": "",
+    "/api/embed": "input keep_alive",
+    "/api/embeddings": "keep_alive",
 }
 
 
@@ -151,6 +155,8 @@ def routes(model: str) -> tuple[Route, ...]:
         "/api/chat": ("ollama", {"model": model, "messages": user, "stream": False, "options": {"num_predict": 1}}),
         "/api/generate": ("ollama", {"model": model, "prompt": "hi", "stream": False, "options": {"num_predict": 1}}),
         "/api/show": ("ollama", {"model": model}),
+        "/api/embed": ("ollama", {"model": model, "input": "hi"}),
+        "/api/embeddings": ("ollama", {"model": model, "prompt": "hi"}),
     }
     posts = tuple(
         Route("POST", path, family, body, tuple(_TYPED[path]) + tuple(_FIELDS[path].split()))
