@@ -29,7 +29,14 @@ from werk_host.server import Host
 from werk_host.testing.hosts import make_host, running
 from werk_host.testing.reference import EXPERIMENTAL_STATE, PLUGIN_NAME, MemoryAdapter, MemoryBackendPlugin
 
-FIXTURE = Path(__file__).parent / "fixtures" / "claude_code_request.json"
+FIXTURES = Path(__file__).parent / "fixtures"
+#: Claude Code's recorded requests: a retry with 22 tools (cache_control ttl 1h), the first with
+#: deferred tools, and the first with its default model (output_config on a system message).
+RECORDED = (
+    FIXTURES / "claude_code_request.json",
+    FIXTURES / "agents" / "claude_code_messages.json",
+    FIXTURES / "agents" / "claude_code_messages_default_model.json",
+)
 CONTEXT = 100_000
 CEILING = 4096
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
@@ -159,9 +166,12 @@ def _count(client: falcon.testing.TestClient, body: dict[str, Any]) -> int:
     return tokens
 
 
-def test_the_recorded_claude_code_request_is_served(agent: tuple[falcon.testing.TestClient, AgentBackend]) -> None:
+@pytest.mark.parametrize("fixture", RECORDED, ids=lambda p: p.stem)
+def test_the_recorded_claude_code_request_is_served(
+    agent: tuple[falcon.testing.TestClient, AgentBackend], fixture: Path
+) -> None:
     client, backend = agent
-    recorded = json.loads(FIXTURE.read_text())
+    recorded = json.loads(fixture.read_text())
     body = {**recorded["body"], "model": "tiny"}
     headers = {k: v for k, v in recorded["headers"].items() if k not in ("accept-encoding", "content-type")}
     result = client.simulate_post(

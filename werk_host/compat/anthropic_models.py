@@ -154,9 +154,18 @@ def _check_blocks(value: object, role: object, where: str) -> None:
             raise ValueError(f"{where}: {_named(kind)} blocks are not supported here ({', '.join(allowed)} are)")
 
 
+class TurnOutputConfig(StrictModel):
+    """``output_config`` on one message (Claude Code's per-turn control): ``effort`` and
+    ``task_budget`` are accepted and have no effect, as on the request."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    task_budget: dict[str, JsonValue] | None = None
+
+
 class InputMessage(StrictModel):
     role: Literal["user", "assistant", "system"]
     content: str | Annotated[list[ContentBlock], Field(min_length=1)]
+    output_config: TurnOutputConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
