@@ -134,9 +134,11 @@ class LlamaCppAdapter(StateOperations):
         return last_flag_value(proc.argv[1:], _MEDIA_FLAGS) is not None
 
     def count_tokens(self, request: ChatRequest) -> int:
-        # the cache key: the JSON of the very body counted (equal bodies serialize equally, by
-        # the model's own serializer), as is when short, else "#" and its digest (no JSON text
-        # starts with "#")
+        """The exact count of ``request`` as the chat sends it: with its tool turns and a forced
+        tool choice as :func:`.tools.counted` renders them, which only a cache miss pays for."""
+        # the cache key: the JSON of the request (equal bodies serialize equally, by the model's
+        # own serializer; what .tools makes of it depends only on it and the model's template),
+        # as is when short, else "#" and its digest (no JSON text starts with "#")
         text = request.__pydantic_serializer__.to_json(request, exclude_none=True, exclude=_NOT_COUNTED)
         key = text if len(text) <= _KEY_TEXT_MAX else b"#" + hashlib.sha256(text).digest()
         # a hit reads without the lock: each OrderedDict call on str keys is one step under the
@@ -148,6 +150,7 @@ class LlamaCppAdapter(StateOperations):
             except KeyError:
                 return count  # evicted meanwhile: nothing to refresh
             return count
+        request = tools.counted(self, request)
         proc = self.process()
         if not self.accepts_media(proc) and any(
             part.type != "text" for m in request.messages if isinstance(m.content, list) for part in m.content
@@ -203,7 +206,7 @@ class LlamaCppAdapter(StateOperations):
         """The exact count of the body the chat sends for ``request`` (:func:`.reasoning.counted_request`:
         a tier the host resolved becomes the thinking switch and budget; :func:`.tools.counted`:
         tool turns and a forced tool choice as :mod:`.tools` sends them)."""
-        return self.count_tokens(tools.counted(self, reasoning.counted_request(request)))
+        return self.count_tokens(reasoning.counted_request(request))
 
     @hookimpl(specname="werk_reasoning_profile")
     def reasoning_profile(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:

@@ -117,7 +117,14 @@ def chat_body(adapter: LlamaCppAdapter, body: JsonObject) -> tuple[JsonObject, F
 
 
 def counted(adapter: LlamaCppAdapter, request: ChatRequest) -> ChatRequest:
-    """``request`` as :func:`chat_body` sends it, for counting."""
+    """``request`` as :func:`chat_body` sends it, for counting. A request :func:`chat_body` leaves
+    as it is (no forced choice, no tool turns: most counts) is returned without a copy."""
+    plain = not any(  # no tool turn, as :func:`has_tool_turns` tells it of the body
+        m.role in ("tool", "function") or m.tool_calls or (m.model_extra or {}).get("function_call")
+        for m in request.messages
+    )
+    if plain and request.tool_choice in (None, "auto", "none"):
+        return request
     body = request.model_dump(mode="json", exclude_none=True)
     sent, _ = chat_body(adapter, body)
     return request if sent is body else ChatRequest.model_validate(sent)
