@@ -14,18 +14,24 @@ which closes the upstream request and stops the generation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Final
+from collections.abc import Iterator
+from typing import Final, Protocol
 
 import falcon
 
 from werk_host.compat.upstream import error_message, read_document
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
-from werk_host.service.inference import MAX_TOKENS_HEADER, clamp_output
+from werk_host.service.inference import MAX_TOKENS_HEADER
 from werk_host.service.principals import Principal
 
-Call = Callable[[Principal, JsonObject], InferenceResponse]
+
+class Call(Protocol):
+    """A ``/v1`` inference call (werk_host/service/inference.py): ``clamp_output`` clamps a
+    requested output above what the instance allows instead of refusing it."""
+
+    def __call__(self, principal: Principal, body: JsonObject, *, clamp_output: bool = False) -> InferenceResponse: ...
+
 
 #: The most of an error answer read back (the host's own OpenAI error bodies are small).
 MAX_ERROR_BYTES: Final = 64 * 1024
@@ -40,11 +46,9 @@ def invoke(
     on ``resp`` and in ``req.context.instance_id``, and a clamped output in its header."""
     check = req.env.get("waitress.client_disconnected")
     token = client_disconnected.set(check if callable(check) else None)
-    clamping = clamp_output.set(clamp_output_tokens)
     try:
-        response = call(req.context.principal, body)  # set by the request middleware
+        response = call(req.context.principal, body, clamp_output=clamp_output_tokens)  # principal: the middleware's
     finally:
-        clamp_output.reset(clamping)
         client_disconnected.reset(token)
     applied = response.headers.get(MAX_TOKENS_HEADER)
     if applied is not None:

@@ -51,7 +51,9 @@ OVERLOADED = 529
 
 
 class ChatInference(Protocol):
-    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+    def chat_completion(
+        self, principal: Principal, body: JsonObject, *, clamp_output: bool = False
+    ) -> InferenceResponse: ...
 
 
 def _request_id(req: falcon.Request) -> str:

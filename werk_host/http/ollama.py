@@ -59,8 +59,12 @@ from werk_host.service.principals import Principal
 
 
 class Inference(Protocol):
-    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
-    def text_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+    def chat_completion(
+        self, principal: Principal, body: JsonObject, *, clamp_output: bool = False
+    ) -> InferenceResponse: ...
+    def text_completion(
+        self, principal: Principal, body: JsonObject, *, clamp_output: bool = False
+    ) -> InferenceResponse: ...
 
 
 def _json(resp: falcon.Response, status: int, doc: JsonObject) -> None:

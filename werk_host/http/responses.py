@@ -38,7 +38,9 @@ PATH = "/v1/responses"
 
 
 class ChatInference(Protocol):
-    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse: ...
+    def chat_completion(
+        self, principal: Principal, body: JsonObject, *, clamp_output: bool = False
+    ) -> InferenceResponse: ...
 
 
 def _json(resp: falcon.Response, status: int, doc: JsonObject) -> None:

@@ -3,7 +3,7 @@
 Generation admission runs before the backend is called: a requested output above the
 model's output ceiling is ``output_limit_exceeded``; input plus requested output above the
 per-request context is ``context_length_exceeded``. A request admitted with *output clamping*
-(the Anthropic and Ollama routes, which treat ``max_tokens`` as a ceiling: :data:`clamp_output`,
+(the Anthropic and Ollama routes, which treat ``max_tokens`` as a ceiling: ``clamp_output=True``,
 set by werk_host/compat/calls.py; on ``/v1`` an instance whose profile says
 ``output_limit = "clamp"``) instead has its requested output lowered to the ceiling and to what
 the context leaves after the input; the value sent is named in the ``X-Werk-Max-Tokens-Applied``
@@ -34,7 +34,6 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from functools import partial
 from typing import Any, Final
 
@@ -63,9 +62,6 @@ _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 UsageCheck = Callable[[int], None]
 #: Names the requested output Werk sent when it clamped the client's (module docstring).
 MAX_TOKENS_HEADER: Final = "X-Werk-Max-Tokens-Applied"
-#: Whether the request being served clamps its requested output instead of refusing it; the
-#: compatibility routes set it around their call (werk_host/compat/calls.py).
-clamp_output: ContextVar[bool] = ContextVar("clamp_output", default=False)
 #: The body fields that carry a requested output.
 _OUTPUT_FIELDS: Final = ("max_tokens", "max_completion_tokens")
 
@@ -296,17 +292,20 @@ class InferenceService:
             self.stats.add(instance=label, requests_rejected=1)
             raise
 
-    def _call(self, chat: bool, what: str, body: JsonObject, principal: Principal) -> InferenceResponse:
-        """Serve one request inside the gate; its ticket is released when the answer closes."""
+    def _call(self, chat: bool, what: str, body: JsonObject, principal: Principal, clamp: bool) -> InferenceResponse:
+        """Serve one request inside the gate; its ticket is released when the answer closes.
+        ``clamp``: a requested output above what the instance allows is clamped, not refused."""
         ticket = self._enter(principal)
         try:
-            return self._gated(chat, what, body, ticket)
+            return self._gated(chat, what, body, ticket, clamp)
         except BaseException:
             if ticket is not None:
                 ticket.release()
             raise
 
-    def _gated(self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None) -> InferenceResponse:
+    def _gated(
+        self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None, clamp_output: bool
+    ) -> InferenceResponse:
         instance = self._route(body)
         try:
             if instance is None:
@@ -314,7 +313,7 @@ class InferenceService:
             # in flight from before the start on: keep-alive cannot stop it under this request
             adapter = instance.use(enter=True)
             verify = None
-            clamp = clamp_output.get() or instance.spec.output_limit == "clamp"
+            clamp = clamp_output or instance.spec.output_limit == "clamp"
             if chat:
                 body, verify, applied = self._admit(adapter, body, instance.manifest, clamp)
             else:
@@ -395,11 +394,17 @@ class InferenceService:
 
         return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
 
-    def chat_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse:
-        return self._call(True, "chat completions", body, principal)
+    def chat_completion(
+        self, principal: Principal, body: JsonObject, *, clamp_output: bool = False
+    ) -> InferenceResponse:
+        """``/v1/chat/completions``; ``clamp_output``: the compatibility routes' output rule
+        (module docstring)."""
+        return self._call(True, "chat completions", body, principal, clamp_output)
 
-    def text_completion(self, principal: Principal, body: JsonObject) -> InferenceResponse:
-        return self._call(False, "completions", body, principal)
+    def text_completion(
+        self, principal: Principal, body: JsonObject, *, clamp_output: bool = False
+    ) -> InferenceResponse:
+        return self._call(False, "completions", body, principal, clamp_output)
 
     def list_models(self, principal: Principal) -> list[JsonObject]:
         """``/v1/models``: every instance id and alias (docs/deployments.md, "Routing")."""
