@@ -15,9 +15,13 @@ unless ``load_entry_points=True``). Without ``plugin`` the host is bare (no back
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -185,14 +189,65 @@ def serving(home: Path, **kwargs: Any) -> Iterator[LiveHost]:
         yield LiveHost(url, host, Api(url, keys[0] if keys else None))
 
 
+@dataclass(frozen=True)
+class ServeProcess:
+    """A ``werk serve`` process: its ``url`` and the ``log`` its stderr goes to."""
+
+    url: str
+    log: Path
+
+
+@contextmanager
+def serve_process(
+    home: Path,
+    *args: str,
+    keys: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    drop: Sequence[str] = (),
+) -> Iterator[ServeProcess]:
+    """``werk serve --port 0 ARGS`` as its own process (the real command line, as a user runs
+    it) with ``WERK_HOME=home``, ``keys`` in ``WERK_API_KEYS``, ``env`` over this process's
+    environment less the names in ``drop``; its stderr goes to ``home``'s sibling ``serve.log``.
+    Stopped with SIGTERM when the block ends (killed after 30 s)."""
+    environ = {**os.environ, "WERK_HOME": str(home), **(env or {})}
+    if keys:
+        environ["WERK_API_KEYS"] = ",".join(keys)
+    for name in drop:
+        environ.pop(name, None)
+    log = home.with_name("serve.log")
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "werk_host", "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=environ,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"werk serve did not start: {log.read_text(errors='replace')[-4000:]}")
+        yield ServeProcess(f"http://127.0.0.1:{json.loads(line)['port']}", log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 __all__ = [
     "DEFAULT_PARAMS",
     "MODEL",
     "LiveHost",
+    "ServeProcess",
     "backend_host",
     "install_model",
     "make_host",
     "plugin_name_of",
     "running",
+    "serve_process",
     "serving",
 ]

@@ -11,12 +11,9 @@ a home of its own (no user configuration) and the server's key in its usual vari
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +23,7 @@ from werk_llamacpp.process import ENV_ARGS
 
 from werk_host.plugin import ModelManifest
 from werk_host.testing.host import ModelRegistry
+from werk_host.testing.hosts import serve_process
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-agents-test-5521"
@@ -79,29 +77,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, llama_server_path: Path, sm
     ModelRegistry(home).add(ModelManifest.from_paths("smollm2", [smollm2_gguf], backend="llama.cpp"))
     profile = root / "deployments.toml"
     profile.write_text(PROFILE)
-    environ = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(llama_server_path)}
-    environ.pop(ENV_ARGS, None)
-    log = root / "serve.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--profile", str(profile)],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=environ,
-            text=True,
-        )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, log.read_text()[-4000:]
-        yield Served(f"http://127.0.0.1:{json.loads(line)['port']}", log)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    environ = {"WERK_LLAMA_SERVER": str(llama_server_path)}
+    with serve_process(home, "--profile", str(profile), keys=(KEY,), env=environ, drop=(ENV_ARGS,)) as served:
+        yield Served(served.url, served.log)
 
 
 def _agent_env(home: Path, **extra: str) -> dict[str, str]:
@@ -113,9 +91,9 @@ def _agent_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _server_errors(served: Served) -> list[str]:
-    """Lines of the server log that report a server error (a 5xx or a traceback)."""
+    """Lines of the server log that report an error (a traceback, or a record at error level)."""
     text = served.log.read_text(errors="replace")
-    return [line for line in text.splitlines() if "Traceback" in line or '" 50' in line or "status=5" in line]
+    return [line for line in text.splitlines() if "Traceback" in line or '"level": "error"' in line]
 
 
 def test_claude_code_answers_through_werk_serve(agents: Agents, served: Served, tmp_path: Path) -> None:
@@ -125,6 +103,11 @@ def test_claude_code_answers_through_werk_serve(agents: Agents, served: Served, 
         ANTHROPIC_API_KEY=KEY,
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         DISABLE_AUTOUPDATER="1",
+        # As a user of a small local model sets it: Claude Code continues an answer stopped at
+        # max_tokens with the whole answer in the prompt, and SmolLM2 (temperature 1) can ramble
+        # to the clamped limit (~4000 tokens), which puts the continuation past its 8192-token
+        # context (a truthful 400). Werk serves whatever Claude Code asks for either way.
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS="256",
     )
     done = subprocess.run(
         [str(agents.claude), "-p", "Say hello in one short sentence."],

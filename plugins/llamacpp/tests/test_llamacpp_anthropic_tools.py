@@ -11,10 +11,6 @@ A forced tool call (``tool_choice`` ``tool`` and ``any``), streamed and not, arr
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +22,7 @@ from werk_llamacpp.process import ENV_ARGS
 
 from werk_host.plugin import ModelManifest
 from werk_host.testing.host import ModelRegistry
+from werk_host.testing.hosts import serve_process
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-anthropic-tools-5521"
@@ -62,29 +59,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, llama_server_path: Path, sm
     home = root / "home"
     home.mkdir()
     ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [smollm2_gguf], backend="llama.cpp"))
-    environ = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(llama_server_path)}
-    environ.pop(ENV_ARGS, None)
-    log = root / "serve.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=environ,
-            text=True,
-        )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, log.read_text()[-4000:]
-        yield f"http://127.0.0.1:{json.loads(line)['port']}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    environ = {"WERK_LLAMA_SERVER": str(llama_server_path)}
+    with serve_process(home, "--model", MODEL, keys=(KEY,), env=environ, drop=(ENV_ARGS,)) as served:
+        yield served.url
 
 
 @pytest.fixture

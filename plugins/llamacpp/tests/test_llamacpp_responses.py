@@ -17,11 +17,7 @@ llama-server child (seen in its own ``/slots`` and ``/metrics``).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +34,7 @@ from werk_llamacpp.process import ENV_ARGS
 from werk_host.plugin import ModelManifest
 from werk_host.testing.api import Api
 from werk_host.testing.host import ModelRegistry
+from werk_host.testing.hosts import serve_process
 from werk_host.testing.translations import ResponsesRequest, responses_chat_body
 
 pytestmark = pytest.mark.llamaserver
@@ -87,30 +84,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, llama_server_path: Path, sm
     home = root / "home"
     home.mkdir()
     ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [smollm2_gguf], backend="llama.cpp"))
-    environ = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(llama_server_path)}
-    environ.pop(ENV_ARGS, None)
-    log = root / "serve.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=environ,
-            text=True,
-        )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, log.read_text()[-4000:]
-        url = f"http://127.0.0.1:{json.loads(line)['port']}"
+    environ = {"WERK_LLAMA_SERVER": str(llama_server_path)}
+    with serve_process(home, "--model", MODEL, keys=(KEY,), env=environ, drop=(ENV_ARGS,)) as served:
+        url = served.url
         yield Served(url, Api(url, KEY))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _weather(arguments: str) -> dict[str, Any]:

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +29,7 @@ from werk_llamacpp.process import ENV_ARGS
 from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host, ModelRegistry, build_host
-from werk_host.testing.hosts import running
+from werk_host.testing.hosts import running, serve_process
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-sdk-test-8812"
@@ -77,30 +73,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, llama_server_path: Path, sm
     root = tmp_path_factory.mktemp("sdks")
     home = root / "home"
     _install(home, smollm2_gguf)
-    environ = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(llama_server_path)}
-    environ.pop(ENV_ARGS, None)
-    log = root / "serve.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=environ,
-            text=True,
-        )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, log.read_text()[-4000:]
-        url = f"http://127.0.0.1:{json.loads(line)['port']}"
+    environ = {"WERK_LLAMA_SERVER": str(llama_server_path)}
+    with serve_process(home, "--model", MODEL, keys=(KEY,), env=environ, drop=(ENV_ARGS,)) as served:
+        url = served.url
         yield Served(url, Api(url, KEY))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _openai_turns(*turns: str) -> list[dict[str, Any]]:

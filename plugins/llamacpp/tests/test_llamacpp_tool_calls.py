@@ -13,10 +13,6 @@ one call whose arguments validate against the tool's parameters; its follow-up t
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +25,7 @@ from werk_llamacpp.process import ENV_ARGS
 from werk_host.plugin import ModelManifest
 from werk_host.testing.api import Api
 from werk_host.testing.host import ModelRegistry
+from werk_host.testing.hosts import serve_process
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-tools-test-5531"
@@ -80,30 +77,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, llama_server_path: Path, sm
     home = root / "home"
     home.mkdir()
     ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [smollm2_gguf], backend="llama.cpp"))
-    environ = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(llama_server_path)}
-    environ.pop(ENV_ARGS, None)
-    log = root / "serve.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=environ,
-            text=True,
-        )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, log.read_text()[-4000:]
-        url = f"http://127.0.0.1:{json.loads(line)['port']}"
+    environ = {"WERK_LLAMA_SERVER": str(llama_server_path)}
+    with serve_process(home, "--model", MODEL, keys=(KEY,), env=environ, drop=(ENV_ARGS,)) as served:
+        url = served.url
         yield Served(url, Api(url, KEY))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _valid(value: Any, schema: dict[str, Any]) -> bool:
