@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +78,11 @@ def served(tmp_path_factory: pytest.TempPathFactory, llama_server_path: Path, sm
     ModelRegistry(home).add(ModelManifest.from_paths("smollm2", [smollm2_gguf], backend="llama.cpp"))
     profile = root / "deployments.toml"
     profile.write_text(PROFILE)
-    environ = {"WERK_LLAMA_SERVER": str(llama_server_path)}
-    with serve_process(home, "--profile", str(profile), keys=(KEY,), env=environ, drop=(ENV_ARGS,)) as served:
+    # Greedy sampling where the agent sends no temperature (neither does): SmolLM2 at
+    # llama-server's default 0.8 sometimes rambles to the output limit, and Claude Code then
+    # continues (or, with a small CLAUDE_CODE_MAX_OUTPUT_TOKENS, fails) at random.
+    environ = {"WERK_LLAMA_SERVER": str(llama_server_path), ENV_ARGS: "--temp 0"}
+    with serve_process(home, "--profile", str(profile), keys=(KEY,), env=environ) as served:
         yield Served(served.url, served.log)
 
 
@@ -104,17 +108,20 @@ def test_claude_code_answers_through_werk_serve(agents: Agents, served: Served, 
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         DISABLE_AUTOUPDATER="1",
         # As a user of a small local model sets it: Claude Code continues an answer stopped at
-        # max_tokens with the whole answer in the prompt, and SmolLM2 (temperature 1) can ramble
-        # to the clamped limit (~4000 tokens), which puts the continuation past its 8192-token
-        # context (a truthful 400). Werk serves whatever Claude Code asks for either way.
-        CLAUDE_CODE_MAX_OUTPUT_TOKENS="256",
+        # max_tokens with the whole answer in the prompt, which would put a long SmolLM2 answer
+        # past its 8192-token context (a truthful 400).
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS="1024",
     )
+    # Claude Code's system prompt names its working directory: a fixed one keeps the greedy
+    # answer the same from run to run (a pytest tmp path would change it every time).
+    workdir = Path(tempfile.gettempdir()) / "werk-agents-claude"
+    workdir.mkdir(exist_ok=True)
     done = subprocess.run(
-        [str(agents.claude), "-p", "Say hello in one short sentence."],
+        [str(agents.claude), "-p", "What is 2+2? Answer with a number only."],
         capture_output=True,
         text=True,
         env=environ,
-        cwd=tmp_path,
+        cwd=workdir,
         timeout=AGENT_TIMEOUT_S,
         stdin=subprocess.DEVNULL,
     )
