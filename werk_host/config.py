@@ -105,6 +105,9 @@ class HostConfig:
     models: tuple[str, ...] = ()
     #: A deployment profile (``--profile``); without one, ``WERK_HOME/deployments.toml`` when present.
     profile: Path | None = None
+    #: ``--max-loaded``: instances loaded at once host-wide, replacing the profile's
+    #: ``[residency] max_loaded`` (docs/deployments.md, "Residency limits"); ``None``: the profile's
+    max_loaded: int | None = None
     persistence: PersistenceDefaults | None = None
     #: Backend-specific settings keyed by plugin name (e.g. ``{"llamacpp": {"llama_server": ...}}``).
     backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -8,7 +8,7 @@ code to an HTTP status. ``details`` is allow-listed: only keys named in
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -31,6 +31,10 @@ class ErrorCode(StrEnum):
     CORRUPT_STATE = "corrupt_state"
     INTERNAL = "internal"
 
+
+#: The detail key of a retryable refusal: seconds the client should wait before retrying, sent
+#: as ``Retry-After`` by every protocol's error answer (werk_host/http/errors.py).
+RETRY_AFTER: Final = "retry_after"
 
 #: Detail keys that may be exposed publicly, per code. Everything else is redacted.
 PUBLIC_DETAIL_KEYS: dict[ErrorCode, frozenset[str]] = {

@@ -184,6 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
         models=tuple(args.model or ()),
         profile=Path(args.profile) if args.profile else None,
+        max_loaded=args.max_loaded,
         persistence=persistence_defaults(args),
         backend_options=_backend_options(args),
         warmup_tokens=args.warmup_tokens,
@@ -387,6 +388,13 @@ def register(sub: Any) -> None:
         "--profile",
         metavar="FILE",
         help="deployment profile (TOML; default: WERK_HOME/deployments.toml when present, else no backend)",
+    )
+    p.add_argument(
+        "--max-loaded",
+        type=_positive,
+        metavar="N",
+        help="instances loaded at once; a start beyond it unloads the least recently used idle one "
+        "(default: the profile's [residency] max_loaded, else no limit; docs/deployments.md)",
     )
     p.add_argument("--home", metavar="DIR", help="WERK_HOME (default: $WERK_HOME, else ~/.werk)")
     p.add_argument(

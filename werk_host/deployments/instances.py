@@ -13,9 +13,14 @@ instance ``failed`` with a public, redacted reason; requests within :data:`RETRY
 that reason as a retryable 503 at once, later ones try again. One instance's failure never
 touches another's.
 
-Before a local start the model's file size is compared with the host's available memory: a
-model that cannot fit is refused (``resource_exhausted``) instead of letting the kernel's OOM
-killer choose a victim.
+Every start is admitted by the deployment set's residency first (:class:`Room`,
+werk_host/deployments/residency.py; docs/deployments.md, "Residency limits"): it makes room by
+unloading idle instances through :meth:`Instance.stop` — the one stop path, which closes the
+adapter — or refuses the start with the reason. A request waits for a start (its own or
+another's) at most the profile's ``load_timeout``, then gets a retryable 503 with
+``Retry-After``. Each instance keeps a bounded tail of its own lifecycle events
+(:meth:`Instance.events`: loading, ready, unloaded and why, failed with the public reason) for
+``GET /werk/v1/deployments/{id}/logs``; nothing in it is a backend's raw output.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import psutil  # type: ignore[import-untyped]
+from datetime import UTC, datetime
+from typing import Protocol
 
 from werk_host.config import HostConfig
 from werk_host.deployments.durations import too_long
@@ -44,8 +50,31 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5.0
 
 
+#: Lifecycle events an instance keeps for its log tail.
+EVENTS_KEPT = 200
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class Room(Protocol):
+    """What admits an instance's starts (werk_host/deployments/residency.py)."""
+
+    #: how long a request waits for a start before a retryable 503
+    load_timeout_s: float
+
+    def admit(self, instance: Instance, deadline: float) -> None:
+        """Make room for ``instance`` by ``deadline`` (a :func:`time.monotonic` reading), or raise."""
+
+    def settled(self, instance: Instance) -> None:
+        """``instance``'s admitted start ended (ready or failed)."""
+
+    def changed(self) -> None:
+        """An instance changed state or in-flight count; waiting admissions look again."""
+
+    def timed_out(self, instance: Instance, waited_s: float) -> WerkError:
+        """The retryable 503 of a request that waited ``waited_s`` for ``instance``."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +92,12 @@ class InstanceView:
     #: the idle time after which the instance stops (the profile's, or what a request asked
     #: for); ``None``: never stopped for idleness
     keep_alive_s: float | None
+    #: when ``state`` last changed
+    since_unix_ms: int | None = None
+    #: how long the last successful start took
+    load_s: float | None = None
+    #: never unloaded to make room (the profile's ``pin``, or an operator's pin/unpin)
+    pinned: bool = False
 
     @property
     def expires_unix_ms(self) -> int | None:
@@ -75,11 +110,6 @@ class InstanceView:
         return self.last_used_unix_ms + round(self.keep_alive_s * 1000)
 
 
-def available_host_memory() -> int:
-    """Bytes the host can give a new process now (``MemAvailable``)."""
-    return int(psutil.virtual_memory().available)
-
-
 class Instance:
     """A deployment instance (see the module docstring). Thread-safe."""
 
@@ -90,7 +120,7 @@ class Instance:
         factory: AdapterFactory,
         config: HostConfig,
         *,
-        memory_available: Callable[[], int] = available_host_memory,
+        room: Room,
         plugins: PluginHost | None = None,
     ) -> None:
         self.spec = spec
@@ -98,7 +128,7 @@ class Instance:
         self.manifest = manifest
         self.factory = factory
         self.config = config
-        self._memory_available = memory_available
+        self._room = room
         # entered directly on the hot paths (a Condition's own ``with`` is a Python-level call);
         # waits and notifications go through the condition over the same lock
         self._lock = threading.RLock()
@@ -114,6 +144,10 @@ class Instance:
         self._last_used_mono = time.monotonic()
         self._held_s: float | None = None
         self._held_by_operator = False
+        self._since_ms = _now_ms()
+        self._load_s: float | None = None
+        self._pinned = spec.pin
+        self._events: deque[str] = deque(maxlen=EVENTS_KEPT)
 
     @property
     def id(self) -> str:
@@ -135,7 +169,37 @@ class Instance:
                 self._last_used_ms,
                 self._error,
                 self._keep_alive_locked(),
+                self._since_ms,
+                self._load_s,
+                self._pinned,
             )
+
+    def _set_state_locked(self, state: InstanceStateName) -> None:
+        self._state = state
+        self._since_ms = _now_ms()
+
+    def _event(self, text: str) -> None:
+        """Record a lifecycle event for the log tail (public text only: ids, states, reasons)."""
+        stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        with self._lock:
+            self._events.append(f"{stamp} {text}")
+
+    def events(self, lines: int = EVENTS_KEPT) -> list[str]:
+        """The last ``lines`` lifecycle events, oldest first."""
+        with self._lock:
+            return list(self._events)[-lines:] if lines > 0 else []
+
+    @property
+    def pinned(self) -> bool:
+        with self._lock:
+            return self._pinned
+
+    def pin(self, pinned: bool) -> None:
+        """Pin (never unloaded to make room) or unpin the instance; lasts across restarts."""
+        with self._lock:
+            self._pinned = pinned
+        self._event("pinned by an operator" if pinned else "unpinned by an operator")
+        self._room.changed()
 
     def peek(self) -> Adapter | None:
         """The adapter when the instance is ready; ``None`` otherwise. Never starts anything."""
@@ -152,7 +216,11 @@ class Instance:
         """The ready adapter, starting the instance first when it is cold (once, however many
         requests arrive together). Raises the recorded failure (503, retryable) while a failed
         start is recent. ``enter``: first count the caller in flight (:meth:`enter`, under the
-        same lock), whether or not the start then succeeds; the caller calls :meth:`leave`."""
+        same lock), whether or not the start then succeeds; the caller calls :meth:`leave`.
+        Waiting for a start (or a stop) and for room lasts at most the room's
+        ``load_timeout_s``, then raises its retryable 503."""
+        began = time.monotonic()
+        deadline = began + self._room.load_timeout_s
         with self._lock:
             if enter:
                 self._in_flight += 1
@@ -161,15 +229,43 @@ class Instance:
                     self._touch_locked()
                     return self._adapter
                 if self._state in (InstanceStateName.STARTING, InstanceStateName.STOPPING):
-                    self._cond.wait()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._room.timed_out(self, time.monotonic() - began)
+                    self._cond.wait(remaining)
                     continue
                 if self._state is InstanceStateName.FAILED and time.monotonic() - self._failed_at < RETRY_AFTER_S:
                     raise self._failure_locked()
-                self._state = InstanceStateName.STARTING
+                self._set_state_locked(InstanceStateName.STARTING)
                 break
+        self._event("loading")
+        try:
+            self._room.admit(self, deadline)
+        except WerkError as err:
+            if err.code is not ErrorCode.RESOURCE_EXHAUSTED:
+                self._not_admitted(err.message)
+                raise
+            self._start_failed(err)  # a refusal with the reason: failed, as a start that cannot fit
+            self._room.changed()
+            with self._lock:
+                raise self._failure_locked() from err
+        except BaseException:
+            self._not_admitted("interrupted")
+            raise
+        return self._start(time.monotonic())
+
+    def _not_admitted(self, why: str) -> None:
+        """Back to cold after a wait for room that ended without a start (timed out, queue full)."""
+        with self._lock:
+            self._set_state_locked(InstanceStateName.COLD)
+            self._cond.notify_all()
+        self._event(f"not loaded: {why}")
+        self._room.changed()
+
+    def _start(self, began: float) -> Adapter:
+        """Create the adapter of an admitted start."""
         adapter: Adapter | None = None
         try:
-            self._check_memory()
             adapter = self.factory.create(self.config, self.manifest)
             if self._plugins is not None:
                 self._plugins.attach(adapter, self.factory)
@@ -177,37 +273,32 @@ class Instance:
             if adapter is not None:
                 self._close(adapter)
             self._start_failed(err)
+            self._room.settled(self)
             with self._lock:
                 raise self._failure_locked() from err
         with self._lock:
             self._adapter = adapter
-            self._state = InstanceStateName.READY
+            self._set_state_locked(InstanceStateName.READY)
             self._error = None
             self._started_ms = _now_ms()
+            self._load_s = time.monotonic() - began
             self._touch_locked()
             self._cond.notify_all()
+        self._room.settled(self)
+        self._event(f"ready in {self._load_s:.2f} s")
         log.info("instance %s ready (%s, model %s)", self.id, self.backend, self.manifest.name)
         return adapter
-
-    def _check_memory(self) -> None:
-        need = sum(f.bytes for f in self.manifest.files)
-        have = self._memory_available()
-        if need > have:
-            raise WerkError(
-                ErrorCode.RESOURCE_EXHAUSTED,
-                f"instance {self.id}: model {self.manifest.name} has {need >> 20} MiB of weights but only "
-                f"{have >> 20} MiB of host memory are available; it was not started",
-            )
 
     def _start_failed(self, err: BaseException) -> None:
         log.error("instance %s failed to start: %s", self.id, err, exc_info=not isinstance(err, WerkError))
         with self._lock:
-            self._state = InstanceStateName.FAILED
+            self._set_state_locked(InstanceStateName.FAILED)
             self._failed_at = time.monotonic()
             self._error = self._public_reason(err)
             exhausted = isinstance(err, WerkError) and err.code is ErrorCode.RESOURCE_EXHAUSTED
             self._error_code = ErrorCode.RESOURCE_EXHAUSTED if exhausted else ErrorCode.UNAVAILABLE
             self._cond.notify_all()
+        self._event(f"failed: {self._error}")
 
     def _public_reason(self, err: BaseException) -> str:
         if isinstance(err, WerkError) and err.code is ErrorCode.RESOURCE_EXHAUSTED:
@@ -233,9 +324,12 @@ class Instance:
         with self._lock:
             self._in_flight = max(self._in_flight - 1, 0)
             self._touch_locked()
-            idle_now = self._in_flight == 0 and self._keep_alive_locked() == 0
+            idle = self._in_flight == 0
+            idle_now = idle and self._keep_alive_locked() == 0
         if idle_now:
             self.stop("keep_alive 0")
+        elif idle:
+            self._room.changed()  # an admission waiting for this instance to go idle looks again
 
     @property
     def in_flight(self) -> int:
@@ -297,14 +391,16 @@ class Instance:
             return False
         return self.stop(f"idle for {idle:.0f} s (keep_alive {keep:g} s)")
 
-    def stop(self, why: str) -> bool:
-        """Close the adapter (its processes stop) and go cold; ``False`` when it was not ready
-        or requests are in flight."""
+    def stop(self, why: str, *, keep: Callable[[], bool] | None = None) -> bool:
+        """Close the adapter (its processes stop) and go cold; ``False`` when it was not ready,
+        requests are in flight, or ``keep()`` (asked under the instance's lock, so no request
+        enters in between; e.g. "live handoffs") says to keep it. This is the one stop path:
+        keep-alive, unloads and residency evictions all come here."""
         with self._lock:
-            if self._state is not InstanceStateName.READY or self._in_flight:
+            if self._state is not InstanceStateName.READY or self._in_flight or (keep is not None and keep()):
                 return False
             adapter, self._adapter = self._adapter, None
-            self._state = InstanceStateName.STOPPING
+            self._set_state_locked(InstanceStateName.STOPPING)
         try:
             if adapter is not None:
                 self._close(adapter)
@@ -312,11 +408,13 @@ class Instance:
             log.warning("instance %s did not close cleanly", self.id, exc_info=True)
         finally:
             with self._lock:
-                self._state = InstanceStateName.COLD
+                self._set_state_locked(InstanceStateName.COLD)
                 self._started_ms = None
                 self._held_s = None
                 self._held_by_operator = False
                 self._cond.notify_all()
+            self._room.changed()
+        self._event(f"unloaded: {why}")
         log.info("instance %s stopped: %s", self.id, why)
         return True
 
@@ -324,7 +422,7 @@ class Instance:
         """Stop regardless of requests in flight (server shutdown)."""
         with self._lock:
             adapter, self._adapter = self._adapter, None
-            self._state = InstanceStateName.COLD
+            self._set_state_locked(InstanceStateName.COLD)
             self._held_s = None
             self._held_by_operator = False
             self._cond.notify_all()

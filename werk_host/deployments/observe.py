@@ -77,6 +77,16 @@ class WorkerWatch:
         with entry.lock:
             return entry.latest
 
+    def last(self, key: str, adapter: Adapter) -> list[WorkerObservation] | None:
+        """The last completed observation of ``adapter`` on ``key``, without a call; ``None``
+        when there is none."""
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or entry.adapter is not adapter:
+            return None
+        with entry.lock:
+            return entry.latest
+
     @staticmethod
     def _refresh(key: str, entry: _Entry, call: Observe, done: threading.Event) -> None:
         try:

@@ -30,6 +30,7 @@ from pydantic import JsonValue
 
 from werk_host.deployments.durations import DURATION_HINT, MAX_DURATION_S, bound_message
 from werk_host.deployments.durations import parse_duration as parse_duration
+from werk_host.deployments.rules import ResidencyRules, parse_groups, parse_memory, parse_residency
 from werk_host.deployments.toml_lines import DocPath, statement_lines
 from werk_host.models import NAME_RE as MODEL_NAME_RE
 
@@ -53,6 +54,8 @@ INSTANCE_KEYS = (
     "endpoint",
     "api_key_env",
     "output_limit",
+    "pin",
+    "memory",
 )
 #: ``output_limit``: how ``/v1`` admission treats a requested output above the ceiling
 #: (werk_host/service/inference.py): ``refuse`` (``output_limit_exceeded``) or ``clamp``.
@@ -61,7 +64,7 @@ _ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIAS_KEYS = ("replicas", "match")
 ROUTING_KEYS = ("fallback",)
-TOP_LEVEL_KEYS = ("instance", "alias", "routing")
+TOP_LEVEL_KEYS = ("instance", "alias", "routing", "residency", "group")
 #: A ``match`` pattern: a model name with ``*``/``?`` wildcards (``fnmatch``, case-sensitive).
 PATTERN_RE = re.compile(r"[A-Za-z0-9._:/*?-]{1,256}")
 
@@ -109,6 +112,10 @@ class InstanceSpec:
     keep_alive_max_s: float | None = None
     #: ``"refuse"`` or ``"clamp"`` (:data:`OUTPUT_LIMITS`)
     output_limit: str = "refuse"
+    #: never unloaded to make room (docs/deployments.md, "Residency limits")
+    pin: bool = False
+    #: the memory the instance needs loaded, as the operator declared it (``None``: estimated)
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
@@ -137,6 +144,8 @@ class DeploymentProfile:
     patterns: tuple[tuple[str, str], ...] = ()
     #: the instance id or alias serving model names nothing else names (``[routing] fallback``)
     fallback: str | None = None
+    #: ``[residency]`` and ``[group.NAME]`` (werk_host/deployments/rules.py)
+    residency: ResidencyRules = field(default_factory=ResidencyRules)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "instances", tuple(self.instances))
@@ -283,7 +292,16 @@ class _Checker:
             specs.append(spec)
         aliases, patterns = self.aliases(data.get("alias", {}), ids)
         fallback = self.fallback(data.get("routing", {}), ids, aliases)
-        return DeploymentProfile(tuple(specs), aliases, self.source, patterns, fallback)
+        return DeploymentProfile(tuple(specs), aliases, self.source, patterns, fallback, self.residency(data, ids))
+
+    def residency(self, data: dict[str, object], ids: Mapping[str, int]) -> ResidencyRules:
+        """``[residency]`` and ``[group.NAME]`` (werk_host/deployments/rules.py)."""
+        max_loaded, timeout, queue = parse_residency(self.fail, data.get("residency", {}))
+        groups = parse_groups(self.fail, data.get("group", {}), ids)
+        for name in groups:
+            if not ID_RE.fullmatch(name) or name in ids:
+                self.fail(("group", name), f"{_quote(name)} is not a valid group name ({_ID_RULE}, not an instance id)")
+        return ResidencyRules(max_loaded, timeout, queue, groups)
 
     def instance(self, index: int, raw: object) -> InstanceSpec:
         at: _DocPath = ("instance", index)
@@ -323,6 +341,8 @@ class _Checker:
             keep_alive_max_s=self.keep_alive_max(at, raw, keep_alive),
             output_limit=self.output_limit(at, raw),
             default=self.boolean(raw, at, "default"),
+            pin=self.boolean(raw, at, "pin"),
+            memory_bytes=parse_memory(self.fail, (*at, "memory"), raw["memory"]) if "memory" in raw else None,
         )
 
     def keep_alive_max(self, at: _DocPath, raw: dict[str, object], keep_alive: float | None) -> float | None:

@@ -22,7 +22,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from pydantic import JsonValue
@@ -38,7 +38,9 @@ from werk_host.deployments.profile import (
     load_profile,
     profile_from_models,
 )
+from werk_host.deployments.residency import Residency
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.hooks import BackendHooks
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.pluginhost import PluginHost
 from werk_host.protocol.deployments import InstanceStateName
@@ -125,13 +127,24 @@ def instance_config(config: HostConfig, factory: AdapterFactory, options: dict[s
 class DeploymentSet:
     """Instances by id, aliases, the default instance and the keep-alive sweeper."""
 
-    def __init__(self, profile: DeploymentProfile, plugins: PluginHost, config: HostConfig) -> None:
+    def __init__(
+        self,
+        profile: DeploymentProfile,
+        plugins: PluginHost,
+        config: HostConfig,
+        *,
+        live_handoffs: Callable[[Instance], bool] = lambda _instance: False,
+    ) -> None:
         self.profile = profile
         registry = ModelRegistry(config.home)
         factories = plugins.adapter_factories(config)
+        #: admission of every start (docs/deployments.md, "Residency limits")
+        self.residency = Residency(profile.residency.with_max_loaded(config.max_loaded), live_handoffs=live_handoffs)
+        self._hooks = BackendHooks(plugins)
         self.instances: dict[str, Instance] = {}
         for spec in profile.instances:
             self.instances[spec.id] = self._instance(spec, registry, factories, config, plugins)
+        self.residency.bind(self.instances)
         self.aliases: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in profile.aliases.items()}
         self.default_id = profile.default_instance.id
         self._turns: dict[str, itertools.count[int]] = {}
@@ -176,7 +189,9 @@ class DeploymentSet:
                 factory.validate_options(options)
             except ValueError as err:
                 raise ProfileError(f"{self.profile.source}: instance {spec.id}: options: {err}") from err
-        return Instance(spec, manifest, factory, instance_config(config, factory, options), plugins=plugins)
+        return Instance(
+            spec, manifest, factory, instance_config(config, factory, options), room=self.residency, plugins=plugins
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -197,8 +212,43 @@ class DeploymentSet:
             for instance in self.instances.values():
                 try:
                     instance.stop_if_idle()
+                    self._measure(instance)
                 except Exception:
                     log.warning("keep-alive stop of instance %s failed", instance.id, exc_info=True)
+
+    def _measure(self, instance: Instance) -> None:
+        """Feed the memory estimate (werk_host/deployments/residency.py) the resident memory of a
+        ready instance's processes, from the inventory's worker observation."""
+        adapter = instance.peek()
+        if adapter is None or instance.spec.endpoint is not None:
+            return
+        workers = self.watch.last(instance.id, adapter)
+        if workers is None:
+            workers = self.watch.observe(instance.id, adapter, self._hooks.workers) or []
+        self.residency.measure(instance, [w.pid for w in workers if w.pid is not None])
+
+    # -- operator actions (docs/deployments.md, "Operator actions") ------------------------
+    def act(self, instance_id: str, action: str) -> Instance:
+        """``load``, ``unload``, ``pin`` or ``unpin`` one instance, for an operator. ``unload``
+        never stops an instance with requests in flight (409 ``conflict``); live handoffs do not
+        hold an operator's unload (they answer 410 afterwards, as after any restart)."""
+        instance = self.instances.get(instance_id)
+        if instance is None:
+            raise WerkError(ErrorCode.NOT_FOUND, "no deployment instance has that id")
+        if action == "load":
+            instance.use()
+        elif action == "unload":
+            if not instance.stop("unloaded by an operator") and instance.in_flight:
+                raise WerkError(
+                    ErrorCode.CONFLICT,
+                    f"instance {instance.id} has requests in flight; unload it when they are done",
+                    retryable=True,
+                )
+        elif action in ("pin", "unpin"):
+            instance.pin(action == "pin")
+        else:
+            raise WerkError(ErrorCode.INVALID_REQUEST, "action must be load, unload, pin or unpin")
+        return instance
 
     def close(self) -> None:
         self._stop.set()

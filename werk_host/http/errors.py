@@ -6,9 +6,8 @@ import logging
 
 import falcon
 
-from werk_host.errors import ErrorCode, WerkError
+from werk_host.errors import RETRY_AFTER, ErrorCode, WerkError
 from werk_host.protocol.envelope import ErrorBody
-from werk_host.service.gate import RETRY_AFTER
 
 log = logging.getLogger("werk_host.http")
 

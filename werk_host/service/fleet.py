@@ -10,6 +10,7 @@ and :attr:`model` are the *default* instance's (a single-model host's one instan
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from werk_host.config import HostConfig
 from werk_host.deployments.instances import Instance
@@ -33,11 +34,18 @@ class Fleet:
         self.hooks = BackendHooks(plugins)
         self.config = config
         self.deployments: DeploymentSet | None = None
+        #: live handoffs bound to an adapter identity (set by the control service that issues
+        #: them); residency never unloads an instance that has any (docs/deployments.md)
+        self.live_handoffs: Callable[[str], int] = lambda _identity: 0
+
+    def _has_live_handoffs(self, instance: Instance) -> bool:
+        adapter = instance.peek()
+        return adapter is not None and self.live_handoffs(adapter.identity()) > 0
 
     def deploy(self, profile: DeploymentProfile) -> DeploymentSet:
         """Build the instances of ``profile`` (every backend resolved, or ``ProfileError``) and
         preload the ``preload`` ones; a preload failure stays on its instance."""
-        deployments = DeploymentSet(profile, self.plugins, self.config)
+        deployments = DeploymentSet(profile, self.plugins, self.config, live_handoffs=self._has_live_handoffs)
         self.deployments = deployments
         deployments.start()
         return deployments

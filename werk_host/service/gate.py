@@ -48,10 +48,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from werk_host.config import ServerLimits
+from werk_host.errors import RETRY_AFTER as RETRY_AFTER
 from werk_host.errors import ErrorCode, WerkError
 
-#: The detail key of a refusal: seconds the client should wait before retrying.
-RETRY_AFTER: Final = "retry_after"
 #: How often a queued request checks that its client is still there.
 POLL_S: Final = 0.25
 

@@ -170,6 +170,15 @@ class HandoffRegistry:
         self._notify(expired)
         return counts
 
+    def live_for(self, adapter_identity: str) -> int:
+        """Live handoffs bound to one adapter identity (an instance's process generation): what
+        residency never unloads (docs/deployments.md, "Eviction order")."""
+        with self._lock:
+            expired = self._purge_expired()
+            live = sum(1 for r in self._live.values() if r.adapter_identity == adapter_identity)
+        self._notify(expired)
+        return live
+
     def live_count(self) -> int:
         """Live (issued, unexpired, unredeemed) handoffs in total; reserved slots not included."""
         with self._lock:

@@ -127,6 +127,7 @@ class LocalControlService:
         self.store = store
         self.memory_manager = memory
         self.handoffs = handoffs or HandoffRegistry(on_expire=self._release_expired_handle)
+        fleet.live_handoffs = self.handoffs.live_for  # residency never unloads an instance with live ones
         self.cursors = CursorCodec(cursor_secret)
         self.chat_stats = ChatStats()
         #: ``werk serve``'s inference gate, which prefill and decode run inside
