@@ -21,6 +21,8 @@ output to a schema, and a forced choice is made real or refused, never ignored
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +68,13 @@ class WorkerStartupError(BackendStartupError):
     """The transformers worker did not load its model."""
 
 
+def model_identity(manifest: ModelManifest) -> str:
+    """The exact model: a SHA-256 over each file's path, size and SHA-256 (not the manifest's
+    name or params, so two names for the same files share a worker, and a changed file does not)."""
+    files = sorted((f.path, f.bytes, f.sha256) for f in manifest.files)
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()
+
+
 def _forced_tool_choice(body: JsonObject) -> bool:
     choice = body.get("tool_choice")
     return choice == "required" or isinstance(choice, dict)
@@ -88,7 +97,9 @@ class TransformersAdapter:
         self.directory = directory
         self.instance_id = f"{BACKEND_ID}:{manifest.name}"
         self.context = context_length(directory)
-        self.key = WorkerKey(manifest.identity, settings.python, settings.device, settings.dtype, settings.threads)
+        self.key = WorkerKey(
+            model_identity(manifest), settings.python, settings.device, settings.dtype, settings.threads
+        )
         self.slot: Slot = POOL.attach(self.key, id(self))
         self._closed = threading.Event()
 

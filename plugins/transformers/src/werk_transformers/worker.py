@@ -53,6 +53,8 @@ class Engine:
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         self.count_tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model.to(device)
         self.model.eval()
         self.device = device
