@@ -1,5 +1,6 @@
 """The transformers adapter: one deployment instance of a Hugging Face checkpoint, served by the
-plugin's worker for that exact model (:mod:`werk_transformers.workers`).
+plugin's worker for that exact model (a :class:`~werk_host.plugin.pool.WorkerPool` keyed by
+the model's files and the runtime settings; docs/transformers.md, "Workers and the model LRU").
 
 What it claims, each from evidence (docs/plugin-kit.md, "Capabilities"):
 
@@ -21,8 +22,6 @@ output to a schema, and a forced choice is made real or refused, never ignored
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,11 +42,11 @@ from werk_host.plugin import (
 )
 from werk_host.plugin.checkpoints import checkpoint_dir, context_length, safetensors_metadata
 from werk_host.plugin.http import ConnectionPool, forward, post_json
+from werk_host.plugin.pool import Slot, Started, WorkerPool, files_identity
 from werk_host.plugin.process import BackendStartupError
 from werk_host.plugin.workers import LOOPBACK, WorkerRun
 
 from .settings import Settings, cache_size, parse_options
-from .workers import Slot, Started, WorkerKey, WorkerPool
 
 __all__ = ["BACKEND_ID", "REPORTED", "TransformersAdapter", "accepts", "create_adapter"]
 
@@ -66,13 +65,6 @@ POOL = WorkerPool(cache_size)
 
 class WorkerStartupError(BackendStartupError):
     """The transformers worker did not load its model."""
-
-
-def model_identity(manifest: ModelManifest) -> str:
-    """The exact model: a SHA-256 over each file's path, size and SHA-256 (not the manifest's
-    name or params, so two names for the same files share a worker, and a changed file does not)."""
-    files = sorted((f.path, f.bytes, f.sha256) for f in manifest.files)
-    return hashlib.sha256(json.dumps(files).encode()).hexdigest()
 
 
 def _forced_tool_choice(body: JsonObject) -> bool:
@@ -97,9 +89,8 @@ class TransformersAdapter:
         self.directory = directory
         self.instance_id = f"{BACKEND_ID}:{manifest.name}"
         self.context = context_length(directory)
-        self.key = WorkerKey(
-            model_identity(manifest), settings.python, settings.device, settings.dtype, settings.threads
-        )
+        # The exact model and every setting that changes what runs (docs/transformers.md).
+        self.key = (files_identity(manifest), settings.python, settings.device, settings.dtype, settings.threads)
         self.slot: Slot = POOL.attach(self.key, id(self))
         self._closed = threading.Event()
 

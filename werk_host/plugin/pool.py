@@ -1,50 +1,54 @@
-"""The plugin's worker processes: one per exact model identity, shared by every adapter serving
-that model, at most ``WERK_TRANSFORMERS_MODEL_CACHE_SIZE`` loaded at once (docs/transformers.md,
-"Workers and the model LRU"; the seed's "Execution lifetime and reuse matrix").
+"""A bounded LRU of Werk-owned model workers, one per exact model, shared by the adapters that
+serve that model (docs/plugin-kit.md, "Processes"). For backends whose engine holds a model in
+a worker process of its own (the seed's Transformers and ONNX Runtime GenAI rows: "one
+serialized Werk-owned worker per exact model ... bounded LRU, default capacity 1").
 
 Contract:
 
-* **Key.** A worker is keyed by :class:`WorkerKey`: the manifest's identity (a SHA-256 over
-  every file's path, size and SHA-256, so a changed file is another model) and the runtime
-  settings that change what runs (interpreter, device, dtype, threads). Two instances of the
-  same exact model share one worker; anything else gets its own.
-* **Serialized.** Each worker runs one generation at a time: :meth:`Slot.hold` is the lock a
-  request holds from before it is sent until its answer ends (docs/plugin-kit.md,
-  "Concurrency and cancellation"); counts go to the worker's own counting tokenizer, outside it.
-* **Bounded LRU.** :meth:`WorkerPool.ensure` starts a key's worker when none is alive (a dead
-  one, killed or crashed, is replaced by a new generation) after stopping least recently used
-  *idle* workers until the loaded ones, the new one included, fit the capacity. A busy worker is
-  never stopped: the pool then runs over its bound until the work ends and says so in the log.
-* **Lifetime.** Each worker is a :class:`~werk_host.plugin.workers.WorkerRun` (the kit's guard:
-  it dies with ``werk serve``); :meth:`WorkerPool.detach` stops a worker once no adapter is
-  attached to its key.
+* **Key.** A worker is keyed by any hashable value the backend chooses; it should hold
+  :func:`files_identity` of the manifest (a SHA-256 over every file's path, size and SHA-256,
+  so a changed file is another model, while two names for the same files share a worker) and
+  every runtime setting that changes what runs (interpreter, device, dtype, threads).
+* **Serialized.** :meth:`Slot.hold` is the worker's one seat, held by a request from before it
+  is sent until its answer ends (docs/plugin-kit.md, "Concurrency and cancellation"); waiting
+  gives up when the client has gone. Cheap calls (a token count) may go to the worker outside it.
+* **Bounded LRU.** :meth:`WorkerPool.use` starts a key's worker when none is alive (a dead one,
+  killed or crashed, is replaced by a new generation), after stopping least recently used
+  *idle* workers until the loaded ones, the new one included, fit the capacity (read on each
+  start, at least 1). A busy worker is never stopped: the pool then runs over its bound until
+  the work ends, and logs it.
+* **Lifetime.** Each worker is a :class:`Started`: a :class:`~werk_host.plugin.workers.WorkerRun`
+  (the kit's guard: it dies with ``werk serve``) and its connection pool.
+  :meth:`WorkerPool.detach` stops a worker once no adapter is attached to its key.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
-from werk_host.plugin import ErrorCode, WerkError, client_disconnected
-from werk_host.plugin.http import ConnectionPool
+from werk_host.backends.relay import ConnectionPool
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.models import ModelManifest
 from werk_host.plugin.workers import WorkerRun
+from werk_host.seam import client_disconnected
 
-__all__ = ["Slot", "WorkerKey", "WorkerPool", "Started"]
+__all__ = ["Slot", "Started", "WorkerPool", "files_identity"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WorkerKey:
-    model_identity: str
-    python: str
-    device: str
-    dtype: str
-    threads: int
+def files_identity(manifest: ModelManifest) -> str:
+    """The exact model: a SHA-256 over each file's path, size and SHA-256 (not the manifest's
+    name or params)."""
+    files = sorted((f.path, f.bytes, f.sha256) for f in manifest.files)
+    return hashlib.sha256(json.dumps(files).encode()).hexdigest()
 
 
 @dataclass
@@ -59,7 +63,7 @@ class Started:
 class Slot:
     """One key's worker place in the pool: the live worker (if any) and its serializing lock."""
 
-    key: WorkerKey
+    key: Hashable
     started: Started | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     start_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -94,20 +98,21 @@ class Slot:
 
 
 class WorkerPool:
-    """Every worker of one plugin in this process (module docstring)."""
+    """The workers of one backend in this process (module docstring); ``capacity`` is called on
+    each start, so an environment variable read there takes effect without a restart."""
 
     def __init__(self, capacity: Callable[[], int]) -> None:
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._slots: dict[WorkerKey, Slot] = {}
+        self._slots: dict[Hashable, Slot] = {}
 
-    def attach(self, key: WorkerKey, user: int) -> Slot:
+    def attach(self, key: Hashable, user: int) -> Slot:
         with self._lock:
             slot = self._slots.setdefault(key, Slot(key))
             slot.users.add(user)
             return slot
 
-    def detach(self, key: WorkerKey, user: int) -> None:
+    def detach(self, key: Hashable, user: int) -> None:
         with self._lock:
             slot = self._slots.get(key)
             if slot is None:
