@@ -108,6 +108,9 @@ class HostConfig:
     #: ``--max-loaded``: instances loaded at once host-wide, replacing the profile's
     #: ``[residency] max_loaded`` (docs/deployments.md, "Residency limits"); ``None``: the profile's
     max_loaded: int | None = None
+    #: ``--prompt-cache-budget``: each instance's prompt-cache disk budget in bytes unless its
+    #: profile entry says ``prompt_cache`` (``0``: off; ``None``: the default; docs/prompt-cache.md)
+    prompt_cache_budget: int | None = None
     persistence: PersistenceDefaults | None = None
     #: Backend-specific settings keyed by plugin name (e.g. ``{"llamacpp": {"llama_server": ...}}``).
     backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -37,6 +37,7 @@ from werk_host.seam import (
     MoveWork,
     PrefilledState,
     PrefillWork,
+    PromptCache,
     SessionSlot,
     Snapshot,
     StoredStateRef,
@@ -186,6 +187,13 @@ class BackendHooks:
         if result is None or isinstance(result, SessionSlot):
             return result
         raise _defect(self._plugins, adapter, name, "a SessionSlot object")
+
+    def prompt_cache(self, adapter: Adapter) -> PromptCache | None:
+        name = hookspecs.werk_prompt_cache.__name__
+        result = self._plugins.dispatch(name, adapter)
+        if result is None or isinstance(result, PromptCache):
+            return result
+        raise _defect(self._plugins, adapter, name, "a PromptCache object")
 
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:

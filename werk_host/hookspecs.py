@@ -56,6 +56,7 @@ from werk_host.seam import (
     MoveWork,
     PrefilledState,
     PrefillWork,
+    PromptCache,
     SessionSlot,
     Snapshot,
     StoredStateRef,
@@ -279,6 +280,17 @@ def werk_session_slot(adapter: Adapter, model_id: str) -> SessionSlot | None:
     (e.g. its launch arguments disable slot saving) and ``unavailable`` when none runs.
 
     Adapter method: ``@hookimpl(specname="werk_session_slot") def open_session_slot(self, model_id)``."""
+
+
+@hookspec(firstresult=True)
+def werk_prompt_cache(adapter: Adapter) -> PromptCache | None:
+    """The adapter's slots as automatic prompt caches for ordinary ``/v1`` (and so Anthropic,
+    Ollama and Responses) requests (docs/prompt-cache.md): an object implementing
+    :class:`~werk_host.seam.PromptCache`, or ``None`` (not implemented) when the backend keeps
+    its prefix caches itself. Must be cheap and run no inference (the host asks per request).
+    The host then serves the adapter's ordinary chat and text requests through its leases.
+
+    Adapter method: ``@hookimpl(specname="werk_prompt_cache") def prompt_cache(self)``."""
 
 
 @hookspec(firstresult=True)

@@ -284,6 +284,93 @@ class SessionSlot(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SavedPrompt:
+    """What :meth:`PromptCacheLease.save` took from its slot: the opaque payload and the token
+    ids the slot held (prompt and answer), from which the host derives the entry's prefix
+    fingerprints (docs/prompt-cache.md)."""
+
+    snapshot: Snapshot
+    tokens: tuple[int, ...]
+
+
+@runtime_checkable
+class PromptCacheLease(Protocol):
+    """One backend slot held for one ordinary request of one owner (the optional
+    ``werk_prompt_cache`` seam; docs/prompt-cache.md). Held until :meth:`release`."""
+
+    #: how many leading tokens of the request's prompt the slot already holds for this owner
+    #: (``0`` when it held another owner's, which the backend erased before leasing it)
+    held: int
+
+    def restore(self, stored: StoredStateRef) -> int:
+        """Load a saved entry into the leased slot; returns how many leading tokens of the
+        request's prompt the slot then holds. The payload is read only through
+        ``stored.open_payload()`` (size and SHA-256 checked by the host on that descriptor);
+        ``stored.compat_key`` must equal :meth:`PromptCache.cache_key` exactly and the backend's
+        restore acknowledgement must be exact, else ``incompatible_state``/``corrupt_state``
+        with the slot cleared first."""
+        ...
+
+    def forward(self, path: str, request: JsonObject) -> InferenceResponse:
+        """Serve ``/v1/chat/completions`` or ``/v1/completions`` on the leased slot, otherwise
+        as ``werk_chat_completion``/``werk_text_completion`` would. Closing the response does
+        not release the lease."""
+        ...
+
+    def cached_tokens(self, usage_event: JsonObject) -> int | None:
+        """As :meth:`SessionSlot.cached_tokens`: the backend's own, consistent cache count for
+        the response whose final ``usage`` (and the backend's counters beside it) is
+        ``usage_event``; ``None`` when missing or inconsistent."""
+        ...
+
+    def save(self) -> SavedPrompt | None:
+        """The leased slot's state after a complete, successful response (the host calls it
+        before :meth:`release`); ``None`` when the slot holds nothing worth saving."""
+        ...
+
+    def release(self) -> None:
+        """Give the slot back. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class PromptCache(Protocol):
+    """A backend's slots as automatic prompt caches for ordinary requests (the optional
+    ``werk_prompt_cache`` seam; docs/prompt-cache.md). The host owns the store, the per-owner
+    fingerprints, the budget and every rule; the backend keeps each slot's owner (an opaque
+    string the host gives it) so that no owner's request ever reuses another's cached prefix,
+    and moves slot contents in and out."""
+
+    def cache_key(self) -> dict[str, str]:
+        """The exact compatibility key an entry saved now is restored under (runtime binary,
+        KV-affecting arguments, model identity and files, cache layout); strings compared for
+        equality. Raises ``unavailable`` when it cannot be established."""
+        ...
+
+    def unavailable_reason(self) -> str | None:
+        """Why restored prefixes cannot be reused by this running backend (e.g. a
+        sliding-window cache kept partially), from evidence; ``None`` while nothing says so.
+        The host then saves and restores nothing and reports the reason."""
+        ...
+
+    def prompt_tokens(self, path: str, request: JsonObject) -> list[int] | None:
+        """The token ids the backend will evaluate for ``request`` on ``path``; ``None`` when it
+        cannot tell (then nothing is restored or saved for the request)."""
+        ...
+
+    def lease(self, owner: str, tokens: list[int] | None) -> PromptCacheLease:
+        """A slot for one request of ``owner``: a free one already holding the longest prefix of
+        ``tokens`` for that owner when there is one, else another free slot, cleared first when
+        it held another owner's tokens. Waits within the backend's slot bound."""
+        ...
+
+    def invalidate(self, reason: str) -> None:
+        """Evidence that a restore was not reused (the host saw the backend's counters): the
+        backend decides whether the mechanism stays usable (:meth:`unavailable_reason`)."""
+        ...
+
+
 #: Around a ``/v1`` inference hook call, the HTTP layer sets this to a callable that answers
 #: whether the client has gone away (``None``: the server cannot tell). A hook that waits on
 #: its backend before the first response byte should poll it and, once it is true, close the

@@ -18,12 +18,13 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from werk_host.cli import run, runtime
 from werk_host.cli.output import fail
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits, StoreBounds
 from werk_host.deployments.durations import MAX_DURATION_S
+from werk_host.deployments.rules import parse_memory
 from werk_host.models import parse_param
 from werk_host.paths import werk_home
 from werk_host.protocol import MAX_TTL_SECONDS, PersistenceMode, ReusePolicy
@@ -82,6 +83,16 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be a positive integer")
     return value
+
+
+def _size(text: str) -> int:
+    """A size such as ``2GiB``, ``512MiB`` or a whole number of bytes; ``0`` allowed."""
+
+    def refuse(_at: object, message: str) -> NoReturn:
+        raise argparse.ArgumentTypeError(message)
+
+    value: object = int(text) if text.isdigit() else text
+    return parse_memory(refuse, (), value, allow_zero=True)
 
 
 def _seconds(text: str) -> float:
@@ -185,6 +196,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         models=tuple(args.model or ()),
         profile=Path(args.profile) if args.profile else None,
         max_loaded=args.max_loaded,
+        prompt_cache_budget=args.prompt_cache_budget,
         persistence=persistence_defaults(args),
         backend_options=_backend_options(args),
         warmup_tokens=args.warmup_tokens,
@@ -395,6 +407,13 @@ def register(sub: Any) -> None:
         metavar="N",
         help="instances loaded at once; a start beyond it unloads the least recently used idle one "
         "(default: the profile's [residency] max_loaded, else no limit; docs/deployments.md)",
+    )
+    p.add_argument(
+        "--prompt-cache-budget",
+        type=_size,
+        metavar="SIZE",
+        help="disk budget of each instance's automatic prompt caches, e.g. 2GiB; 0 turns them off "
+        "(default: 4GiB, or the instance's prompt_cache in the profile; docs/prompt-cache.md)",
     )
     p.add_argument("--home", metavar="DIR", help="WERK_HOME (default: $WERK_HOME, else ~/.werk)")
     p.add_argument(

@@ -56,6 +56,7 @@ INSTANCE_KEYS = (
     "output_limit",
     "pin",
     "memory",
+    "prompt_cache",
 )
 #: ``output_limit``: how ``/v1`` admission treats a requested output above the ceiling
 #: (werk_host/service/inference.py): ``refuse`` (``output_limit_exceeded``) or ``clamp``.
@@ -116,6 +117,9 @@ class InstanceSpec:
     pin: bool = False
     #: the memory the instance needs loaded, as the operator declared it (``None``: estimated)
     memory_bytes: int | None = None
+    #: the disk budget of the instance's prompt caches (``0``: off; ``None``: the host's,
+    #: ``werk serve --prompt-cache-budget``; docs/prompt-cache.md)
+    prompt_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
@@ -343,6 +347,11 @@ class _Checker:
             default=self.boolean(raw, at, "default"),
             pin=self.boolean(raw, at, "pin"),
             memory_bytes=parse_memory(self.fail, (*at, "memory"), raw["memory"]) if "memory" in raw else None,
+            prompt_cache_bytes=(
+                parse_memory(self.fail, (*at, "prompt_cache"), raw["prompt_cache"], allow_zero=True)
+                if "prompt_cache" in raw
+                else None
+            ),
         )
 
     def keep_alive_max(self, at: _DocPath, raw: dict[str, object], keep_alive: float | None) -> float | None:

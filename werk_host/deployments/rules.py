@@ -168,9 +168,10 @@ _UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SIZE_HINT = 'a size such as "512MiB", "7.5GiB" or a whole number of bytes'
 
 
-def parse_memory(fail: Fail, at: DocPath, value: object) -> int:
+def parse_memory(fail: Fail, at: DocPath, value: object, *, allow_zero: bool = False) -> int:
     """An instance's ``memory``: what it needs loaded, declared by the operator instead of
-    estimated (docs/deployments.md, "Memory estimate")."""
+    estimated (docs/deployments.md, "Memory estimate"); with ``allow_zero`` any size from 0 (an
+    instance's ``prompt_cache`` budget, docs/prompt-cache.md)."""
     if isinstance(value, int) and not isinstance(value, bool):
         nbytes = value
     elif isinstance(value, str):
@@ -185,6 +186,6 @@ def parse_memory(fail: Fail, at: DocPath, value: object) -> int:
         nbytes = int(amount * _UNITS[unit])
     else:
         fail(at, f"must be {_SIZE_HINT}")
-    if not 0 < nbytes <= 1 << 50:
-        fail(at, "must be more than 0 bytes and at most 1024TiB")
+    if not (nbytes >= 0 if allow_zero else nbytes > 0) or nbytes > 1 << 50:
+        fail(at, f"must be {'0' if allow_zero else 'more than 0'} bytes to 1024TiB")
     return nbytes

@@ -47,6 +47,15 @@ class ChatCounters(DataModel):
     requests_clamped: int = 0
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
+    #: automatic prompt caches (werk_host/service/promptcache.py, docs/prompt-cache.md): restores
+    #: the backend's counters confirmed, requests that found nothing usable or whose restore was
+    #: not reused, the tokens restores saved, entries saved, and the time spent saving and restoring
+    prompt_cache_hits: int = 0
+    prompt_cache_misses: int = 0
+    prompt_cache_restored_tokens: int = 0
+    prompt_cache_saves: int = 0
+    prompt_cache_save_ms: int = 0
+    prompt_cache_restore_ms: int = 0
 
 
 class WorkerObservation(DataModel):

@@ -51,6 +51,7 @@ from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.principals import Principal
+from werk_host.service.promptcache import PromptCaches
 from werk_host.service.reasoning import resolve_reasoning
 from werk_host.service.scope import no_backend
 
@@ -140,9 +141,17 @@ def _client_gone() -> bool:
 class InferenceService:
     """Serves ``/v1`` by delegating to the adapter; counts requests for observability."""
 
-    def __init__(self, fleet: Fleet, stats: ChatStats, gate: InferenceGate | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        stats: ChatStats,
+        gate: InferenceGate | None = None,
+        prompt_caches: PromptCaches | None = None,
+    ) -> None:
         self.fleet = fleet
         self.stats = stats
+        #: automatic prompt caches (werk_host/service/promptcache.py); ``None``: plain relays
+        self.prompt_caches = prompt_caches
         #: ``werk serve``'s admission gate (werk_host/service/gate.py); ``None`` for in-process
         #: callers, which hold no server worker threads.
         self.gate = gate
@@ -297,14 +306,14 @@ class InferenceService:
         ``clamp``: a requested output above what the instance allows is clamped, not refused."""
         ticket = self._enter(principal)
         try:
-            return self._gated(chat, what, body, ticket, clamp)
+            return self._gated(chat, what, body, ticket, clamp, principal)
         except BaseException:
             if ticket is not None:
                 ticket.release()
             raise
 
     def _gated(
-        self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None, clamp_output: bool
+        self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None, clamp_output: bool, principal: Principal
     ) -> InferenceResponse:
         instance = self._route(body)
         try:
@@ -327,7 +336,11 @@ class InferenceService:
         self.stats.add(instance=label, requests_total=1, requests_active=1, requests_clamped=int(applied is not None))
         hooks = self.fleet.hooks
         try:
-            response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            caches = self.prompt_caches
+            response = caches.forward(principal, label, adapter, path, body) if caches is not None else None
+            if response is None:
+                response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
             if response is None:
                 raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
         except BaseException:
@@ -407,13 +420,24 @@ class InferenceService:
         return self._call(False, "completions", body, principal, clamp_output)
 
     def list_models(self, principal: Principal) -> list[JsonObject]:
-        """``/v1/models``: every instance id and alias (docs/deployments.md, "Routing")."""
+        """``/v1/models``: every instance id and alias (docs/deployments.md, "Routing"); an
+        instance with its residency ``status`` and since when (docs/deployments.md, "Inventory")."""
         deployments = self.fleet.deployments
         if deployments is None:
             return []
         entries: list[JsonObject] = []
         for instance in deployments.instances.values():
-            entries.append({"id": instance.id, "object": "model", "owned_by": "werk", "created": 0})
+            view = instance.view()
+            entries.append(
+                {
+                    "id": instance.id,
+                    "object": "model",
+                    "owned_by": "werk",
+                    "created": 0,
+                    "status": view.status,
+                    "status_since_unix_ms": view.since_unix_ms,
+                }
+            )
         for alias in deployments.aliases:
             entries.append({"id": alias, "object": "model", "owned_by": "werk", "created": 0})
         return entries

@@ -61,6 +61,7 @@ from .binary import LlamaServerNotFound
 from .core import BACKEND_ID, PLUGIN_NAME, unavailable
 from .native import NativeError
 from .process import LlamaServerProcess, last_flag_value
+from .promptcache import LlamaPromptCache, partial_cache_of
 from .session import LlamaSessionSlot, open_session_slot
 from .slots import forward_ordinary, ordinary_capacity
 from .states import StateOperations
@@ -226,6 +227,19 @@ class LlamaCppAdapter(StateOperations):
     def text_completion(self, request: JsonObject) -> InferenceResponse:
         """``request`` without ``werk`` relayed to ``/v1/completions`` on an ordinary slot."""
         return forward_ordinary(self, "/v1/completions", {k: v for k, v in request.items() if k != "werk"})
+
+    @hookimpl(specname="werk_prompt_cache")
+    def prompt_cache(self) -> LlamaPromptCache | None:
+        """The live process's ordinary slots as prompt caches (:mod:`.promptcache`); ``None``
+        while no process runs (the host then relays without one)."""
+        proc = self.current()
+        return LlamaPromptCache(self, proc) if proc is not None else None
+
+    def partial_cache_kind(self) -> str | None:
+        """:func:`.promptcache.partial_cache_of` the model file, read once."""
+        if self._partial_cache is None:
+            self._partial_cache = (partial_cache_of(self.manifest.primary_path),)
+        return self._partial_cache[0]
 
     @hookimpl(specname="werk_session_slot")
     def open_session_slot(self, model_id: str) -> LlamaSessionSlot:

@@ -115,7 +115,13 @@ class LlamaServerCore:
         self._process: LlamaServerProcess | None = None
         self._probes: dict[str, ProbeResult] = {}
         self._model_files: dict[str, str] = {}
-        self._slot_owner: str | None = None
+        self._held_state: str | None = None
+        #: bumped whenever the state slot's contents change hands (:attr:`_slot_owner` is set):
+        #: with one slot, ordinary leases compare it (:mod:`.slots`, "Owners")
+        self.state_epoch = 0
+        #: per process generation: why prompt caches are off (evidence, :mod:`.promptcache`)
+        self.prompt_cache_off: dict[str, str] = {}
+        self._partial_cache: tuple[str | None] | None = None
         self._count_cache: OrderedDict[bytes, int] = OrderedDict()
         self._exited: set[str] = set()  # generations whose child exited (:meth:`_watch`)
         self._identity = ("none", f"{self.instance_id}#none")
@@ -182,9 +188,13 @@ class LlamaServerCore:
         threading.Thread(target=wait, name=f"llama-server-exit-{generation[:8]}", daemon=True).start()
 
     def _extra_args(self) -> list[str]:
-        """``--metrics`` (child counters for observability) and ``--alias`` (the API reports the
-        manifest name, never the model's file path), each only when the help advertises it."""
+        """``--metrics`` (child counters for observability), ``--alias`` (the API reports the
+        manifest name, never the model's file path) and ``--cache-ram 0`` (llama-server's own
+        host-memory prompt cache is shared by every slot and so by every key; Werk's prompt
+        caches are per key: docs/prompt-cache.md), each only when the help advertises it."""
         args: list[str] = []
+        if self._advertises("--cache-ram"):
+            args += ["--cache-ram", "0"]
         if self._advertises("--metrics"):
             args.append("--metrics")
         if self._advertises("--alias"):
@@ -332,6 +342,16 @@ class LlamaServerCore:
                 )
                 self._proxy_pools[proc.generation] = pool
             return pool
+
+    @property
+    def _slot_owner(self) -> str | None:
+        """The named state's handle token the state slot holds, if any (None: none known)."""
+        return self._held_state
+
+    @_slot_owner.setter
+    def _slot_owner(self, token: str | None) -> None:
+        self._held_state = token
+        self.state_epoch += 1
 
     def forget_slot(self) -> None:
         """Something other than state work may have used the state slot."""

@@ -19,7 +19,15 @@ import struct
 from pathlib import Path
 from typing import BinaryIO, Final
 
-__all__ = ["KV_MEMORY_SHARE", "MIN_SLOT_CONTEXT", "GgufError", "default_context", "kv_bytes_per_token", "read_metadata"]
+__all__ = [
+    "KV_MEMORY_SHARE",
+    "MIN_SLOT_CONTEXT",
+    "GgufError",
+    "default_context",
+    "kv_bytes_per_token",
+    "partial_cache",
+    "read_metadata",
+]
 
 #: The smallest per-slot context a default gives (the default before the trained context was read).
 MIN_SLOT_CONTEXT: Final = 4096
@@ -132,6 +140,21 @@ def kv_bytes_per_token(meta: dict[str, Value]) -> int | None:
     key = _int(meta, f"{arch}.attention.key_length") or width // heads
     value = _int(meta, f"{arch}.attention.value_length") or width // heads
     return 2 * layers * kv_heads * (key + value)
+
+
+def partial_cache(meta: dict[str, Value]) -> str | None:
+    """What keeps part of this model's cache outside a restorable slot file, from its header:
+    ``"sliding-window"`` (``<arch>.attention.sliding_window``), ``"recurrent"`` (``<arch>.ssm.*``
+    state layers), else ``None``. llama-server reuses such a cache after a restore only when it
+    keeps the full cache (``--swa-full``; docs/prompt-cache.md, "Sliding-window models")."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        return None
+    if _int(meta, f"{arch}.attention.sliding_window") is not None:
+        return "sliding-window"
+    if any(key.startswith(f"{arch}.ssm.") for key in meta):
+        return "recurrent"
+    return None
 
 
 def default_context(path: Path, slots: int, available_bytes: int) -> int:

@@ -56,7 +56,7 @@ from .snapshot import presented
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter
 
-__all__ = ["RUNTIME_ENV_PREFIXES", "SESSION_LAYOUT", "LlamaSessionSlot", "open_session_slot"]
+__all__ = ["RUNTIME_ENV_PREFIXES", "SESSION_LAYOUT", "LlamaSessionSlot", "cache_count", "open_session_slot"]
 
 SESSION_LAYOUT: Final = "werk-llamacpp-session-v1"
 #: Environment variables of the running llama-server that can change what it computes or
@@ -252,25 +252,31 @@ class LlamaSessionSlot:
         return n_saved
 
     def cached_tokens(self, usage_event: JsonObject) -> int | None:
-        usage = usage_event.get("usage")
-        if not isinstance(usage, dict):
-            return None
-        prompt = usage.get("prompt_tokens")
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        timings = usage_event.get("timings")
-        cache_n = timings.get("cache_n") if isinstance(timings, dict) else None
-        prompt_n = timings.get("prompt_n") if isinstance(timings, dict) else None
-        counts = [v for v in (prompt, cached, cache_n, prompt_n) if v is not None]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
-            return None
-        if cached is None:
-            cached = cache_n
-        if not isinstance(cached, int) or (isinstance(cache_n, int) and cache_n != cached):
-            return None
-        if isinstance(cache_n, int) and isinstance(prompt_n, int) and isinstance(prompt, int):
-            return cached if cache_n + prompt_n == prompt else None
-        return cached
+        return cache_count(usage_event)
+
+
+def cache_count(usage_event: JsonObject) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``, when it agrees with ``timings.cache_n`` and
+    adds up with ``timings.prompt_n`` to ``prompt_tokens`` where llama-server reports them."""
+    usage = usage_event.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    timings = usage_event.get("timings")
+    cache_n = timings.get("cache_n") if isinstance(timings, dict) else None
+    prompt_n = timings.get("prompt_n") if isinstance(timings, dict) else None
+    counts = [v for v in (prompt, cached, cache_n, prompt_n) if v is not None]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+        return None
+    if cached is None:
+        cached = cache_n
+    if not isinstance(cached, int) or (isinstance(cache_n, int) and cache_n != cached):
+        return None
+    if isinstance(cache_n, int) and isinstance(prompt_n, int) and isinstance(prompt, int):
+        return cached if cache_n + prompt_n == prompt else None
+    return cached
 
 
 def open_session_slot(adapter: LlamaCppAdapter, model_id: str) -> LlamaSessionSlot:

@@ -13,6 +13,12 @@ Contract:
   body, on an error and on a client disconnect (the host closes every relayed response). With
   n = 1 there is no ordinary slot: an ordinary request holds ``slot_lock`` for its response's
   life instead (serialized with state work) and the adapter forgets which state the slot held.
+* **Owners.** Every lease names its owner (the host's opaque principal tag; :data:`ANONYMOUS`
+  for callers without one) and the router books what each slot holds for whom. A slot that held
+  another owner's tokens is erased before it serves (:mod:`.promptcache`), so no owner's request
+  reuses another's cached prefix; a free slot already holding the longest prefix of the
+  request's tokens for the same owner is preferred (slot affinity). With one slot, anything the
+  adapter did on it since (state work: :attr:`LlamaCppAdapter.state_epoch`) makes it foreign.
 * **Bounded waits.** Waiting for a slot (or, with n = 1, for ``slot_lock``) lasts at most
   ``slot_wait_s``; then a retryable ``unavailable``.
 * **Capacity.** :func:`ordinary_capacity` (n − 1, or 1 when n = 1) is the instance's
@@ -30,24 +36,32 @@ import http.client
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from werk_host.plugin import ErrorCode, InferenceResponse, JsonObject, WerkError
 from werk_host.plugin.http import ClientGone, forward
+
+from .native import NativeError
 
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter
     from .process import LlamaServerProcess
 
 __all__ = [
+    "ANONYMOUS",
     "DEATH_WAIT_S",
     "SLOT_FIELDS",
     "SlotLease",
+    "SlotRecord",
     "SlotRouter",
+    "common_prefix",
     "forward_ordinary",
     "held_for_life",
     "ordinary_capacity",
+    "prepare",
+    "send",
     "strip_slot_fields",
 ]
 
@@ -60,6 +74,37 @@ DEATH_WAIT_S = 2.0
 _DEATH_POLL_S = 0.02
 #: Connection failures that happen when the child is gone before it answered anything.
 _DIED = (ConnectionRefusedError, ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)
+
+
+#: The owner of requests that name none (in-process callers, ``/v1/completions`` without a key).
+ANONYMOUS = ""
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """What the router knows a slot holds: whose tokens (``None``: nothing, a fresh slot), the
+    known leading ones, the adapter's state epoch then, and when it was last used."""
+
+    owner: str | None = None
+    tokens: tuple[int, ...] = ()
+    epoch: int = 0
+    used: float = 0.0
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token sequences."""
+    a, b = tuple(a), tuple(b)
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect on slice equality (C speed)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def ordinary_capacity(n_slots: int) -> int:
@@ -75,12 +120,30 @@ def strip_slot_fields(body: JsonObject) -> JsonObject:
 class SlotLease:
     """One held ordinary slot (or, with one slot only, the held ``slot_lock``); released once."""
 
-    def __init__(self, router: SlotRouter, slot: int, *, shared: bool) -> None:
+    def __init__(self, router: SlotRouter, slot: int, *, shared: bool, owner: str = ANONYMOUS) -> None:
         self.router = router
         self.slot = slot
         self.shared = shared  # the state slot itself (n == 1): slot_lock is held
+        self.owner = owner
+        #: what the slot held before this lease (:class:`SlotRecord`)
+        self.found = SlotRecord()
+        #: the leading tokens the slot holds when released (booked for affinity), and the
+        #: adapter's state epoch then
+        self.tokens: tuple[int, ...] = ()
+        self.epoch = 0
         self._released = False
         self._lock = threading.Lock()
+
+    @property
+    def foreign(self) -> bool:
+        """Whether the slot may hold another owner's tokens (it must be erased before use)."""
+        return self.found.owner is not None and self.found.owner != self.owner
+
+    def held(self, tokens: Sequence[int] | None) -> int:
+        """How many leading ``tokens`` the slot holds for this lease's owner, as booked."""
+        if tokens is None or self.foreign:
+            return 0
+        return common_prefix(self.found.tokens, tokens)
 
     def release(self) -> None:
         with self._lock:
@@ -98,21 +161,60 @@ class SlotRouter:
         self.wait_s = wait_s
         self._held: set[int] = set()
         self._cond = threading.Condition()
+        self._book: dict[int, SlotRecord] = {}
+        self._generation: str | None = None
 
-    def acquire(self, n_slots: int) -> SlotLease:
-        """A free ordinary slot of a child with ``n_slots`` slots, waiting at most ``wait_s``."""
+    def acquire(
+        self,
+        n_slots: int,
+        *,
+        owner: str = ANONYMOUS,
+        tokens: Sequence[int] | None = None,
+        generation: str | None = None,
+        epoch: int = 0,
+    ) -> SlotLease:
+        """A free ordinary slot of a child with ``n_slots`` slots for ``owner``, waiting at most
+        ``wait_s``: the one booked with the longest prefix of ``tokens`` for ``owner``, else a
+        fresh one, else the least recently used. ``generation``: the child's (a new one holds
+        nothing); ``epoch``: the adapter's state epoch (one slot only, module docstring)."""
         if n_slots < 2:
-            return self.hold_state_slot()
+            lease = self.hold_state_slot()
+            lease.owner = owner
+            with self._cond:
+                self._renew(generation)
+                found = self._book.get(0, SlotRecord())
+                lease.found = found if found.epoch == epoch else SlotRecord(owner="", epoch=epoch)
+            return lease
         deadline = time.monotonic() + self.wait_s
         with self._cond:
+            self._renew(generation)
             while True:
                 free = [i for i in range(n_slots - 1) if i not in self._held]
                 if free:
-                    self._held.add(free[0])
-                    return SlotLease(self, free[0], shared=False)
+                    slot = max(free, key=lambda i: self._rank(i, owner, tokens))
+                    self._held.add(slot)
+                    lease = SlotLease(self, slot, shared=False, owner=owner)
+                    lease.found = self._book.get(slot, SlotRecord())
+                    return lease
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._cond.wait(left):
                     raise _busy()
+
+    def _renew(self, generation: str | None) -> None:
+        if generation is not None and generation != self._generation:
+            self._generation = generation
+            self._book.clear()
+
+    def _rank(self, slot: int, owner: str, tokens: Sequence[int] | None) -> tuple[int, int, float]:
+        record = self._book.get(slot, SlotRecord())
+        mine = record.owner == owner
+        shared = common_prefix(record.tokens, tokens) if mine and tokens is not None else 0
+        return (shared, int(record.owner is None or mine), -record.used)
+
+    def book(self, slot: int, record: SlotRecord) -> None:
+        """Record what ``slot`` holds now (after an erase, a restore or a request)."""
+        with self._cond:
+            self._book[slot] = record
 
     def hold_state_slot(self) -> SlotLease:
         """``slot_lock`` (the state slot itself, slot 0 of a one-slot child or the session slot),
@@ -126,10 +228,14 @@ class SlotRouter:
             return set(self._held)
 
     def _give_back(self, lease: SlotLease) -> None:
+        record = SlotRecord(lease.owner, lease.tokens, lease.epoch, time.monotonic())
         if lease.shared:
+            with self._cond:
+                self._book[0] = record
             self.slot_lock.release()
             return
         with self._cond:
+            self._book[lease.slot] = record
             self._held.discard(lease.slot)
             self._cond.notify()
 
@@ -168,17 +274,44 @@ def _child_died(proc: LlamaServerProcess, err: WerkError) -> bool:
     return True
 
 
-def forward_ordinary(adapter: LlamaCppAdapter, path: str, body: JsonObject) -> InferenceResponse:
-    """Relay an ordinary request on a slot chosen here, held for the response's life."""
+def prepare(adapter: LlamaCppAdapter, proc: LlamaServerProcess, lease: SlotLease) -> None:
+    """Make ``lease``'s slot fit for its owner: erased when it may hold another owner's tokens
+    (a failed erase is a retryable ``unavailable``: isolation is never assumed)."""
+    if lease.shared:
+        adapter.forget_slot()  # ordinary traffic on the state slot itself
+    if not lease.foreign:
+        return
+    try:
+        adapter.client(proc).slot_erase(lease.slot)
+    except NativeError as err:
+        raise adapter.native_failure(err, "slot erase") from err
+    lease.found = SlotRecord(epoch=lease.found.epoch)
+
+
+def send(
+    adapter: LlamaCppAdapter, proc: LlamaServerProcess, lease: SlotLease, path: str, body: JsonObject
+) -> InferenceResponse:
+    """Relay ``body`` (its slot fields dropped, ``cache_prompt`` on) to ``path`` on ``lease``'s
+    slot of ``proc``; the caller releases the lease."""
     body = strip_slot_fields(body)
     body["cache_prompt"] = True
+    body["id_slot"] = lease.slot
+    return forward(adapter.proxy_pool(proc), path, body)
+
+
+def forward_ordinary(
+    adapter: LlamaCppAdapter, path: str, body: JsonObject, owner: str = ANONYMOUS
+) -> InferenceResponse:
+    """Relay an ordinary request of ``owner`` on a slot chosen here, held for the response's life."""
     for attempt in (1, 2):
         proc = adapter.process()
-        lease = adapter.router.acquire(proc.effective_parallel())
+        lease = adapter.router.acquire(
+            proc.effective_parallel(), owner=owner, generation=proc.generation, epoch=adapter.state_epoch
+        )
         try:
-            if lease.shared:
-                adapter.forget_slot()  # ordinary traffic on the state slot itself
-            response = forward(adapter.proxy_pool(proc), path, {**body, "id_slot": lease.slot})
+            prepare(adapter, proc, lease)
+            lease.epoch = adapter.state_epoch
+            response = send(adapter, proc, lease, path, body)
         except ClientGone:
             lease.release()
             raise

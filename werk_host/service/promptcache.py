@@ -1,0 +1,436 @@
+"""Automatic prompt caches for ordinary requests (docs/prompt-cache.md).
+
+An instance whose backend implements ``werk_prompt_cache`` (:class:`~werk_host.seam.PromptCache`)
+serves its ordinary ``/v1`` chat and text requests — and so the Anthropic, Ollama and Responses
+routes, which call them — through :meth:`PromptCaches.forward`. Contracts:
+
+* **Per key, never shared.** Every lease names the requesting principal as its owner: the
+  backend erases a slot that held another owner's tokens before it serves. Entries live in a
+  store of their own per instance (``WERK_HOME/prompt-cache/<instance>/``: the runtime-state
+  store's atomic commit, SHA-256, owner-only files and quarantine), under the requesting
+  principal; fingerprints are keyed by the principal (:meth:`Authenticator.prompt_fingerprint`)
+  and the exact compatibility key, so two keys' identical documents never match.
+* **Prefix fingerprints at block boundaries.** Each :data:`BLOCK_TOKENS` tokens of a saved slot's
+  tokens end a chained SHA-256; an entry records the keyed fingerprint of every boundary (at
+  most :data:`MAX_BLOCKS`). A request's longest saved prefix is the entry sharing most leading
+  fingerprints with the request's prompt tokens.
+* **Threshold.** Prompts under :data:`MIN_TOKENS` tokens are neither saved nor restored.
+* **Restore before the request**, only when the best entry holds at least one block more than
+  the leased slot already does, and only while the backend reports no reason against reuse:
+  the payload's size and SHA-256 are checked on the descriptor the backend reads; a corrupt
+  entry is quarantined by the store, an incompatible or refused one deleted, and the request
+  then goes on cold.
+* **Verified, never claimed.** A restore counts as a hit only when the backend's own counters
+  on that request (:meth:`PromptCacheLease.cached_tokens`) show more cached tokens than the
+  slot held before it; otherwise the entry is deleted, the backend told
+  (:meth:`PromptCache.invalidate`) and the restore counted as a miss.
+* **Saved after the answer**, off the answer's path: after a complete, successful response the
+  slot is saved (the lease is held for that save only) and the payload committed by one
+  background thread, unless a saved entry already covers every block of the prompt. Entries of
+  the same key whose blocks the new entry extends are deleted (it serves them all). Before each
+  commit, least-recently-used entries of the instance are evicted until the new one fits the
+  budget (pinned or open ones never), so the budget is never exceeded; an entry larger than
+  the budget is not saved. :meth:`PromptCaches.close` waits (bounded) for commits in flight.
+* **Counters** per instance in :class:`~werk_host.service.counters.ChatStats`:
+  ``prompt_cache_hits``/``misses``/``restored_tokens``/``saves`` and the milliseconds spent
+  saving and restoring; :meth:`PromptCaches.disk_bytes` per instance for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from werk_host.config import HostConfig
+from werk_host.errors import ErrorCode, WerkError
+from werk_host.hooks import BackendHooks
+from werk_host.seam import (
+    Adapter,
+    InferenceResponse,
+    JsonObject,
+    PromptCache,
+    PromptCacheLease,
+    SavedPrompt,
+    StoredStateRef,
+)
+from werk_host.service.counters import ChatStats
+from werk_host.service.fleet import Fleet
+from werk_host.service.principals import Authenticator, Principal
+from werk_host.store import StateStore
+from werk_host.store.records import StateRecord
+
+log = logging.getLogger(__name__)
+
+#: Tokens per fingerprinted block.
+BLOCK_TOKENS: Final = 256
+#: The shortest prompt (tokens) that is saved or restored.
+MIN_TOKENS: Final = 1024
+#: The most block fingerprints one entry records (longer entries match on their first ones).
+MAX_BLOCKS: Final = 512
+#: The default disk budget of one instance's prompt caches.
+DEFAULT_BUDGET_BYTES: Final = 4 << 30
+#: How long :meth:`PromptCaches.close` waits for commits in flight.
+DRAIN_S: Final = 30.0
+_FP_CHARS: Final = 32
+_TAIL: Final = 16384
+_OBJECT = {name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*\{') for name in ("usage", "timings")}
+_SAFE_LABEL = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def usage_event(tail: bytes) -> JsonObject | None:
+    """The last ``usage`` object of a relayed answer's tail (and ``timings`` beside it, as
+    llama-server sends them), as one event; ``None`` without a ``usage``."""
+    event: JsonObject = {}
+    decoder = json.JSONDecoder()
+    text = tail.decode("utf-8", "replace")
+    for name, pattern in _OBJECT.items():
+        found = list(pattern.finditer(tail))
+        if not found:
+            continue
+        start = len(tail[: found[-1].end() - 1].decode("utf-8", "replace"))
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            event[name] = value
+    return event if "usage" in event else None
+
+
+def block_digests(tokens: list[int]) -> list[bytes]:
+    """The chained SHA-256 at every :data:`BLOCK_TOKENS` boundary of ``tokens`` (at most
+    :data:`MAX_BLOCKS`)."""
+    out: list[bytes] = []
+    chain = b""
+    for end in range(BLOCK_TOKENS, min(len(tokens), BLOCK_TOKENS * MAX_BLOCKS) + 1, BLOCK_TOKENS):
+        chain = hashlib.sha256(chain + array("q", tokens[end - BLOCK_TOKENS : end]).tobytes()).digest()
+        out.append(chain)
+    return out
+
+
+def leading_equal(a: list[Any], b: list[Any]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class _Request:
+    """One request's prompt-cache bookkeeping (from lease to close)."""
+
+    principal: Principal
+    label: str
+    cache: PromptCache
+    lease: PromptCacheLease
+    key: dict[str, str]
+    fingerprints: list[str]
+    tokens: int
+    held: int
+    restored: StateRecord | None = None
+    held_after: int = 0  # leading prompt tokens the slot held after the restore
+    covered: int = 0  # blocks of the prompt a saved entry already holds
+
+
+class PromptCaches:
+    """The prompt caches of every instance of one host (see the module docstring)."""
+
+    def __init__(
+        self,
+        home: Path,
+        auth: Authenticator,
+        hooks: BackendHooks,
+        stats: ChatStats,
+        budget: Callable[[str], int],
+    ) -> None:
+        self.home = home
+        self.auth = auth
+        self.hooks = hooks
+        self.stats = stats
+        self.budget = budget
+        self._stores: dict[str, StateStore] = {}
+        self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="werk-prompt-cache")
+        self._pending: set[concurrent.futures.Future[None]] = set()
+
+    # -- stores ---------------------------------------------------------------------------
+    def store(self, label: str) -> StateStore:
+        """The prompt-cache store of instance ``label``."""
+        name = label if _SAFE_LABEL.fullmatch(label) and label not in (".", "..") else None
+        name = name or "i-" + hashlib.sha256(label.encode()).hexdigest()[:16]
+        with self._lock:
+            store = self._stores.get(name)
+            if store is None:
+                budget = max(self.budget(label), 1)
+                store = StateStore(
+                    self.home / "prompt-cache" / name,
+                    max_bytes=budget,
+                    max_bytes_per_key=budget,
+                    max_states=100_000,
+                    max_states_per_key=100_000,
+                )
+                self._stores[name] = store
+            return store
+
+    def disk_bytes(self) -> dict[str, int]:
+        """Bytes of committed entries per instance store (for ``/metrics``)."""
+        with self._lock:
+            stores = dict(self._stores)
+        return {
+            name: sum(e.bytes or 0 for e in store.inventory() if e.kind == "state") for name, store in stores.items()
+        }
+
+    # -- serving --------------------------------------------------------------------------
+    def forward(
+        self, principal: Principal, label: str, adapter: Adapter, path: str, body: JsonObject
+    ) -> InferenceResponse | None:
+        """Serve ``body`` on ``path`` through the adapter's prompt cache; ``None`` when the
+        backend has none (the caller relays as usual)."""
+        cache = self.hooks.prompt_cache(adapter)
+        if cache is None:
+            return None
+        budget = self.budget(label)
+        tokens = None
+        if budget > 0 and _long_enough(body) and cache.unavailable_reason() is None:
+            tokens = cache.prompt_tokens(path, body)
+            if tokens is not None and len(tokens) < MIN_TOKENS:
+                tokens = None
+        lease = cache.lease(principal.id, tokens)
+        try:
+            work = None
+            if tokens is not None:
+                key = cache.cache_key()
+                work = _Request(
+                    principal,
+                    label,
+                    cache,
+                    lease,
+                    key,
+                    self._fingerprints(principal, key, tokens),
+                    len(tokens),
+                    lease.held,
+                )
+                self._restore(work)
+            response = lease.forward(path, body)
+        except BaseException:
+            lease.release()
+            raise
+        return self._finished(response, lease, work)
+
+    def _fingerprints(self, principal: Principal, key: dict[str, str], tokens: list[int]) -> list[str]:
+        key_digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).digest()
+        return [
+            self.auth.prompt_fingerprint(principal, b"prompt-cache\0" + key_digest + chain)[:_FP_CHARS]
+            for chain in block_digests(tokens)
+        ]
+
+    def _entries(self, work: _Request) -> list[StateRecord]:
+        store, after = self.store(work.label), None
+        out: list[StateRecord] = []
+        while True:
+            page, after = store.list_states(work.principal.id, after=after)
+            out.extend(r for r in page if r.compat_key == work.key)
+            if after is None:
+                return out
+
+    def _restore(self, work: _Request) -> None:
+        best, common = None, 0
+        for record in self._entries(work):
+            blocks = record.adapter_meta.get("blocks")
+            shared = leading_equal(blocks, work.fingerprints) if isinstance(blocks, list) else 0
+            if shared > common or (
+                shared == common and best is not None and record.created_unix_ms > best.created_unix_ms
+            ):
+                best, common = record, shared
+        work.covered = common
+        if best is None or common * BLOCK_TOKENS < work.held + BLOCK_TOKENS:
+            return
+        store, pid, sid = self.store(work.label), work.principal.id, best.id
+        stored = StoredStateRef(
+            state_id=sid,
+            compat_key=dict(best.compat_key),
+            prompt_tokens=best.prompt_tokens,
+            bytes=best.bytes,
+            adapter_meta=dict(best.adapter_meta),
+            open_payload=lambda: store.open_payload(pid, sid),
+        )
+        started = time.perf_counter()
+        try:
+            work.held_after = work.lease.restore(stored)
+        except WerkError as err:
+            if err.code not in (ErrorCode.CORRUPT_STATE, ErrorCode.INCOMPATIBLE_STATE, ErrorCode.NOT_FOUND):
+                raise
+            log.warning(
+                "prompt cache entry of instance %s not restored (%s); the request runs cold", work.label, err.code
+            )
+            if err.code is not ErrorCode.CORRUPT_STATE:  # the store quarantined a corrupt one itself
+                store.delete(pid, sid)
+            self.stats.add(instance=work.label, prompt_cache_misses=1)
+            work.covered = 0
+            return
+        finally:
+            self.stats.add(instance=work.label, prompt_cache_restore_ms=round((time.perf_counter() - started) * 1000))
+        work.restored = best
+
+    def _finished(
+        self, response: InferenceResponse, lease: PromptCacheLease, work: _Request | None
+    ) -> InferenceResponse:
+        """``response`` that, once closed, checks the backend's counters, saves and releases."""
+        state: dict[str, Any] = {"tail": b"", "complete": False, "closed": False}
+
+        def body() -> Iterator[bytes]:
+            tail = b""
+            for chunk in response.body:
+                tail = (tail + chunk[-_TAIL:])[-_TAIL:]
+                yield chunk
+            state["tail"], state["complete"] = tail, True
+
+        def close() -> None:
+            if state["closed"]:
+                return
+            state["closed"] = True
+            try:
+                response.close()
+            finally:
+                try:
+                    if work is not None and state["complete"] and response.status < 400:
+                        self._settle(work, state["tail"])
+                finally:
+                    lease.release()
+
+        return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
+
+    def _settle(self, work: _Request, tail: bytes) -> None:
+        event = usage_event(tail)
+        cached = work.lease.cached_tokens(event) if event is not None else None
+        if work.restored is not None:
+            if cached is not None and cached > work.held:
+                self.stats.add(
+                    instance=work.label, prompt_cache_hits=1, prompt_cache_restored_tokens=cached - work.held
+                )
+            else:
+                log.warning("instance %s: a restored prompt cache entry was not reused; it is deleted", work.label)
+                self.stats.add(instance=work.label, prompt_cache_misses=1)
+                self.store(work.label).delete(work.principal.id, work.restored.id)
+                work.cache.invalidate(f"{cached} cached tokens after restoring {work.held_after}")
+                return
+        elif work.covered == 0:
+            self.stats.add(instance=work.label, prompt_cache_misses=1)
+        if work.covered >= work.tokens // BLOCK_TOKENS:
+            return  # a saved entry already holds every block of this prompt
+        started = time.perf_counter()
+        try:
+            saved = work.lease.save()
+        except WerkError as err:
+            log.warning("instance %s: the prompt cache was not saved (%s)", work.label, err.code)
+            return
+        finally:
+            self.stats.add(instance=work.label, prompt_cache_save_ms=round((time.perf_counter() - started) * 1000))
+        if saved is None:
+            return
+        future = self._pool.submit(self._commit, work, saved)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def _commit(self, work: _Request, saved: SavedPrompt) -> None:
+        snapshot = saved.snapshot
+        started = time.perf_counter()
+        try:
+            tokens = list(saved.tokens)
+            blocks = self._fingerprints(work.principal, work.key, tokens)
+            size = snapshot.size or 0
+            store = self.store(work.label)
+            if not blocks or size <= 0 or not self._make_room(store, size, self.budget(work.label)):
+                return
+            adapter_meta: dict[str, Any] = {**snapshot.adapter_meta, "blocks": blocks}
+            record = store.commit(
+                work.principal.id,
+                model_id=work.key.get("model_identity", "model")[:200] or "model",
+                backend=work.key.get("backend", "backend")[:200] or "backend",
+                compat_key=work.key,
+                payload=snapshot.chunks,
+                prompt_fingerprint=blocks[-1],
+                prompt_tokens=len(tokens),
+                adapter_meta=adapter_meta,
+            )
+            for older in self._entries(work):
+                old_blocks = older.adapter_meta.get("blocks")
+                if older.id != record.id and isinstance(old_blocks, list) and blocks[: len(old_blocks)] == old_blocks:
+                    store.delete(work.principal.id, older.id)
+            self.stats.add(instance=work.label, prompt_cache_saves=1)
+        except WerkError as err:
+            log.warning("instance %s: prompt cache entry not committed (%s)", work.label, err.code)
+        except Exception:
+            log.exception("instance %s: prompt cache commit failed", work.label)
+        finally:
+            snapshot.close()
+            self.stats.add(instance=work.label, prompt_cache_save_ms=round((time.perf_counter() - started) * 1000))
+
+    def _make_room(self, store: StateStore, size: int, budget: int) -> bool:
+        """Evict least-recently-used entries until ``size`` more bytes fit ``budget``; ``False``
+        when they cannot (the entry alone is larger, or the rest is pinned or open)."""
+        if size > budget:
+            return False
+        entries = [e for e in store.inventory() if e.kind == "state"]
+        used = sum(e.bytes or 0 for e in entries)
+        victims = sorted(
+            (e for e in entries if not e.pinned and not e.active),
+            key=lambda e: (e.last_accessed_unix_ms or e.created_unix_ms or 0, e.id),
+        )
+        for entry in victims:
+            if used + size <= budget:
+                break
+            outcome = store.purge(ids=[entry.id])
+            if outcome.removed:
+                used -= entry.bytes or 0
+        return used + size <= budget
+
+    def close(self, timeout: float = DRAIN_S) -> None:
+        """Wait at most ``timeout`` seconds for commits in flight, then stop the committer."""
+        with self._lock:
+            pending = set(self._pending)
+        if pending:
+            concurrent.futures.wait(pending, timeout=timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def prompt_cache_budget(config: HostConfig, fleet: Fleet) -> Callable[[str], int]:
+    """Each instance's prompt-cache budget by its label: its profile's ``prompt_cache``, else
+    ``werk serve --prompt-cache-budget``, else :data:`DEFAULT_BUDGET_BYTES`."""
+    host = DEFAULT_BUDGET_BYTES if config.prompt_cache_budget is None else config.prompt_cache_budget
+
+    def budget(label: str) -> int:
+        deployments = fleet.deployments
+        instance = deployments.instances.get(label) if deployments is not None else None
+        own = instance.spec.prompt_cache_bytes if instance is not None else None
+        return host if own is None else own
+
+    return budget
+
+
+def _long_enough(body: JsonObject) -> bool:
+    """Whether the request's text could reach :data:`MIN_TOKENS` tokens (a token is at least one
+    character of the rendered prompt): short requests skip rendering and tokenizing."""
+    size = 0
+    for field in ("messages", "prompt"):
+        value = body.get(field)
+        if value is not None:
+            size += len(json.dumps(value))
+    return size >= MIN_TOKENS
