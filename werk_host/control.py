@@ -20,6 +20,9 @@ from werk_host.protocol import (
     ChatRequest,
     DecodeRequest,
     DecodeResult,
+    DeploymentActionRequest,
+    DeploymentActionResult,
+    DeploymentLogs,
     Deployments,
     ExpertActionRequest,
     ExpertActionResult,
@@ -67,3 +70,7 @@ class WerkControl(Protocol):
     def chat_limits(self, scope: RequestScope, model: str | None) -> ChatLimits: ...
     def reasoning(self, scope: RequestScope, model: str | None, max_output_tokens: int) -> ReasoningProfile: ...
     def deployments(self) -> Deployments: ...
+    def deployment_action(
+        self, principal: Principal, instance_id: str, request: DeploymentActionRequest
+    ) -> DeploymentActionResult: ...
+    def deployment_logs(self, principal: Principal, instance_id: str, lines: int) -> DeploymentLogs: ...

@@ -40,6 +40,22 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
     ("post", "/werk/v1/prefill", "Prefill and issue a handoff", p.PrefillRequest, None, p.PrefillResult),
     ("post", "/werk/v1/decode", "Decode from a handoff", p.DecodeRequest, None, p.DecodeResult),
     ("get", "/werk/v1/deployments", "Deployment inventory, plans and slots", None, None, p.Deployments),
+    (
+        "post",
+        "/werk/v1/deployments/{instance_id}/actions",
+        "Load, unload, pin or unpin an instance (operator key)",
+        p.DeploymentActionRequest,
+        None,
+        p.DeploymentActionResult,
+    ),
+    (
+        "get",
+        "/werk/v1/deployments/{instance_id}/logs",
+        "An instance's lifecycle log tail (operator key)",
+        None,
+        p.DeploymentLogsQuery,
+        p.DeploymentLogs,
+    ),
 ]
 
 _ERROR_STATUSES = {
@@ -135,6 +151,11 @@ def build_openapi() -> dict[str, Any]:
         if "{state_id}" in path:
             state_id = TypeAdapter(p.StateId).json_schema()
             operation["parameters"].append({"name": "state_id", "in": "path", "required": True, "schema": state_id})
+        if "{instance_id}" in path:
+            instance_id = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}
+            operation["parameters"].append(
+                {"name": "instance_id", "in": "path", "required": True, "schema": instance_id}
+            )
         if query is not None:
             # The model's own schema, so that every Field constraint (minLength, minimum, ...)
             # the server enforces is in the document too.

@@ -304,10 +304,21 @@ def test_werk_deployments_prints_the_inventory(env: Any, monkeypatch: pytest.Mon
         table = capsys.readouterr().out.splitlines()
         assert main(["deployments", "--server", url, "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
-    assert table[0].split() == ["ID", "BACKEND", "MODEL", "STATE", "PID", "IN-FLIGHT", "SLOTS", "KEEP-ALIVE", "ALIASES"]
+    assert table[0].split() == [
+        "ID",
+        "BACKEND",
+        "MODEL",
+        "STATE",
+        "SINCE",
+        "PID",
+        "IN-FLIGHT",
+        "SLOTS",
+        "KEEP-ALIVE",
+        "ALIASES",
+    ]
     rows = {line.split()[0]: line.split() for line in table[1:] if line and not line.startswith("bad:")}
     assert rows["a1*"][1:4] == [BACKEND_ID, "alpha", "ready"] and rows["a1*"][-1] == "pair"
-    assert rows["b"][3] == "cold" and rows["b"][7] == "0s"
+    assert rows["b"][3] == "cold" and rows["b"][8] == "0s"
     assert [i["id"] for i in doc["inventory"]] == ["a1", "a2", "b", "bad"]
 
 

@@ -6,25 +6,39 @@ docs/cli.md, "werk deployments"): the server is ``--server``, else ``$WERK_SERVE
 ``http://127.0.0.1:11434`` (``HOST:PORT`` alone means ``http://``), the key ``$WERK_API_KEY``.
 A failure is one line ``werk: <problem> (<fix>)`` on stderr (nothing listening, a key needed
 or refused, ...), the JSON error object under ``--json``; the exit code is its class's.
+
+``werk deployments load|unload|pin|unpin ID`` sends ``POST /werk/v1/deployments/{id}/actions``
+and ``werk deployments logs ID`` reads ``GET /werk/v1/deployments/{id}/logs``; both need an
+operator key in ``$WERK_API_KEY`` (docs/deployments.md, "Operator actions").
 """
 
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
 from typing import Any
 
 from werk_host.cli.connection import KEY_ENV, SERVER_ENV, client_for, connection_options, emit_error, exit_code_for
 from werk_host.cli.output import add_json_flag
 from werk_host.client import WerkClientError
-from werk_host.protocol import Deployments
+from werk_host.protocol import DeploymentActionRequest, Deployments
 
-COLUMNS = ("ID", "BACKEND", "MODEL", "STATE", "PID", "IN-FLIGHT", "SLOTS", "KEEP-ALIVE", "ALIASES")
+COLUMNS = ("ID", "BACKEND", "MODEL", "STATE", "SINCE", "PID", "IN-FLIGHT", "SLOTS", "KEEP-ALIVE", "ALIASES")
+#: The operator actions ``werk deployments ACTION ID`` sends.
+ACTIONS = ("load", "unload", "pin", "unpin")
 
 
 def _keep_alive(seconds: float | None) -> str:
     if seconds is None:
         return "forever"
     return f"{seconds:g}s"
+
+
+def _since(unix_ms: int | None) -> str:
+    """When the state began, as local ``HH:MM:SS``."""
+    if unix_ms is None:
+        return "-"
+    return datetime.fromtimestamp(unix_ms / 1000).strftime("%H:%M:%S")
 
 
 def render_table(doc: Deployments) -> str:
@@ -39,7 +53,8 @@ def render_table(doc: Deployments) -> str:
                 inv.id + ("*" if inv.default else ""),
                 inv.backend,
                 inv.model,
-                inv.state.value,
+                inv.state.value + (" (pinned)" if inv.pinned else ""),
+                _since(inv.state_since_unix_ms),
                 "-" if inv.pid is None else str(inv.pid),
                 str(inv.in_flight),
                 total,
@@ -55,11 +70,23 @@ def render_table(doc: Deployments) -> str:
 
 def cmd_deployments(args: argparse.Namespace) -> int:
     try:
-        doc = client_for(args).deployments()
+        client = client_for(args)
+        action = getattr(args, "action", None)
+        if action == "logs":
+            logs = client.deployment_logs(args.instance, args.lines)
+            text = logs.model_dump_json(indent=2) if args.json else "\n".join(logs.lines)
+        elif action is not None:
+            result = client.deployment_action(args.instance, DeploymentActionRequest(action=action))
+            inv = result.instance
+            text = result.model_dump_json(indent=2) if args.json else f"{inv.id}: {inv.state.value}"
+            text += "" if args.json or inv.error is None else f" ({inv.error})"
+        else:
+            doc = client.deployments()
+            text = doc.model_dump_json(indent=2) if args.json else render_table(doc)
     except WerkClientError as err:
         emit_error(err, args)
         return exit_code_for(err)
-    print(doc.model_dump_json(indent=2) if args.json else render_table(doc), flush=True)
+    print(text, flush=True)
     return 0
 
 
@@ -75,3 +102,22 @@ def register(subparsers: Any) -> None:
     )
     add_json_flag(parser)
     parser.set_defaults(handler=cmd_deployments)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=False)
+    for name, summary in (
+        ("load", "start an instance now (unloading others as residency requires)"),
+        ("unload", "stop an instance that has no request in flight"),
+        ("pin", "never unload an instance to make room"),
+        ("unpin", "let an instance be unloaded to make room again"),
+        ("logs", "an instance's lifecycle log tail"),
+    ):
+        sub = actions.add_parser(
+            name,
+            help=summary + " (operator key)",
+            description=summary.capitalize() + f"; needs an operator key in ${KEY_ENV}.",
+            parents=[connection_options()],
+        )
+        sub.add_argument("instance", metavar="ID", help="the instance id (werk deployments lists them)")
+        if name == "logs":
+            sub.add_argument("--lines", type=int, default=100, choices=range(1, 201), metavar="N", help="1-200")
+        add_json_flag(sub)
+        sub.set_defaults(handler=cmd_deployments)

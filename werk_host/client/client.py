@@ -51,6 +51,9 @@ from werk_host.protocol import (
     ChatRequest,
     DecodeRequest,
     DecodeResult,
+    DeploymentActionRequest,
+    DeploymentActionResult,
+    DeploymentLogs,
     Deployments,
     ExpertActionRequest,
     ExpertActionResult,
@@ -206,6 +209,16 @@ class WerkProtocolClient:
     def deployments(self) -> Deployments:
         """``GET /werk/v1/deployments``: deployment inventory, plans and slots."""
         return self._call("GET", "/werk/v1/deployments", Deployments)
+
+    def deployment_action(self, instance_id: str, request: DeploymentActionRequest) -> DeploymentActionResult:
+        """``POST /werk/v1/deployments/{id}/actions``: load, unload, pin or unpin (operator key)."""
+        path = f"/werk/v1/deployments/{self._path_segment(instance_id, 'instance id')}/actions"
+        return self._call("POST", path, DeploymentActionResult, body=self._body(request))
+
+    def deployment_logs(self, instance_id: str, lines: int = 100) -> DeploymentLogs:
+        """``GET /werk/v1/deployments/{id}/logs``: the instance's lifecycle log tail (operator key)."""
+        path = f"/werk/v1/deployments/{self._path_segment(instance_id, 'instance id')}/logs"
+        return self._call("GET", path, DeploymentLogs, params={"lines": str(lines)})
 
     # -- states --------------------------------------------------------------------------
     def list_states(self, query: StateListQuery | None = None) -> StatePage:

@@ -74,15 +74,19 @@ def _iso(seconds: float) -> str | None:
 
 
 def running(deployments: DeploymentSet | None, context_of: ContextOf) -> JsonObject:
-    """``GET /api/ps``: the instances that are ready now. ``expires_at`` is when the idle
-    instance stops (its keep-alive: the profile's, or what a request asked for; null: kept
-    forever)."""
+    """``GET /api/ps``: the instances that are loaded, loading or unloading now, with their
+    ``status`` and since when (docs/deployments.md, "Inventory"). ``expires_at`` is when the
+    idle instance stops (its keep-alive: the profile's, or what a request asked for; null: kept
+    forever, or not ready)."""
     models: list[JsonValue] = []
     for instance in deployments.instances.values() if deployments is not None else ():
-        if instance.peek() is None:
+        view = instance.view()
+        if view.status not in ("loading", "ready", "unloading"):
             continue
-        expires_ms = instance.view().expires_unix_ms
+        ready = view.status == "ready"
+        expires_ms = view.expires_unix_ms
         expires = _iso(expires_ms / 1000) if expires_ms is not None else None
+        since = _iso(view.since_unix_ms / 1000) if view.since_unix_ms is not None else None
         models.append(
             {
                 "name": instance.id,
@@ -90,7 +94,9 @@ def running(deployments: DeploymentSet | None, context_of: ContextOf) -> JsonObj
                 **_facts((instance,)),
                 "expires_at": expires,
                 "size_vram": None,
-                "context_length": context_of(instance.id),
+                "context_length": context_of(instance.id) if ready else None,
+                "status": view.status,
+                "status_since": since,
             }
         )
     return {"models": models}

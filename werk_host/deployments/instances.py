@@ -77,6 +77,15 @@ class Room(Protocol):
         """The retryable 503 of a request that waited ``waited_s`` for ``instance``."""
 
 
+_STATUS = {
+    InstanceStateName.COLD: "unloaded",
+    InstanceStateName.STARTING: "loading",
+    InstanceStateName.READY: "ready",
+    InstanceStateName.STOPPING: "unloading",
+    InstanceStateName.FAILED: "failed",
+}
+
+
 @dataclass(frozen=True)
 class InstanceView:
     """A consistent snapshot of an instance for inventory, metrics and routing decisions."""
@@ -98,6 +107,13 @@ class InstanceView:
     load_s: float | None = None
     #: never unloaded to make room (the profile's ``pin``, or an operator's pin/unpin)
     pinned: bool = False
+
+    @property
+    def status(self) -> str:
+        """The residency status the compatibility listings show (``/v1/models``, ``/api/ps``;
+        docs/deployments.md, "Inventory"): ``unloaded``, ``loading``, ``ready``, ``unloading`` or
+        ``failed``."""
+        return _STATUS[self.state]
 
     @property
     def expires_unix_ms(self) -> int | None:
@@ -245,7 +261,9 @@ class Instance:
             if err.code is not ErrorCode.RESOURCE_EXHAUSTED:
                 self._not_admitted(err.message)
                 raise
-            self._start_failed(err)  # a refusal with the reason: failed, as a start that cannot fit
+            # a refusal with the reason: failed, as a start that cannot fit, but not replayed for
+            # RETRY_AFTER_S: residency changes whenever another instance does
+            self._start_failed(err, replay=False)
             self._room.changed()
             with self._lock:
                 raise self._failure_locked() from err
@@ -289,11 +307,11 @@ class Instance:
         log.info("instance %s ready (%s, model %s)", self.id, self.backend, self.manifest.name)
         return adapter
 
-    def _start_failed(self, err: BaseException) -> None:
+    def _start_failed(self, err: BaseException, *, replay: bool = True) -> None:
         log.error("instance %s failed to start: %s", self.id, err, exc_info=not isinstance(err, WerkError))
         with self._lock:
             self._set_state_locked(InstanceStateName.FAILED)
-            self._failed_at = time.monotonic()
+            self._failed_at = time.monotonic() if replay else -math.inf
             self._error = self._public_reason(err)
             exhausted = isinstance(err, WerkError) and err.code is ErrorCode.RESOURCE_EXHAUSTED
             self._error_code = ErrorCode.RESOURCE_EXHAUSTED if exhausted else ErrorCode.UNAVAILABLE

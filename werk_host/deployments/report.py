@@ -51,6 +51,11 @@ def deployment_report(deployments: DeploymentSet, hooks: BackendHooks) -> Deploy
                 in_flight=view.in_flight,
                 keep_alive_seconds=view.keep_alive_s,
                 error=view.error,
+                state_since_unix_ms=view.since_unix_ms,
+                load_seconds=None if view.load_s is None else round(view.load_s, 3),
+                pinned=view.pinned,
+                group=group.name if (group := deployments.residency.rules.group_of(instance.id)) else None,
+                memory_estimate_bytes=deployments.residency.estimate(instance) or None,
             )
         )
         plans.append(InstancePlan(instance=instance.id, plan=plan))

@@ -15,6 +15,8 @@ from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
     ChatRequest,
     DecodeRequest,
+    DeploymentActionRequest,
+    DeploymentLogsQuery,
     ExpertActionRequest,
     ExpertListQuery,
     PrefillRequest,
@@ -138,6 +140,18 @@ class DeploymentsResource(_Resource):
         render_data(req, resp, self.control.deployments())
 
 
+class DeploymentActionsResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response, instance_id: str) -> None:
+        request = parse_body(req, DeploymentActionRequest)
+        render_data(req, resp, self.control.deployment_action(principal(req), instance_id, request))
+
+
+class DeploymentLogsResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response, instance_id: str) -> None:
+        query = parse_query(req, DeploymentLogsQuery)
+        render_data(req, resp, self.control.deployment_logs(principal(req), instance_id, query.lines))
+
+
 class OpenApiResource:
     """``GET /werk/v1/openapi.json``: the document inside the protocol envelope."""
 
@@ -177,4 +191,6 @@ ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
     ("/werk/v1/prefill", PrefillResource),
     ("/werk/v1/decode", DecodeResource),
     ("/werk/v1/deployments", DeploymentsResource),
+    ("/werk/v1/deployments/{instance_id}/actions", DeploymentActionsResource),
+    ("/werk/v1/deployments/{instance_id}/logs", DeploymentLogsResource),
 )

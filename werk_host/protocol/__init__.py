@@ -16,6 +16,10 @@ from werk_host.protocol.chat import (
     TokenCount,
 )
 from werk_host.protocol.deployments import (
+    DeploymentActionRequest,
+    DeploymentActionResult,
+    DeploymentLogs,
+    DeploymentLogsQuery,
     DeploymentPlan,
     Deployments,
     EndpointKind,
@@ -87,6 +91,10 @@ __all__ = [
     "DecodeRequest",
     "DecodeResult",
     "DeploymentPlan",
+    "DeploymentActionRequest",
+    "DeploymentActionResult",
+    "DeploymentLogs",
+    "DeploymentLogsQuery",
     "Deployments",
     "EndpointKind",
     "InstanceInventory",

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
-from werk_host.protocol.base import DataModel
+from pydantic import Field
+
+from werk_host.protocol.base import DataModel, StrictModel
 
 
 class InstanceStateName(StrEnum):
@@ -37,6 +40,16 @@ class InstanceInventory(DataModel):
     keep_alive_seconds: float | None
     #: why the last start failed (redacted; null unless ``state`` is ``failed``)
     error: str | None
+    #: when ``state`` last changed
+    state_since_unix_ms: int | None = None
+    #: how long the last successful start (load) took
+    load_seconds: float | None = None
+    #: never unloaded to make room (the profile's ``pin`` or an operator's pin)
+    pinned: bool = False
+    #: the residency group the instance belongs to (docs/deployments.md, "Residency limits")
+    group: str | None = None
+    #: the memory the instance needs loaded: declared, or estimated (docs/deployments.md)
+    memory_estimate_bytes: int | None = None
 
 
 class DeploymentPlan(DataModel):
@@ -70,3 +83,29 @@ class Deployments(DataModel):
     inventory: list[InstanceInventory]
     plans: list[InstancePlan]
     slots: list[InstanceSlots]
+
+
+#: What ``POST /werk/v1/deployments/{id}/actions`` may do (docs/deployments.md, "Operator actions").
+DeploymentActionName = Literal["load", "unload", "pin", "unpin"]
+
+
+class DeploymentActionRequest(StrictModel):
+    action: DeploymentActionName
+
+
+class DeploymentActionResult(DataModel):
+    action: DeploymentActionName
+    #: the instance after the action
+    instance: InstanceInventory
+
+
+class DeploymentLogsQuery(StrictModel):
+    lines: int = Field(100, ge=1, le=200)
+
+
+class DeploymentLogs(DataModel):
+    """An instance's lifecycle log tail, oldest first: public text only (ids, states, public
+    reasons), never a path, key or process id."""
+
+    instance: str
+    lines: list[str]

@@ -16,9 +16,17 @@ from werk_host.config import HostConfig
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.profile import DeploymentProfile
 from werk_host.deployments.registry import DeploymentSet
+from werk_host.deployments.report import deployment_report
+from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
 from werk_host.models import ModelManifest
 from werk_host.pluginhost import PluginHost
+from werk_host.protocol.deployments import (
+    DeploymentActionRequest,
+    DeploymentActionResult,
+    DeploymentLogs,
+    InstanceInventory,
+)
 from werk_host.seam import Adapter
 from werk_host.service.principals import Principal
 from werk_host.service.scope import RequestScope
@@ -49,6 +57,31 @@ class Fleet:
         self.deployments = deployments
         deployments.start()
         return deployments
+
+    # -- operator actions (docs/deployments.md, "Operator actions") -------------------------
+    def _operated(self, principal: Principal, instance_id: str, what: str) -> DeploymentSet:
+        """The deployment set, for an operator (403 ``forbidden`` for any other key; residency
+        and backend logs are the operator's, docs/deployments.md, "Residency")."""
+        if not principal.operator:
+            raise WerkError(ErrorCode.FORBIDDEN, f"{what} needs an operator key")
+        if self.deployments is None or instance_id not in self.deployments.instances:
+            raise WerkError(ErrorCode.NOT_FOUND, "no deployment instance has that id")
+        return self.deployments
+
+    def act(self, principal: Principal, instance_id: str, request: DeploymentActionRequest) -> DeploymentActionResult:
+        """Load, unload, pin or unpin an instance (:meth:`DeploymentSet.act`)."""
+        deployments = self._operated(principal, instance_id, "changing an instance's residency")
+        deployments.act(instance_id, request.action)
+        return DeploymentActionResult(action=request.action, instance=self._inventory(deployments, instance_id))
+
+    def logs(self, principal: Principal, instance_id: str, lines: int) -> DeploymentLogs:
+        """The instance's lifecycle log tail (public text only)."""
+        deployments = self._operated(principal, instance_id, "reading an instance's log")
+        return DeploymentLogs(instance=instance_id, lines=deployments.instances[instance_id].events(lines))
+
+    def _inventory(self, deployments: DeploymentSet, instance_id: str) -> InstanceInventory:
+        report = deployment_report(deployments, self.hooks)
+        return next(entry for entry in report.inventory if entry.id == instance_id)
 
     # -- the default instance and request scopes ------------------------------------------
     @property

@@ -34,6 +34,9 @@ from werk_host.protocol import (
     ChatRequest,
     DecodeRequest,
     DecodeResult,
+    DeploymentActionRequest,
+    DeploymentActionResult,
+    DeploymentLogs,
     Deployments,
     ExpertActionRequest,
     ExpertActionResult,
@@ -243,6 +246,14 @@ class LocalControlService:
         if self.fleet.deployments is None:
             return Deployments(inventory=[], plans=[], slots=[])
         return deployment_report(self.fleet.deployments, self.hooks)
+
+    def deployment_action(
+        self, principal: Principal, instance_id: str, request: DeploymentActionRequest
+    ) -> DeploymentActionResult:
+        return self.fleet.act(principal, instance_id, request)
+
+    def deployment_logs(self, principal: Principal, instance_id: str, lines: int) -> DeploymentLogs:
+        return self.fleet.logs(principal, instance_id, lines)
 
     # -- states (werk_host/service/states.py) ------------------------------------------------
     def list_states(self, scope: RequestScope, query: StateListQuery) -> Shared[StatePage]:
