@@ -13,6 +13,15 @@ if [ -z "${WERK_VLLM:-}" ] && [ -f scripts/setup-vllm.sh ]; then
   WERK_VLLM=$(bash scripts/setup-vllm.sh | tail -n 1)
 fi
 if [ -n "${WERK_VLLM:-}" ]; then export WERK_VLLM; fi
+# The transformers and ONNX GenAI engine virtualenvs (cached; docs/transformers.md, docs/onnx-genai.md).
+if [ -z "${WERK_TRANSFORMERS_PYTHON:-}" ] && [ -f scripts/setup-engine-venv.sh ]; then
+  WERK_TRANSFORMERS_PYTHON=$(bash scripts/setup-engine-venv.sh transformers | tail -n 1)
+fi
+if [ -n "${WERK_TRANSFORMERS_PYTHON:-}" ]; then export WERK_TRANSFORMERS_PYTHON; fi
+if [ -z "${WERK_ONNX_GENAI_PYTHON:-}" ] && [ -f scripts/setup-engine-venv.sh ]; then
+  WERK_ONNX_GENAI_PYTHON=$(bash scripts/setup-engine-venv.sh onnx-genai | tail -n 1)
+fi
+if [ -n "${WERK_ONNX_GENAI_PYTHON:-}" ]; then export WERK_ONNX_GENAI_PYTHON; fi
 plugin_sources=()
 for init in plugins/*/src/*/__init__.py; do
   plugin_sources+=("$(dirname "$init")")
