@@ -142,6 +142,7 @@ class _Request:
     restored: StateRecord | None = None
     held_after: int = 0  # leading prompt tokens the slot held after the restore
     covered: int = 0  # blocks of the prompt a saved entry already holds
+    missed: bool = False  # counted as a miss already (a refused restore)
 
 
 class PromptCaches:
@@ -278,7 +279,7 @@ class PromptCaches:
             if err.code is not ErrorCode.CORRUPT_STATE:  # the store quarantined a corrupt one itself
                 store.delete(pid, sid)
             self.stats.add(instance=work.label, prompt_cache_misses=1)
-            work.covered = 0
+            work.covered, work.missed = 0, True
             return
         finally:
             self.stats.add(instance=work.label, prompt_cache_restore_ms=round((time.perf_counter() - started) * 1000))
@@ -326,7 +327,7 @@ class PromptCaches:
                 self.store(work.label).delete(work.principal.id, work.restored.id)
                 work.cache.invalidate(f"{cached} cached tokens after restoring {work.held_after}")
                 return
-        elif work.covered == 0:
+        elif work.covered == 0 and not work.missed:
             self.stats.add(instance=work.label, prompt_cache_misses=1)
         if work.covered >= work.tokens // BLOCK_TOKENS:
             return  # a saved entry already holds every block of this prompt
