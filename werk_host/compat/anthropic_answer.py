@@ -87,11 +87,17 @@ def stop_of(choice: JsonObject, stop_sequences: Sequence[str], called: bool = Fa
 
 
 def usage_document(usage: Usage | None) -> JsonObject:
-    """Anthropic usage; a backend that reports none gives zero counts (docs/compat.md)."""
-    return {
-        "input_tokens": usage.prompt_tokens if usage else 0,
+    """Anthropic usage; a backend that reports none gives zero counts (docs/compat.md). Where the
+    backend reports a cache count, prompt tokens taken from its cache are
+    ``cache_read_input_tokens``, not ``input_tokens`` (docs/prompt-cache.md)."""
+    doc: JsonObject = {
+        "input_tokens": usage.evaluated_tokens if usage else 0,
         "output_tokens": usage.completion_tokens if usage else 0,
     }
+    if usage is not None and usage.cached_tokens is not None:
+        doc["cache_creation_input_tokens"] = 0
+        doc["cache_read_input_tokens"] = usage.cached_tokens
+    return doc
 
 
 def _context_management(request: MessagesRequest, doc: JsonObject) -> None:

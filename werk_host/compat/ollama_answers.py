@@ -84,7 +84,7 @@ def _finished(doc: JsonObject, finish: str | None, usage: Usage | None, started_
     doc["done_reason"] = _reason(finish)
     doc["total_duration"] = time.monotonic_ns() - started_ns
     if usage is not None:
-        doc["prompt_eval_count"] = usage.prompt_tokens
+        doc["prompt_eval_count"] = usage.evaluated_tokens  # Ollama's: cached prompt tokens are not evaluated
         doc["eval_count"] = usage.completion_tokens
     return doc
 

@@ -44,10 +44,17 @@ def as_count(value: JsonValue | None) -> int | None:
 
 @dataclass(frozen=True)
 class Usage:
-    """The OpenAI ``usage`` object's two counts."""
+    """The OpenAI ``usage`` object's two counts, and of the prompt's, those the backend took
+    from its cache (``prompt_tokens_details.cached_tokens``; ``None`` when it reports none)."""
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None
+
+    @property
+    def evaluated_tokens(self) -> int:
+        """The prompt tokens the backend evaluated (not taken from its cache)."""
+        return self.prompt_tokens - (self.cached_tokens or 0)
 
     @classmethod
     def of(cls, doc: JsonObject) -> Usage | None:
@@ -55,7 +62,10 @@ class Usage:
         if usage is None:
             return None
         prompt, completion = as_count(usage.get("prompt_tokens")), as_count(usage.get("completion_tokens"))
-        return cls(prompt, completion) if prompt is not None and completion is not None else None
+        if prompt is None or completion is None:
+            return None
+        cached = as_count((as_object(usage.get("prompt_tokens_details")) or {}).get("cached_tokens"))
+        return cls(prompt, completion, None if cached is None else min(cached, prompt))
 
 
 def first_choice(doc: JsonObject) -> JsonObject | None:

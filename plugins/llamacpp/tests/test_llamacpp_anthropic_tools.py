@@ -98,7 +98,7 @@ def test_a_forced_tool_call_and_its_result_turn(client: anthropic.Anthropic, cho
     assert isinstance(use.input, dict) and set(schema["input_schema"]["required"]) <= set(use.input)
     assert all(isinstance(v, str) for v in use.input.values())
     counted = client.messages.count_tokens(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=CHOICES[choice])
-    assert counted.input_tokens == reply.usage.input_tokens > 0
+    assert counted.input_tokens == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0) > 0
 
     follow: list[anthropic.types.MessageParam] = [
         *ASK,
@@ -114,7 +114,7 @@ def test_a_forced_tool_call_and_its_result_turn(client: anthropic.Anthropic, cho
     assert done.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert done.content and done.usage.output_tokens > 0
     counted = client.messages.count_tokens(model=MODEL, messages=follow, tools=TOOLS)
-    assert counted.input_tokens == done.usage.input_tokens
+    assert counted.input_tokens == done.usage.input_tokens + (done.usage.cache_read_input_tokens or 0)
 
 
 def test_count_tokens_counts_tools_and_system_messages(client: anthropic.Anthropic) -> None:
@@ -123,7 +123,7 @@ def test_count_tokens_counts_tools_and_system_messages(client: anthropic.Anthrop
         model=MODEL, max_tokens=8, system="You are a weather bot.", messages=turns, tools=TOOLS, extra_body=GREEDY
     )
     counted = client.messages.count_tokens(model=MODEL, system="You are a weather bot.", messages=turns, tools=TOOLS)
-    assert counted.input_tokens == reply.usage.input_tokens
+    assert counted.input_tokens == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
     bare = client.messages.count_tokens(model=MODEL, system="You are a weather bot.", messages=ASK)
     assert bare.input_tokens < counted.input_tokens  # the mid-conversation system message is counted
 

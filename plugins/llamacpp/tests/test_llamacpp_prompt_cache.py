@@ -129,3 +129,28 @@ def test_the_budget_is_never_exceeded(tmp_path: Path, llama_server_path: Path, t
     with serve(home, llama_server_path, tiny_model, prompt_cache_budget=budget) as (_host, a, _b):
         assert cached(ask(a, document="Part 2. " + DOCUMENT)) > 0  # the most recent one was kept
         assert cached(ask(a, document="Part 0. " + DOCUMENT)) < 64  # evicted: only the chat header is shared
+
+
+def test_anthropic_and_ollama_report_the_reuse(tmp_path: Path, llama_server_path: Path, tiny_model: Path) -> None:
+    content = f"{DOCUMENT}\n\nWhich box holds most?"
+    with serve(tmp_path, llama_server_path, tiny_model) as (_host, a, _b):
+        cold = ask(a)
+    with serve(tmp_path, llama_server_path, tiny_model) as (_host, a, _b):
+        status, message = a.post(
+            "/v1/messages", {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": content}]}
+        )
+        assert status == 200, message
+        usage = message["usage"]
+        assert usage["cache_read_input_tokens"] > 0
+        assert usage["input_tokens"] + usage["cache_read_input_tokens"] == cold["usage"]["prompt_tokens"]
+        status, chat = a.post(
+            "/api/chat",
+            {
+                "model": "tiny",
+                "stream": False,
+                "messages": [{"role": "user", "content": content}],
+                "options": {"num_predict": 4},
+            },
+        )
+        assert status == 200, chat
+        assert 0 < chat["prompt_eval_count"] < cold["usage"]["prompt_tokens"]  # what it evaluated, not what it reused
