@@ -547,5 +547,6 @@ OBSERVING_HOOKS: frozenset[str] = frozenset(
         hookspecs.werk_memory_requirement,
         hookspecs.werk_deployment_plan,
         hookspecs.werk_list_experts,
+        hookspecs.werk_prompt_cache,
     )
 )
