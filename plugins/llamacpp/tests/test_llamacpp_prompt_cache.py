@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from werk_llamacpp.gguf_meta import partial_cache, read_metadata
 
 from werk_host.plugin import HostConfig, ModelManifest
-from werk_host.testing.markers import covers_hooks
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
+from werk_host.testing.markers import covers_hooks
 
 pytestmark = pytest.mark.llamaserver
 KEY_A = "sk-werk-prompt-cache-a-123456"
@@ -154,3 +155,13 @@ def test_anthropic_and_ollama_report_the_reuse(tmp_path: Path, llama_server_path
         )
         assert status == 200, chat
         assert 0 < chat["prompt_eval_count"] < cold["usage"]["prompt_tokens"]  # what it evaluated, not what it reused
+
+
+def test_partial_caches_are_read_from_the_model_header(tiny_model: Path) -> None:
+    assert partial_cache(read_metadata(tiny_model)) is None  # plain llama: full KV in the slot file
+    assert (
+        partial_cache({"general.architecture": "gemma3", "gemma3.attention.sliding_window": 1024}) == "sliding-window"
+    )
+    assert partial_cache({"general.architecture": "gemma3", "gemma3.attention.sliding_window": 0}) is None
+    assert partial_cache({"general.architecture": "mamba", "mamba.ssm.state_size": 16}) == "recurrent"
+    assert partial_cache({"general.architecture": 7}) is None

@@ -61,7 +61,7 @@ from .binary import LlamaServerNotFound
 from .core import BACKEND_ID, PLUGIN_NAME, unavailable
 from .native import NativeError
 from .process import LlamaServerProcess, last_flag_value
-from .promptcache import LlamaPromptCache, partial_cache_of
+from .promptcache import LlamaPromptCache
 from .session import LlamaSessionSlot, open_session_slot
 from .slots import forward_ordinary, ordinary_capacity
 from .states import StateOperations
@@ -234,12 +234,6 @@ class LlamaCppAdapter(StateOperations):
         while no process runs (the host then relays without one)."""
         proc = self.current()
         return LlamaPromptCache(self, proc) if proc is not None else None
-
-    def partial_cache_kind(self) -> str | None:
-        """:func:`.promptcache.partial_cache_of` the model file, read once."""
-        if self._partial_cache is None:
-            self._partial_cache = (partial_cache_of(self.manifest.primary_path),)
-        return self._partial_cache[0]
 
     @hookimpl(specname="werk_session_slot")
     def open_session_slot(self, model_id: str) -> LlamaSessionSlot:

@@ -31,7 +31,7 @@ from werk_host.plugin import (
 
 from .binary import find_llama_server, inspect_executable
 from .capabilities import capability_reports
-from .gguf_meta import default_context
+from .gguf_meta import GgufError, default_context, partial_cache, read_metadata
 from .integrity import key_id, load_key
 from .native import LlamaServerClient, NativeConnectionError, NativeError, NativeHTTPError
 from .probe import ProbeResult, run_probe
@@ -317,6 +317,17 @@ class LlamaServerCore:
                 f": {result.reason}" if result.reason else "",
             )
         if not result.passed:
+            kind = self.partial_cache_kind()
+            if kind is not None and "--swa-full" not in proc.argv:
+                # the same child fails the same way on every retry: not retryable, and the fix named
+                raise WerkError(
+                    ErrorCode.UNAVAILABLE,
+                    f"llama.cpp named state is unavailable: this model keeps a {kind} cache, which "
+                    "llama-server does not reuse after a restore unless it keeps the full cache; launch "
+                    "it with --swa-full (WERK_LLAMA_ARGS=--swa-full or the instance's args; "
+                    f"docs/prompt-cache.md). The functional probe failed ({result.reason})",
+                    retryable=False,
+                )
             raise unavailable(f"llama.cpp named state is unavailable: the functional probe failed ({result.reason})")
 
     # -- slots and connections -----------------------------------------------------------
@@ -352,6 +363,16 @@ class LlamaServerCore:
     def _slot_owner(self, token: str | None) -> None:
         self._held_state = token
         self.state_epoch += 1
+
+    def partial_cache_kind(self) -> str | None:
+        """:func:`.gguf_meta.partial_cache` of the model file, read once (``None`` when unreadable)."""
+        if self._partial_cache is None:
+            try:
+                kind = partial_cache(read_metadata(self.manifest.primary_path))
+            except (OSError, GgufError, ValueError):
+                kind = None
+            self._partial_cache = (kind,)
+        return self._partial_cache[0]
 
     def forget_slot(self) -> None:
         """Something other than state work may have used the state slot."""

@@ -36,7 +36,6 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from werk_host.plugin import (
@@ -53,7 +52,6 @@ from werk_host.plugin.tools import ForcedCall
 
 from . import reasoning, tools
 from .core import mismatch_fields
-from .gguf_meta import GgufError, partial_cache, read_metadata
 from .integrity import slot_file_tokens
 from .native import NativeConnectionError, NativeError
 from .process import LlamaServerProcess
@@ -265,11 +263,3 @@ class LlamaPromptLease:
 
     def release(self) -> None:
         self.slot.release()
-
-
-def partial_cache_of(path: Path) -> str | None:
-    """:func:`.gguf_meta.partial_cache` of the GGUF file at ``path`` (``None`` when unreadable)."""
-    try:
-        return partial_cache(read_metadata(path))
-    except (OSError, GgufError, ValueError):
-        return None
