@@ -34,7 +34,6 @@ from werk_host.service.gate import InferenceGate, gate_limits
 from werk_host.service.inference import InferenceService
 from werk_host.service.local import LocalControlService
 from werk_host.service.principals import Authenticator, load_or_create_namespace_secret
-from werk_host.service.promptcache import PromptCaches, prompt_cache_budget
 from werk_host.serving import create_server, raise_descriptor_limit
 from werk_host.store import StateStore
 
@@ -51,12 +50,10 @@ class Host:
     service: LocalControlService
     auth: Authenticator
     app: falcon.App[Any, Any]
-    prompt_caches: PromptCaches | None = None
 
     def close(self) -> None:
         self.fleet.close()
-        if self.prompt_caches is not None:
-            self.prompt_caches.close()  # commits in flight finish (bounded): docs/prompt-cache.md
+        self.service.prompt_caches.close()  # commits in flight finish (bounded): docs/prompt-cache.md
 
 
 def build_host(
@@ -87,10 +84,9 @@ def build_host(
     )
     gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
     service = LocalControlService(fleet=fleet, auth=auth, store=store, memory=memory, cursor_secret=secret, gate=gate)
-    caches = PromptCaches(config.home, auth, fleet.hooks, service.chat_stats, prompt_cache_budget(config, fleet))
-    inference = InferenceService(fleet, service.chat_stats, gate, caches)
+    inference = InferenceService(fleet, service.chat_stats, gate, service.prompt_caches)
     app = create_app(service, auth, openapi=build_openapi(), inference=inference, fleet=fleet)
-    host = Host(config, plugins, fleet, service, auth, app, caches)
+    host = Host(config, plugins, fleet, service, auth, app)
     try:
         profile = profile_for(config)
         if profile is not None:

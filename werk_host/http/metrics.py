@@ -99,7 +99,12 @@ def _reading_families(reading: MetricsReading) -> list[Metric]:
     ):
         for level in Pressure:
             pressure.add_metric([tier, level.value], 1 if level == current else 0)
-    families: list[Metric] = [handoffs, states, state_bytes, instances, pressure]
+    cached = GaugeMetricFamily(
+        "werk_prompt_cache_bytes", "Payload bytes of the saved prompt caches per instance", labels=["instance"]
+    )
+    for instance, nbytes in sorted(reading.prompt_cache_bytes.items()):
+        cached.add_metric([instance], nbytes)
+    families: list[Metric] = [handoffs, states, state_bytes, instances, pressure, cached]
     for name in MemoryCounters.model_fields:
         value = getattr(memory.counters, name)
         help_text = f"Memory manager: {name.replace('_', ' ')}"

@@ -77,3 +77,5 @@ class MetricsReading:
     states: Mapping[str, int] = field(default_factory=dict)
     state_bytes: Mapping[str, int] = field(default_factory=dict)
     instances: Mapping[str, str] = field(default_factory=dict)
+    #: committed prompt-cache bytes per instance store (docs/prompt-cache.md)
+    prompt_cache_bytes: Mapping[str, int] = field(default_factory=dict)

@@ -83,6 +83,7 @@ from werk_host.service.leases import MemoryLeases
 from werk_host.service.planning import ChatPlanning
 from werk_host.service.policy import gate, resolve_prefill_policy
 from werk_host.service.principals import Authenticator, Principal
+from werk_host.service.promptcache import PromptCaches, prompt_cache_budget
 from werk_host.service.scope import RequestScope
 from werk_host.service.states import StateCatalog
 from werk_host.store import StateRecord, StateStore
@@ -133,6 +134,11 @@ class LocalControlService:
         fleet.live_handoffs = self.handoffs.live_for  # residency never unloads an instance with live ones
         self.cursors = CursorCodec(cursor_secret)
         self.chat_stats = ChatStats()
+        #: automatic prompt caches of ordinary requests, which the inference service serves
+        #: through (docs/prompt-cache.md)
+        self.prompt_caches = PromptCaches(
+            fleet.config.home, auth, self.hooks, self.chat_stats, prompt_cache_budget(fleet.config, fleet)
+        )
         #: ``werk serve``'s inference gate, which prefill and decode run inside
         #: (docs/operations.md, "Inference concurrency"); ``None`` for in-process callers.
         self.inference_gate = gate
@@ -573,4 +579,5 @@ class LocalControlService:
             states=states,
             state_bytes=state_bytes,
             instances=instances,
+            prompt_cache_bytes=self.prompt_caches.disk_bytes(),
         )

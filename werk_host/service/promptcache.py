@@ -170,11 +170,13 @@ class PromptCaches:
     def store(self, label: str) -> StateStore:
         """The prompt-cache store of instance ``label``."""
         name = label if _SAFE_LABEL.fullmatch(label) and label not in (".", "..") else None
-        name = name or "i-" + hashlib.sha256(label.encode()).hexdigest()[:16]
+        return self._store_at(name or "i-" + hashlib.sha256(label.encode()).hexdigest()[:16], label)
+
+    def _store_at(self, name: str, label: str | None) -> StateStore:
         with self._lock:
             store = self._stores.get(name)
             if store is None:
-                budget = max(self.budget(label), 1)
+                budget = max(self.budget(label), 1) if label is not None else 1 << 50
                 store = StateStore(
                     self.home / "prompt-cache" / name,
                     max_bytes=budget,
@@ -186,11 +188,15 @@ class PromptCaches:
             return store
 
     def disk_bytes(self) -> dict[str, int]:
-        """Bytes of committed entries per instance store (for ``/metrics``)."""
-        with self._lock:
-            stores = dict(self._stores)
+        """Payload bytes of the committed entries of every instance store on disk."""
+        root = self.home / "prompt-cache"
+        try:
+            names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return {}
         return {
-            name: sum(e.bytes or 0 for e in store.inventory() if e.kind == "state") for name, store in stores.items()
+            name: sum(e.bytes or 0 for e in self._store_at(name, None).inventory() if e.kind == "state")
+            for name in names
         }
 
     # -- serving --------------------------------------------------------------------------
@@ -403,12 +409,16 @@ class PromptCaches:
                 used -= entry.bytes or 0
         return used + size <= budget
 
-    def close(self, timeout: float = DRAIN_S) -> None:
-        """Wait at most ``timeout`` seconds for commits in flight, then stop the committer."""
+    def wait(self, timeout: float = DRAIN_S) -> None:
+        """Wait at most ``timeout`` seconds for the commits in flight now."""
         with self._lock:
             pending = set(self._pending)
         if pending:
             concurrent.futures.wait(pending, timeout=timeout)
+
+    def close(self, timeout: float = DRAIN_S) -> None:
+        """:meth:`wait`, then stop the committer."""
+        self.wait(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -12,6 +12,8 @@ is a method of its adapter, :class:`~werk_host.testing.reference_adapter.MemoryA
   (words per message + 2), and ``stream: true`` answers OpenAI SSE chunks ending ``[DONE]``;
 * one in-process "worker", eight experts per model (``layer0.expert0`` … ``layer0.expert7``,
   alternately ``ram`` and ``external``) and an optional RAM state tier;
+* with ``prompt_cache=N``, N ordinary slots as prompt caches for ``werk_prompt_cache``
+  (:mod:`werk_host.testing.reference_cache`; none by default, and the hook answers ``None``);
 * one session slot for ``werk_session_slot`` (:class:`MemorySessionSlot`): the
   tokens of the last session chat, reused by the next one up to their common prefix, which its
   usage reports as ``prompt_tokens_details.cached_tokens``.
@@ -85,8 +87,12 @@ class MemoryBackendPlugin:
         fail: Iterable[str] = (),
         memory_requirement: int | None = None,
         max_pinned_experts: int | None = None,
+        prompt_cache: int = 0,
+        context_tokens: int = CONTEXT_TOKENS,
     ) -> None:
+        self.context_tokens = context_tokens
         self.statuses = dict(statuses if statuses is not None else EXPERIMENTAL_STATE)
+        self.prompt_cache = prompt_cache
         self.fail = set(fail)
         self.memory_requirement = memory_requirement
         self.max_pinned_experts = max_pinned_experts
@@ -99,6 +105,8 @@ class MemoryBackendPlugin:
             fail=set(self.fail),
             memory_requirement=self.memory_requirement,
             max_pinned_experts=self.max_pinned_experts,
+            prompt_cache=self.prompt_cache,
+            context_tokens=self.context_tokens,
         )
         adapter.plugin = self
         self.adapters.append(adapter)

@@ -73,6 +73,7 @@ from werk_host.testing.reference_base import (
     count_chat_tokens,
     session_tokens,
 )
+from werk_host.testing.reference_cache import MemoryPromptCache, MemorySlot
 
 
 def default_experts(model_id: str) -> dict[str, ExpertSummary]:
@@ -117,6 +118,12 @@ class MemoryAdapter:
     memory_requirement: int | None = None
     max_pinned_experts: int | None = None
     session_slot: list[str] = field(default_factory=list)
+    #: ordinary slots offered as prompt caches (``werk_prompt_cache``; 0: none, the hook answers
+    #: ``None``): :mod:`werk_host.testing.reference_cache`
+    prompt_cache: int = 0
+    #: the context of one request (``werk_chat_limits``)
+    context_tokens: int = CONTEXT_TOKENS
+    _prompt_cache: MemoryPromptCache | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -141,6 +148,7 @@ class MemoryAdapter:
         self.live.clear()
         self.ram.clear()
         self.session_slot = []
+        self._prompt_cache = None
 
     def compat_key_now(self) -> dict[str, str]:
         return {"backend": BACKEND_ID, "model": self.model_name, "generation": self.generation, "layout": "1"}
@@ -323,9 +331,9 @@ class MemoryAdapter:
     def chat_limits(self, model: str | None) -> ChatLimits:
         return ChatLimits(
             model=model or self.model_name,
-            context_tokens=CONTEXT_TOKENS,
+            context_tokens=self.context_tokens,
             max_output_tokens=MAX_OUTPUT_TOKENS,
-            max_concurrent_requests=1,
+            max_concurrent_requests=max(1, self.prompt_cache),
         )
 
     @hookimpl(specname="werk_reasoning_profile")
@@ -352,6 +360,16 @@ class MemoryAdapter:
         chat = _chat_request(request)
         out, finish = _echo(_message_text(chat.messages[-1]), _output_tokens(request))
         return chat_answer(self.model_name, request, out, finish, _usage(count_chat_tokens(chat), len(out)))
+
+    @hookimpl(specname="werk_prompt_cache")
+    def open_prompt_cache(self) -> MemoryPromptCache | None:
+        """The :attr:`prompt_cache` slots as prompt caches; ``None`` when there are none."""
+        if self.prompt_cache <= 0:
+            return None
+        with self._lock:
+            if self._prompt_cache is None or len(self._prompt_cache.slots) != self.prompt_cache:
+                self._prompt_cache = MemoryPromptCache(self, [MemorySlot() for _ in range(self.prompt_cache)])
+            return self._prompt_cache
 
     @hookimpl(specname="werk_session_slot")
     def open_session_slot(self, model_id: str) -> MemorySessionSlot:

@@ -6,6 +6,7 @@ corrupt entry is quarantined and the request runs cold with the cold answer.
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,13 @@ def serve(home: Path, binary: Path, model: Path, **config: Any) -> Iterator[tupl
         yield host, Api(base, KEY_A, timeout=120), Api(base, KEY_B, timeout=120)
 
 
+def scraped(api: Api) -> str:
+    """``GET /metrics`` as text."""
+    request = urllib.request.Request(api.base + "/metrics", headers={"Authorization": f"Bearer {KEY_A}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return str(response.read().decode())
+
+
 def entries(home: Path) -> list[Path]:
     return sorted(home.glob("prompt-cache/*/p_*/st_*/payload.bin"))
 
@@ -71,7 +79,10 @@ def test_a_restart_restores_the_prompt_and_answers_as_cold(
     with serve(tmp_path, llama_server_path, tiny_model) as (host, a, _b):
         warm = ask(a)
         counters = host.service.chat_stats.read()
+        scrape = scraped(a)
     assert cached(warm) >= cold["usage"]["prompt_tokens"] - 1  # llama-server's own count
+    assert 'werk_chat_prompt_cache_hits_total{instance="tiny"} 1.0' in scrape
+    assert f'werk_prompt_cache_bytes{{instance="tiny"}} {float(entries(tmp_path)[0].stat().st_size)}' in scrape
     assert text(warm) == text(cold)
     assert counters.prompt_cache_hits == 1 and counters.prompt_cache_misses == 0
     assert counters.prompt_cache_restored_tokens == cached(warm)

@@ -1,0 +1,148 @@
+"""Automatic prompt caches, the host's side (werk_host/service/promptcache.py; docs/prompt-cache.md),
+over the reference backend's slots (werk_host/testing/reference_cache.py) behind a real server.
+The llama.cpp plugin's suite runs the same rules against a real llama-server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from werk_host.testing.api import Api
+from werk_host.testing.host import Host
+from werk_host.testing.hosts import backend_host, running
+from werk_host.testing.reference import MemoryBackendPlugin
+
+KEY_A = "sk-werk-prompt-cache-a-123456"
+KEY_B = "sk-werk-prompt-cache-b-654321"
+#: 1,200 words: above the 1,024-token threshold in the reference tokenizer (a token is a word).
+DOCUMENT = " ".join(f"w{i}" for i in range(1200))
+
+
+@contextmanager
+def serve(home: Path, slots: int = 1, **config: Any) -> Iterator[tuple[Host, MemoryBackendPlugin, Api, Api]]:
+    host, plugin = backend_host(
+        home, api_keys=(KEY_A, KEY_B), adapter_kwargs={"prompt_cache": slots, "context_tokens": 8192}, **config
+    )
+    with running(host) as base:
+        yield host, plugin, Api(base, KEY_A), Api(base, KEY_B)
+
+
+def ask(api: Api, document: str = DOCUMENT, question: str = "what now") -> int:
+    """The cached prompt tokens the backend reported for one chat."""
+    body = {"messages": [{"role": "user", "content": f"{document} {question}"}], "max_tokens": 4}
+    status, answer = api.post("/v1/chat/completions", body)
+    assert status == 200, answer
+    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def entries(home: Path) -> list[Path]:
+    return sorted(home.glob("prompt-cache/*/p_*/st_*/payload.bin"))
+
+
+def settled(host: Host) -> Any:
+    """The counters once every answer is closed (the server closes an answer after sending it)
+    and the commits they started are written."""
+    deadline = time.monotonic() + 30
+    while host.service.chat_stats.read().requests_active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    host.service.prompt_caches.wait()
+    return host.service.chat_stats.read()
+
+
+def test_a_restarted_backend_gets_the_prefix_back(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, _b):
+        assert ask(a) == 0
+        settled(host)
+        assert len(entries(tmp_path)) == 1
+        (adapter,) = plugin.adapters
+        adapter.restart()  # the slots are gone
+        assert ask(a, question="and then") == 1200 + 1  # restored: the role token and the document
+        counters = settled(host)
+    assert counters.prompt_cache_hits == 1 and counters.prompt_cache_restored_tokens == 1201
+    # the second prompt adds no whole block to the saved one (1,204 prompt + 4 answer tokens)
+    assert counters.prompt_cache_saves == 1 and len(entries(tmp_path)) == 1
+
+
+def test_short_prompts_are_neither_saved_nor_restored(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, _plugin, a, _b):
+        ask(a, document="a short one")
+        assert settled(host).prompt_cache_saves == 0
+    assert entries(tmp_path) == []
+
+
+def test_keys_share_no_slot_and_no_entry(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, b):
+        assert ask(a) == 0
+        assert ask(b) == 0  # the same document in the same slot: erased before B's request
+        settled(host)
+        (adapter,) = plugin.adapters
+        adapter.restart()
+        assert ask(b) > 0  # B's own entry
+        adapter.restart()
+        assert ask(a) > 0  # A's own entry, never B's
+
+
+def test_racing_keys_never_see_each_others_prefix(tmp_path: Path) -> None:
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    with serve(tmp_path, slots=2) as (host, plugin, a, b):
+
+        def run(name: str, api: Api) -> None:
+            for n in range(6):
+                seen[name].append(ask(api, document=f"{name} " + DOCUMENT, question=f"q{n}"))
+
+        threads = [threading.Thread(target=run, args=("a", a)), threading.Thread(target=run, args=("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        settled(host)
+    # the documents differ in their first word: any reuse across keys would be 1 token (the
+    # role) at most; within a key, the whole document is reused after the first turn
+    assert all(c in (0, 1) or c >= 1201 for c in seen["a"] + seen["b"])
+    assert max(seen["a"]) >= 1201 and max(seen["b"]) >= 1201
+
+
+def test_a_restore_the_backend_did_not_reuse_turns_the_mechanism_off(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, _b):
+        ask(a)
+        settled(host)
+        (adapter,) = plugin.adapters
+        adapter.restart()
+        adapter.fail.add("prompt_unused")
+        assert ask(a) == 0  # restored, then evaluated in full: never claimed as reuse
+        counters = settled(host)
+        cache = adapter.open_prompt_cache()
+        assert cache is not None and cache.unavailable_reason() is not None
+    assert counters.prompt_cache_hits == 0 and counters.prompt_cache_misses == 2  # the cold one, the unreused one
+    assert entries(tmp_path) == []  # the unreused entry is gone, and nothing new was saved
+
+
+def test_a_failed_save_loses_speed_only(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, _b):
+        (adapter,) = plugin.adapters
+        adapter.fail.add("prompt_save")
+        assert ask(a) == 0  # answered all the same
+        assert settled(host).prompt_cache_saves == 0
+    assert entries(tmp_path) == []
+
+
+def test_the_budget_evicts_the_least_recently_used(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, _plugin, a, _b):
+        ask(a)
+        settled(host)
+    one = entries(tmp_path)[0].stat().st_size
+    home = tmp_path / "small"
+    with serve(home, prompt_cache_budget=one * 3 // 2) as (host, plugin, a, _b):
+        for n in range(3):
+            ask(a, document=f"part{n} " + DOCUMENT)
+            settled(host)
+            assert sum(p.stat().st_size for p in entries(home)) <= one * 3 // 2
+        (adapter,) = plugin.adapters
+        adapter.restart()
+        assert ask(a, document="part2 " + DOCUMENT) > 1  # the latest was kept
+        adapter.restart()
+        assert ask(a, document="part0 " + DOCUMENT) <= 1  # the oldest was evicted
