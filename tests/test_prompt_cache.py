@@ -4,6 +4,8 @@ The llama.cpp plugin's suite runs the same rules against a real llama-server."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from werk_host.cli import cache as cache_cli
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host
 from werk_host.testing.hosts import backend_host, running
@@ -146,3 +151,30 @@ def test_the_budget_evicts_the_least_recently_used(tmp_path: Path) -> None:
         assert ask(a, document="part2 " + DOCUMENT) > 1  # the latest was kept
         adapter.restart()
         assert ask(a, document="part0 " + DOCUMENT) <= 1  # the oldest was evicted
+
+
+def cli(capsys: pytest.CaptureFixture[str], home: Path, *argv: str) -> tuple[int, Any]:
+    parser = argparse.ArgumentParser()
+    cache_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["cache", *argv, "--home", str(home), "--json"])
+    code = args.handler(args)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_werk_cache_lists_and_purges_prompt_caches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serve(tmp_path) as (host, _plugin, a, b):
+        ask(a)
+        ask(b, document="other " + DOCUMENT)
+        settled(host)
+    code, listed = cli(capsys, tmp_path, "list")
+    prompts = [e for e in listed["prompt_caches"] if e["kind"] == "state"]
+    assert code == 0 and len(prompts) == 2 and listed["totals"]["prompt_caches"] == 2
+    assert len({e["principal_prefix"] for e in prompts}) == 2  # one per key
+    first = prompts[0]["id"]
+    assert first.startswith("prompt:tiny/st_")
+    code, preview = cli(capsys, tmp_path, "purge", first, "--dry-run")
+    assert code == 0 and preview["dry_run"] and len(entries(tmp_path)) == 2
+    code, _ = cli(capsys, tmp_path, "purge", first)
+    assert code == 0 and len(entries(tmp_path)) == 1
+    code, done = cli(capsys, tmp_path, "purge", "--all")
+    assert code == 0 and done["prompt_caches_removed"] == 1 and entries(tmp_path) == []

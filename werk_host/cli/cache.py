@@ -4,7 +4,9 @@ Runtime states live in ``WERK_HOME/runtime-state/v1`` (through :class:`werk_host
 backend-owned caches (e.g. llama.cpp's per-process slot directories) in ``WERK_HOME/backends``
 (:mod:`werk_host.backend_caches`: an entry whose owner still holds its lock is active and kept);
 chat sessions (archive and native snapshot listed apart) in ``WERK_HOME/chat-sessions``
-(:mod:`werk_host.chat.inventory`: ``--all`` keeps archives unless ``--include-chat-sessions``).
+(:mod:`werk_host.chat.inventory`: ``--all`` keeps archives unless ``--include-chat-sessions``);
+automatic prompt caches per instance and key in ``WERK_HOME/prompt-cache`` (ids
+``prompt:<instance>/<entry>``; docs/prompt-cache.md), under the runtime-state store's rules.
 A purge of runtime states takes the same process mutex and ``.lock`` advisory lock as a running
 server, and the other parts honour their owner locks, so a purge is safe while one runs.
 ``list`` is strictly read-only. Purge skips pinned states and active ones (a payload currently
@@ -30,8 +32,11 @@ from werk_host.chat import inventory as chat_sessions
 from werk_host.cli.output import add_json_flag, human_bytes, table, wants_json
 from werk_host.errors import WerkError, invalid, not_found
 from werk_host.paths import werk_home
+from werk_host.service.promptcache import prompt_cache_store, store_names
 from werk_host.store import StateStore, runtime_state_root
 
+#: The id prefix of a prompt-cache entry: ``prompt:<instance store>/<entry id>``.
+PROMPT_PREFIX = "prompt:"
 LIST_COLUMNS = ("ID", "OWNER", "KIND", "MODEL", "SIZE", "MARKS", "TIER")
 #: Where every entry ``werk cache`` manages lives (RAM/VRAM tiers belong to a running server:
 #: ``werk runtime states list``).
@@ -80,6 +85,10 @@ def list_text(doc: Mapping[str, Any]) -> str:
         owner = f"{e['principal_prefix']}…" if e.get("principal_prefix") else None
         size = e.get("disk_bytes") if e.get("disk_bytes") is not None else e.get("bytes")
         rows.append([e["id"], owner, e["kind"], e.get("model_id"), _size(size), _marks(e), DISK_TIER])
+    for e in doc.get("prompt_caches", []):
+        owner = f"{e['principal_prefix']}…" if e.get("principal_prefix") else None
+        kind = "prompt_cache" if e["kind"] == "state" else f"prompt_cache {e['kind']}"
+        rows.append([e["id"], owner, kind, e.get("instance"), _size(e.get("bytes")), _marks(e), DISK_TIER])
     for b in doc["backend_caches"]:
         rows.append([b["id"], b["plugin"], "backend_cache", None, _size(b["bytes"]), _marks(b), DISK_TIER])
     for c in doc["chat_sessions"]:
@@ -92,12 +101,13 @@ def list_text(doc: Mapping[str, Any]) -> str:
             kind = "chat snapshot" + ("" if native.get("receipt") else " (no receipt)")
             rows.append([native["id"], "chat", kind, None, _size(native["bytes"]), marks, DISK_TIER])
     t = doc["totals"]
-    entries = t["entries"] + t["backend_caches"] + t["chat_sessions"]
+    entries = t["entries"] + t["backend_caches"] + t["chat_sessions"] + len(doc.get("prompt_caches", []))
     totals = (
         f"{entries} entries, {human_bytes(t['disk_bytes'])} on disk: {t['states']} states "
         f"({t['pinned']} pinned, {t['active']} active, {t['expired']} expired, {t['invalid']} invalid), "
         f"{t['quarantined']} quarantined, {t['backend_caches']} backend caches ({t['backend_caches_active']} active), "
-        f"{t['chat_sessions']} chat sessions ({t['chat_sessions_active']} active)"
+        f"{t['chat_sessions']} chat sessions ({t['chat_sessions_active']} active), "
+        f"{t.get('prompt_caches', 0)} prompt caches"
     )
     if not rows:
         return "nothing cached (" + totals + ")"
@@ -112,11 +122,14 @@ def purge_text(doc: Mapping[str, Any]) -> str:
     """One line: what a purge removed (``would remove`` for a dry run) and what it skipped."""
     parts: list[str] = []
     freed = 0
-    if "removed" in doc:  # runtime states
+    if "removed" in doc:  # runtime states, or one prompt cache entry
         n = doc["matched"] - doc["skipped_pinned"] - doc["skipped_active"] if doc["dry_run"] else doc["removed"]
         if n:
-            parts.append(_count(n, "runtime state"))
+            parts.append(_count(n, "prompt cache" if doc.get("prompt_caches") is True else "runtime state"))
         freed += doc.get("bytes") or 0
+    if doc.get("prompt_caches_removed"):
+        parts.append(_count(doc["prompt_caches_removed"], "prompt cache"))
+        freed += doc.get("prompt_caches_bytes") or 0
     caches = doc.get("backend_caches") or []
     if caches:
         parts.append(_count(len(caches), "backend cache"))
@@ -151,8 +164,14 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     home = werk_home(getattr(args, "home", None))
     backends = backend_caches.inventory(home)
     chats = chat_sessions.inventory(home)
+    prompts = [
+        {**e.to_json(), "id": f"{PROMPT_PREFIX}{name}/{e.id}", "instance": name}
+        for name in store_names(home)
+        for e in prompt_cache_store(home, name).inventory()
+    ]
     doc: dict[str, Any] = {
         "runtime_states": [e.to_json() for e in entries],
+        "prompt_caches": prompts,
         "backend_caches": [b.to_json() for b in backends],
         "chat_sessions": [c.to_json() for c in chats],
         "totals": {
@@ -165,7 +184,9 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             "quarantined": sum(1 for e in entries if e.kind == "quarantine"),
             "disk_bytes": sum(e.disk_bytes or 0 for e in entries)
             + sum(b.bytes for b in backends)
-            + sum(c.disk_bytes for c in chats),
+            + sum(c.disk_bytes for c in chats)
+            + sum(p["disk_bytes"] or 0 for p in prompts),
+            "prompt_caches": sum(1 for p in prompts if p["kind"] == "state"),
             "backend_caches": len(backends),
             "backend_caches_active": sum(1 for b in backends if b.active),
             "chat_sessions": len(chats),
@@ -194,6 +215,15 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
             doc = {**chats.to_json(), "dry_run": bool(args.dry_run)}
             _emit(args, doc, out, purge_text(doc))
             return 0
+        if cache_id is not None and cache_id.startswith(PROMPT_PREFIX):
+            name, _, entry = cache_id[len(PROMPT_PREFIX) :].partition("/")
+            found = name in store_names(home) and bool(entry)
+            outcome = prompt_cache_store(home, name).purge(ids=[entry], dry_run=bool(args.dry_run)) if found else None
+            if outcome is None or outcome.matched == 0:
+                raise not_found("no prompt-cache entry with that id")
+            doc = {**outcome.to_json(), "prompt_caches": True}
+            _emit(args, doc, out, purge_text(doc))
+            return 0
         if cache_id is not None and cache_id.startswith("backend:"):
             removed = backend_caches.purge(home, ids=backend_ids, dry_run=bool(args.dry_run))
             if not removed:
@@ -209,6 +239,10 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         if cache_id is not None and outcome.matched == 0:
             raise not_found("no runtime-state cache entry with that id")
         removed = backend_caches.purge(home, ids=None, dry_run=bool(args.dry_run)) if purge_all else []
+        prompts = [
+            prompt_cache_store(home, name).purge(everything=True, dry_run=bool(args.dry_run))
+            for name in (store_names(home) if purge_all else [])
+        ]
         chat_part: dict[str, object] = {}
         if purge_all:  # conversation archives stay unless --include-chat-sessions
             include = bool(getattr(args, "include_chat_sessions", False))
@@ -217,6 +251,12 @@ def cmd_purge(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
     except WerkError as exc:
         return _fail(args, exc, err)
     doc = {**outcome.to_json(), "backend_caches": [b.to_json() for b in removed], **chat_part}
+    if prompts:
+        gone = [p.matched - p.skipped_pinned - p.skipped_active if p.dry_run else p.removed for p in prompts]
+        doc["prompt_caches_removed"] = sum(gone)
+        doc["prompt_caches_bytes"] = sum(p.bytes or 0 for p in prompts)
+        doc["skipped_active"] = outcome.skipped_active + sum(p.skipped_active for p in prompts)
+        doc["skipped_pinned"] = outcome.skipped_pinned + sum(p.skipped_pinned for p in prompts)
     _emit(args, doc, out, purge_text(doc))
     return 0
 

@@ -189,14 +189,9 @@ class PromptCaches:
 
     def disk_bytes(self) -> dict[str, int]:
         """Payload bytes of the committed entries of every instance store on disk."""
-        root = self.home / "prompt-cache"
-        try:
-            names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-        except OSError:
-            return {}
         return {
             name: sum(e.bytes or 0 for e in self._store_at(name, None).inventory() if e.kind == "state")
-            for name in names
+            for name in store_names(self.home)
         }
 
     # -- serving --------------------------------------------------------------------------
@@ -420,6 +415,19 @@ class PromptCaches:
         """:meth:`wait`, then stop the committer."""
         self.wait(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def store_names(home: Path) -> list[str]:
+    """The instance stores under ``WERK_HOME/prompt-cache`` (no link followed)."""
+    try:
+        return sorted(p.name for p in (home / "prompt-cache").iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+
+
+def prompt_cache_store(home: Path, name: str) -> StateStore:
+    """A read/administration handle on the instance store ``name`` (``werk cache``)."""
+    return StateStore(home / "prompt-cache" / name)
 
 
 def prompt_cache_budget(config: HostConfig, fleet: Fleet) -> Callable[[str], int]:
