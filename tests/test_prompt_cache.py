@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from werk_host.cli import cache as cache_cli
+from werk_host.client import WerkProtocolClient
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host
 from werk_host.testing.hosts import backend_host, running
@@ -178,3 +179,40 @@ def test_werk_cache_lists_and_purges_prompt_caches(tmp_path: Path, capsys: pytes
     assert code == 0 and len(entries(tmp_path)) == 1
     code, done = cli(capsys, tmp_path, "purge", "--all")
     assert code == 0 and done["prompt_caches_removed"] == 1 and entries(tmp_path) == []
+
+
+def capability(api: Api) -> dict[str, Any]:
+    status, listing = api.get("/werk/v1/capabilities")
+    assert status == 200
+    (found,) = [c for c in listing["data"] if c["id"] == "runtime.state.prompt_cache"]
+    return dict(found)
+
+
+def test_the_capability_follows_the_evidence(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, _b):
+        report = capability(a)
+        assert report["status"] == "experimental" and report["operations"] == ["automatic_reuse"]
+        ask(a)
+        settled(host)
+        (adapter,) = plugin.adapters
+        adapter.restart()
+        adapter.fail.add("prompt_unused")
+        ask(a)
+        settled(host)
+        time.sleep(1.1)  # capability evidence is kept for a second
+        report = capability(a)
+        assert report["status"] == "unavailable" and "not reused" in report["detail"]
+    with serve(tmp_path / "off", prompt_cache_budget=0) as (_host, _plugin, a, _b):
+        assert capability(a)["status"] == "unavailable"
+    with serve(tmp_path / "none", slots=0) as (_host, _plugin, a, _b):
+        assert capability(a)["status"] == "unsupported"
+
+
+def test_the_bundled_client_accepts_ids_it_does_not_know(tmp_path: Path) -> None:
+    with serve(tmp_path) as (_host, _plugin, a, _b):
+        client = WerkProtocolClient(a.base, api_key=KEY_A)
+        answer = client._request("GET", "/werk/v1/capabilities")
+        newer = [*answer.data, {"id": "runtime.something.newer", "status": "supported", "detail": "", "operations": []}]
+        client._request = lambda *_args, **_kw: type(answer)(newer, answer.request_id, answer.status)  # type: ignore[method-assign]
+        ids = {c.id.value for c in client.capabilities()}
+    assert "runtime.state.prompt_cache" in ids and "runtime.something.newer" not in ids

@@ -55,6 +55,7 @@ CAPABILITY_HOOKS: Final[Mapping[CapabilityId, Backing]] = {
     CapabilityId.RESERVATIONS: Backing(_names(_h.werk_memory_requirement), host=True),
     CapabilityId.MODEL_RESIDENCY: Backing(_names(_h.werk_chat_completion), _names(_h.werk_workers)),
     CapabilityId.PREFIX_CACHE: Backing(_names(_h.werk_chat_completion)),
+    CapabilityId.PROMPT_CACHE: Backing(_names(_h.werk_prompt_cache), host=True),
     CapabilityId.PERSISTENCE: Backing(_names(_h.werk_snapshot, _h.werk_compat_key)),
     CapabilityId.RESTORE: Backing(_names(_h.werk_decode, _h.werk_compat_key)),
     CapabilityId.CROSS_RESTART: Backing(_names(_h.werk_decode, _h.werk_compat_key)),

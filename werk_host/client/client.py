@@ -47,6 +47,7 @@ from werk_host.protocol import (
     PROTOCOL_MINOR,
     Admission,
     Capability,
+    CapabilityId,
     ChatLimits,
     ChatRequest,
     DecodeRequest,
@@ -196,6 +197,10 @@ class WerkProtocolClient:
     def capabilities(self) -> list[Capability]:
         """``GET /werk/v1/capabilities``: the capability array (status is authoritative)."""
         answer = self._request("GET", "/werk/v1/capabilities")
+        if isinstance(answer.data, list):  # ids this client does not know (a newer server's) are left out
+            known = {c.value for c in CapabilityId}
+            kept = [c for c in answer.data if not isinstance(c, dict) or c.get("id") in known]
+            answer = _Answer(kept, answer.request_id, answer.status)
         return self._convert(answer, _CAPABILITIES, "capabilities")
 
     def memory(self) -> MemoryReport:

@@ -53,6 +53,9 @@ class CapabilityId(StrEnum):
     RESERVATIONS = "runtime.memory.reservations"
     MODEL_RESIDENCY = "runtime.model_residency"
     PREFIX_CACHE = "runtime.state.prefix_cache"
+    #: Werk's automatic prompt caches of ordinary requests (docs/prompt-cache.md); additive to
+    #: the seed's ids, answered by the host from evidence
+    PROMPT_CACHE = "runtime.state.prompt_cache"
     PERSISTENCE = "runtime.state.persistence"
     RESTORE = "runtime.state.restore"
     CROSS_RESTART = "runtime.state.restore.cross_restart"
@@ -90,6 +93,7 @@ CAPABILITY_OPERATIONS: Final[dict[CapabilityId, tuple[str, ...]]] = {
     CapabilityId.RESERVATIONS: ("reserve", "release"),
     CapabilityId.MODEL_RESIDENCY: ("automatic_reuse",),
     CapabilityId.PREFIX_CACHE: ("automatic_reuse",),
+    CapabilityId.PROMPT_CACHE: ("automatic_reuse",),
     CapabilityId.PERSISTENCE: ("snapshot", "list", "prune"),
     CapabilityId.RESTORE: ("restore",),
     CapabilityId.CROSS_RESTART: ("restore",),

@@ -168,6 +168,9 @@ class LocalControlService:
             CapabilityId.TELEMETRY_HOST: CapabilityReport(CapabilityStatus(host_status), host_detail),
             CapabilityId.TELEMETRY_ACCELERATOR: CapabilityReport(CapabilityStatus(acc_status), acc_detail),
             CapabilityId.RESERVATIONS: CapabilityReport(CapabilityStatus(res_status), res_detail),
+            CapabilityId.PROMPT_CACHE: self.prompt_caches.report(
+                adapter, instance.id if instance is not None else DEFAULT_INSTANCE
+            ),
         }
 
     def _gate(

@@ -54,8 +54,10 @@ from typing import Any, Final
 from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
+from werk_host.protocol import CapabilityStatus
 from werk_host.seam import (
     Adapter,
+    CapabilityReport,
     InferenceResponse,
     JsonObject,
     PromptCache,
@@ -193,6 +195,33 @@ class PromptCaches:
             name: sum(e.bytes or 0 for e in self._store_at(name, None).inventory() if e.kind == "state")
             for name in store_names(self.home)
         }
+
+    def report(self, adapter: Adapter | None, label: str) -> CapabilityReport:
+        """``runtime.state.prompt_cache`` for the instance ``label`` running ``adapter``, from
+        evidence: the backend's seam, the budget, the backend's reason against reuse, and the
+        restores its counters confirmed on this host."""
+        if adapter is None:
+            return CapabilityReport(CapabilityStatus.UNAVAILABLE, "no backend process runs for this instance yet")
+        cache = self.hooks.prompt_cache(adapter)
+        if cache is None:
+            return CapabilityReport(
+                CapabilityStatus.UNSUPPORTED,
+                "the backend keeps its prefix cache itself (runtime.state.prefix_cache); Werk saves none of it",
+            )
+        if self.budget(label) <= 0:
+            return CapabilityReport(
+                CapabilityStatus.UNAVAILABLE, "turned off: this instance's prompt-cache budget is 0"
+            )
+        reason = cache.unavailable_reason()
+        if reason is not None:
+            return CapabilityReport(CapabilityStatus.UNAVAILABLE, reason)
+        counts = self.stats.per_instance().get(label)
+        hits, misses = (counts.prompt_cache_hits, counts.prompt_cache_misses) if counts is not None else (0, 0)
+        return CapabilityReport(
+            CapabilityStatus.EXPERIMENTAL,
+            f"prompts of {MIN_TOKENS}+ tokens are saved per key after each answer and restored when the "
+            f"backend's counters confirm the reuse ({hits} confirmed, {misses} missed on this host)",
+        )
 
     # -- serving --------------------------------------------------------------------------
     def forward(
