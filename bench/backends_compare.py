@@ -1,6 +1,6 @@
 """The same tiny checkpoint on transformers, ONNX Runtime GenAI, vLLM and llama.cpp, side by side.
 
-One tiny random-weight Llama (``werk_transformers.testing``: 2 layers, hidden size 64, the same
+One tiny random-weight Llama (``werk_transformers.testing``: 2 layers, hidden size 128, the same
 file bytes every run) is served by each backend through a real ``werk serve`` process
 (``werk_host.testing.hosts.serve_process``), one backend at a time:
 
@@ -94,12 +94,14 @@ def _werk(home: Path, *args: str) -> None:
     subprocess.run([sys.executable, "-m", "werk_host", *args], check=True, env={**os.environ, "WERK_HOME": str(home)})
 
 
-def measure(name: str, model: Path, backend: str, env: dict[str, str], args: argparse.Namespace) -> Result:
+def measure(
+    name: str, model: Path, backend: str, env: dict[str, str], extra: list[str], args: argparse.Namespace
+) -> Result:
     with tempfile.TemporaryDirectory(prefix="werk-bench-") as tmp:
         home = Path(tmp) / "home"
         _werk(home, "models", "add", "bench", str(model), "--backend", backend)
         started = time.perf_counter()
-        with serve_process(home, "--model", "bench", keys=(KEY,), env=env) as live:
+        with serve_process(home, "--model", "bench", *extra, keys=(KEY,), env=env) as live:
             port = int(live.url.rsplit(":", 1)[1])
             for _ in range(args.warmup):
                 _stream(port, args.max_tokens)
@@ -125,27 +127,30 @@ def main() -> int:
         print("WERK_TRANSFORMERS_PYTHON is not set (bash scripts/setup-engine-venv.sh transformers)", file=sys.stderr)
         return 2
     checkpoint = tiny_checkpoint(tf_python)
-    plans: list[tuple[str, Path, str, dict[str, str]]] = []
+    plans: list[tuple[str, Path, str, dict[str, str], list[str]]] = []
     skipped: list[str] = []
-    plans.append(("transformers", checkpoint, "transformers", {"WERK_TRANSFORMERS_PYTHON": tf_python}))
+    plans.append(("transformers", checkpoint, "transformers", {"WERK_TRANSFORMERS_PYTHON": tf_python}, []))
     if og_python:
-        plans.append(("onnx-genai", tiny_genai_model(og_python), "onnx-genai", {"WERK_ONNX_GENAI_PYTHON": og_python}))
+        plans.append(
+            ("onnx-genai", tiny_genai_model(og_python), "onnx-genai", {"WERK_ONNX_GENAI_PYTHON": og_python}, [])
+        )
     else:
         skipped.append("onnx-genai: WERK_ONNX_GENAI_PYTHON is not set")
     if os.environ.get("WERK_VLLM"):
-        plans.append(("vllm", checkpoint, "vllm", {}))
+        # A CPU build refuses to start with vLLM's default memory fraction (docs/vllm.md).
+        plans.append(("vllm", checkpoint, "vllm", {}, ["--backend-option", "vllm.gpu_memory_utilization=0.1"]))
     else:
         skipped.append("vllm: WERK_VLLM is not set (bash scripts/setup-vllm.sh)")
     converter = os.environ.get("WERK_GGUF_CONVERTER")
     if converter and os.environ.get("WERK_LLAMA_SERVER"):
         gguf = Path(tempfile.mkdtemp(prefix="werk-bench-gguf-")) / "tiny.gguf"
         subprocess.run([tf_python, converter, str(checkpoint), "--outfile", str(gguf), "--outtype", "f32"], check=True)
-        plans.append(("llama.cpp", gguf, "llamacpp", {}))
+        plans.append(("llama.cpp", gguf, "llamacpp", {}, []))
     else:
         skipped.append(
             "llama.cpp: no GGUF conversion (set WERK_GGUF_CONVERTER to convert_hf_to_gguf.py and WERK_LLAMA_SERVER)"
         )
-    results = {name: measure(name, model, backend, env, args) for name, model, backend, env in plans}
+    results = {name: measure(name, model, backend, env, extra, args) for name, model, backend, env, extra in plans}
     print(f"{'backend':<14} {'first token ms':>15} {'decode tok/s':>13} {'tokens':>7}   (medians of {args.runs})")
     for name, r in results.items():
         first, tps = statistics.median(r.first_ms), statistics.median(r.decode_tps)

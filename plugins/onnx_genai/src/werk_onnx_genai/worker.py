@@ -91,8 +91,9 @@ class Engine:
         stops = [stops] if isinstance(stops, str) else [s for s in stops if isinstance(s, str) and s]
         generator = og.Generator(self.model, params)  # a new generator and prompt state per request
         generator.append_tokens(ids)
-        produced: list[int] = []
-        sent = ""
+        stream = self.tokenizer.create_stream()  # GenAI's incremental decoder (whole UTF-8 only)
+        produced = 0
+        text = ""
         finish = "length"
         while not generator.is_done():
             if cancelled.is_set():
@@ -102,17 +103,16 @@ class Engine:
             if token in self.eos:
                 finish = "stop"
                 break
-            produced.append(token)
-            text = str(self.tokenizer.decode(produced))
+            produced += 1
+            piece = str(stream.decode(token))
+            text += piece
             hit = next((text.index(s) for s in stops if s in text), None)
             if hit is not None:
-                yield text[len(sent) : hit], "stop", len(produced)
+                yield piece[: max(0, hit - (len(text) - len(piece)))], "stop", produced
                 return
-            if not text.endswith("\ufffd") and len(text) > len(sent):
-                yield text[len(sent) :], None, len(produced)
-                sent = text
-        text = str(self.tokenizer.decode(produced)) if produced else ""
-        yield text[len(sent) :], finish, len(produced)
+            if piece:
+                yield piece, None, produced
+        yield "", finish, produced
 
 
 def _plain(message: Any) -> dict[str, Any]:

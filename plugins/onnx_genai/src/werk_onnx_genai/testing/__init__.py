@@ -5,8 +5,8 @@
 depends on it, so the same checkpoint serves both backends and the benchmark) into a GenAI model directory with
 ``onnxruntime_genai.models.builder`` (FP32, CPU), offline, run by the engine virtualenv's
 interpreter, and caches it under ``${XDG_CACHE_HOME:-~/.cache}/werk/models/`` keyed by the
-generator version and the onnxruntime-genai version that built it. Nothing the plugin loads at
-run time imports this package.
+generator versions (this one's and the checkpoint's) and the onnxruntime-genai version that
+built it. Nothing the plugin loads at run time imports this package.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from werk_transformers.testing import GENERATOR_VERSION as CHECKPOINT_VERSION
 from werk_transformers.testing import TESTMODEL
 
 from werk_host.plugin import user_cache_dir
@@ -40,7 +41,7 @@ def tiny_genai_model(python: str, *, seed: int = 0, timeout: float = 600.0) -> P
     renamed into place, so a reader never sees a half-written directory."""
     version = _run([python, "-c", "import onnxruntime_genai as og; print(og.__version__)"], 120).strip()
     root = user_cache_dir() / "models"
-    dest = root / f"tiny-llama-genai-v{GENERATOR_VERSION}-og{version}-seed{seed}"
+    dest = root / f"tiny-llama-genai-v{GENERATOR_VERSION}-hf{CHECKPOINT_VERSION}-og{version}-seed{seed}"
     if (dest / "genai_config.json").is_file():
         return dest
     root.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from werk_host.plugin import user_cache_dir
 __all__ = ["GENERATOR_VERSION", "TESTMODEL", "tiny_checkpoint"]
 
 #: Bump when testmodel.py writes different files: the cache directory is keyed by it.
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 TESTMODEL = Path(__file__).with_name("testmodel.py")
 
 
