@@ -15,7 +15,8 @@ file bytes every run) is served by each backend through a real ``werk serve`` pr
 A backend whose engine is missing is skipped with the reason. Each round sends the same streamed
 chat request (temperature 0, ``--max-tokens`` output tokens) after a warm-up, and measures from
 the client: first-token latency (request sent to the first SSE event with text) and decode
-throughput ((completion tokens - 1) / (last text event - first text event)). Prints the medians
+throughput ((completion tokens - 1) / (the usage event - first text event); a random model's
+byte tokens are held back until they form whole characters, so the last text event is no clock). Prints the medians
 side by side, then ``RATIO`` lines against transformers, the reference every other backend here
 should beat on decode:
 
@@ -79,9 +80,9 @@ def _stream(port: int, max_tokens: int) -> tuple[float, float, int]:
         doc = json.loads(line[6:])
         if doc.get("usage"):
             completion = int(doc["usage"]["completion_tokens"])
-        if any(c.get("delta", {}).get("content") for c in doc.get("choices", [])):
-            last = time.perf_counter()
-            first = first or last
+            last = time.perf_counter()  # the answer's end: held-back bytes of a piece count too
+        if not first and any(c.get("delta", {}).get("content") for c in doc.get("choices", [])):
+            first = time.perf_counter()
     conn.close()
     return (
         (first - sent) * 1000,
