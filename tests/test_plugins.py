@@ -633,6 +633,19 @@ def test_hook_werk_deployment_plan(facade: tuple[BackendHooks, MemoryAdapter, Pl
     assert hooks.deployment_plan(adapter) is None
 
 
+@covers_hooks("werk_log_tail")
+def test_hook_werk_log_tail(facade: tuple[BackendHooks, MemoryAdapter, PluginHost]) -> None:
+    """The backend's own log tail, cut to ``lines`` and redacted again by the facade: paths and
+    process ids become placeholders whatever the plugin sent; ``None`` once nothing runs."""
+    hooks, adapter, _ = facade
+    assert needed(hooks.log_tail(adapter, 5), "log tail", adapter) == ["loaded model tiny"]
+    adapter.native_log += ["opened /srv/models/tiny.gguf", "worker pid=4242 ready", "\x1b[1mbold\x1b[0m"]
+    assert hooks.log_tail(adapter, 3) == ["opened <path>", "worker pid=<pid> ready", "bold"]
+    assert hooks.log_tail(adapter, 1) == ["bold"]
+    adapter.close()
+    assert hooks.log_tail(adapter, 5) is None
+
+
 class RefusingAdapter(MemoryAdapter):
     """The reference adapter whose prefill refuses every request and that has no plan."""
 

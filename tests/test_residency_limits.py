@@ -201,6 +201,24 @@ def test_operator_load_unload_and_logs_without_paths_keys_or_pids(serve: Any) ->
     text = "\n".join(lines)
     assert "/" not in text  # no filesystem path
     assert OPERATOR not in text and CLIENT not in text and "pid" not in text.lower()
+    assert _ok(operator.get("/werk/v1/deployments/a/logs"))["data"]["backend_lines"] is None  # nothing runs
+
+
+def test_the_logs_add_the_backends_own_tail_redacted_and_apart(serve: Any) -> None:
+    """``backend_lines`` (the backend's ``werk_log_tail``) beside Werk's events, while the
+    instance is loaded: a path, a key and a process id the backend wrote never reach the operator."""
+    host, url = serve(THREE)
+    operator = Api(url, OPERATOR)
+    _ok(_chat(Api(url, CLIENT), "a"))
+    deployments = host.fleet.deployments
+    assert deployments is not None
+    adapter = deployments.instances["a"].peek()
+    assert adapter is not None
+    adapter.native_log += [f"model file /srv/models/a.gguf key {OPERATOR} pid 4242", "serving"]
+    doc = _ok(operator.get("/werk/v1/deployments/a/logs", lines=3))["data"]
+    assert doc["backend_lines"] == ["ran chat", "model file <path> key [redacted] pid <pid>", "serving"], doc
+    assert doc["lines"][-1].split(" ", 1)[1].startswith("ready in ")  # Werk's own events, apart
+    assert not any("ran chat" in line for line in doc["lines"])
 
 
 def test_models_and_ps_show_the_status(serve: Any) -> None:

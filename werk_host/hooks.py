@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from werk_host import hookspecs
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.logs import public_log_lines
 from werk_host.pluginhost import PluginHost
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
 from werk_host.protocol.deployments import DeploymentPlan
@@ -81,9 +82,9 @@ class BackendHooks:
             return result
         raise _defect(self._plugins, adapter, name, kind.__name__)
 
-    def _many(self, adapter: Adapter, spec: object, kind: type[T]) -> list[T] | None:
+    def _many(self, adapter: Adapter, spec: object, kind: type[T], **kwargs: object) -> list[T] | None:
         name = getattr(spec, "__name__", "")
-        result = self._plugins.dispatch(name, adapter)
+        result = self._plugins.dispatch(name, adapter, **kwargs)
         if result is None:
             return None
         if isinstance(result, list | tuple) and all(isinstance(item, kind) for item in result):
@@ -207,3 +208,10 @@ class BackendHooks:
 
     def deployment_plan(self, adapter: Adapter) -> DeploymentPlan | None:
         return self._one(adapter, hookspecs.werk_deployment_plan, DeploymentPlan)
+
+    def log_tail(self, adapter: Adapter, lines: int, secrets: tuple[str, ...] = ()) -> list[str] | None:
+        """The backend's own log tail (``werk_log_tail``), redacted again here
+        (:func:`~werk_host.logs.public_log_lines`, with the host's ``secrets``) and cut to the
+        last ``lines``."""
+        found = self._many(adapter, hookspecs.werk_log_tail, str, lines=lines)
+        return None if found is None else public_log_lines("\n".join(found), secrets, lines=lines)

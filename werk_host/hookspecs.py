@@ -327,3 +327,15 @@ def werk_deployment_plan(adapter: Adapter) -> DeploymentPlan | None:
     (docs/deployments.md, "Inventory").
 
     Adapter method: ``@hookimpl(specname="werk_deployment_plan") def deployment_plan(self)``."""
+
+
+@hookspec(firstresult=True)
+def werk_log_tail(adapter: Adapter, lines: int) -> list[str] | None:
+    """The last ``lines`` lines (oldest first) of the backend's own log, for an operator's
+    ``GET /werk/v1/deployments/{id}/logs`` (docs/deployments.md, "Operator actions"), or
+    ``None`` when the backend keeps none. Redact before answering, as for a startup error:
+    no key, token or other secret (``werk_host.plugin.process.public_log_lines`` also replaces
+    filesystem paths and process ids). The host applies the same redaction again, keeps at most
+    ``lines`` lines and shows them apart from its own lifecycle events.
+
+    Adapter method: ``@hookimpl(specname="werk_log_tail") def log_tail(self, lines)``."""

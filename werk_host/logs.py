@@ -12,12 +12,16 @@ A client must not be able to flood the log (docs/operations.md, "Logs"):
 * :class:`TracebackThrottle` decides whether an unexpected error's traceback is logged: at most
   once per distinct error site (exception type, file and line of the innermost frame) per
   interval; every error still gets one line with its request id.
+* :func:`public_log_lines` makes a backend's own log text fit for an operator's log tail
+  (docs/deployments.md, "Operator actions"): secrets redacted, filesystem paths and process ids
+  replaced by placeholders, control characters dropped, each line bounded.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -30,6 +34,35 @@ LOG_INTERVAL_S: Final = 60.0
 #: Waitress's logger for its task-queue warnings.
 WAITRESS_QUEUE_LOGGER: Final = "waitress.queue"
 _MAX_KEYS: Final = 1024
+
+
+#: The longest line :func:`public_log_lines` keeps (longer ones are cut, marked with ``…``).
+PUBLIC_LINE_MAX: Final = 512
+#: An absolute POSIX path (after a start, a space, a quote, ``=``, ``:`` or a bracket), a
+#: home-relative one, or a Windows drive path; never a URL's ``//``.
+_PATH = re.compile(r"""(?:(?<=^)|(?<=[\s'"=:(\[<,]))(?:~?/(?!/)|[A-Za-z]:\\)[^\s'"),\]>]*""")
+#: A process id as logs name it: ``pid 123``, ``pid=123``, ``pid: 123``, ``PID 123``.
+_PID = re.compile(r"(?i)\b(pid|ppid|tid)(\s*[=:]?\s*)\d+")
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def public_log_lines(text: str, secrets: tuple[str, ...] | list[str] = (), *, lines: int | None = None) -> list[str]:
+    """The lines of a backend's own log ``text`` (the last ``lines`` of them), fit for an
+    operator's log tail: every non-empty string of ``secrets`` becomes ``[redacted]``, every
+    filesystem path ``<path>``, every process id ``<pid>``; control characters are dropped and
+    each line is at most :data:`PUBLIC_LINE_MAX` characters."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    kept = text.splitlines()
+    if lines is not None:
+        kept = kept[-lines:] if lines > 0 else []
+    out: list[str] = []
+    for line in kept:
+        line = _CONTROL.sub("", line)
+        line = _PID.sub(lambda m: f"{m.group(1)}{m.group(2)}<pid>", _PATH.sub("<path>", line))
+        out.append(line if len(line) <= PUBLIC_LINE_MAX else line[: PUBLIC_LINE_MAX - 1] + "…")
+    return out
 
 
 class JsonFormatter(logging.Formatter):

@@ -22,6 +22,7 @@ from werk_host.cli.connection import KEY_ENV, SERVER_ENV, client_for, connection
 from werk_host.cli.output import add_json_flag
 from werk_host.client import WerkClientError
 from werk_host.protocol import DeploymentActionRequest, Deployments
+from werk_host.protocol.deployments import DeploymentLogs
 
 COLUMNS = ("ID", "BACKEND", "MODEL", "STATE", "SINCE", "PID", "IN-FLIGHT", "SLOTS", "KEEP-ALIVE", "ALIASES")
 #: The operator actions ``werk deployments ACTION ID`` sends.
@@ -68,13 +69,21 @@ def render_table(doc: Deployments) -> str:
     return "\n".join(lines)
 
 
+def _log_text(logs: DeploymentLogs) -> str:
+    """Werk's lifecycle events, then (under a rule) the backend's own log tail when it has one."""
+    text = "\n".join(logs.lines)
+    if logs.backend_lines is not None:
+        text += "\n--- backend log ---\n" + "\n".join(logs.backend_lines)
+    return text
+
+
 def cmd_deployments(args: argparse.Namespace) -> int:
     try:
         client = client_for(args)
         action = getattr(args, "action", None)
         if action == "logs":
             logs = client.deployment_logs(args.instance, args.lines)
-            text = logs.model_dump_json(indent=2) if args.json else "\n".join(logs.lines)
+            text = logs.model_dump_json(indent=2) if args.json else _log_text(logs)
         elif action is not None:
             result = client.deployment_action(args.instance, DeploymentActionRequest(action=action))
             inv = result.instance
@@ -108,7 +117,7 @@ def register(subparsers: Any) -> None:
         ("unload", "stop an instance that has no request in flight"),
         ("pin", "never unload an instance to make room"),
         ("unpin", "let an instance be unloaded to make room again"),
-        ("logs", "an instance's lifecycle log tail"),
+        ("logs", "an instance's lifecycle log tail, then its backend's own"),
     ):
         sub = actions.add_parser(
             name,

@@ -5,7 +5,8 @@ Every managed child dies with Werk. An engine that starts processes of its own (
 engine core) runs under the one process-group guard, ``ManagedProcess(..., guard="group")``:
 when Werk dies by any means, the engine's whole process group is killed with it
 (:mod:`werk_host.backends.child`). :mod:`werk_host.plugin.workers` builds a whole engine worker
-(run directory, key, readiness) on top of these."""
+(run directory, key, readiness) on top of these. :func:`public_log_lines` makes a native log
+tail fit for an operator (``werk_log_tail``: secrets, paths and process ids replaced)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from werk_host.backends.managed import (
     is_executable_file,
     live_children,
 )
+from werk_host.logs import public_log_lines
 
 __all__ = [
     "LOG_TAIL_LINES",
@@ -34,5 +36,6 @@ __all__ = [
     "http_ready",
     "is_executable_file",
     "live_children",
+    "public_log_lines",
     "reap_stale_run_dirs",
 ]

@@ -104,8 +104,13 @@ class DeploymentLogsQuery(StrictModel):
 
 
 class DeploymentLogs(DataModel):
-    """An instance's lifecycle log tail, oldest first: public text only (ids, states, public
-    reasons), never a path, key or process id."""
+    """An instance's log tails, oldest first, never a path, key or process id: ``lines`` are
+    Werk's lifecycle events (ids, states, public reasons); ``backend_lines`` the backend's own
+    log while the instance is loaded, redacted (docs/deployments.md, "Operator actions")."""
 
     instance: str
+    #: Werk's lifecycle events of the instance
     lines: list[str]
+    #: the last lines of the backend's own log (``werk_log_tail``), redacted; ``None`` while the
+    #: instance is not loaded or when its backend keeps no log
+    backend_lines: list[str] | None = None

@@ -75,9 +75,19 @@ class Fleet:
         return DeploymentActionResult(action=request.action, instance=self._inventory(deployments, instance_id))
 
     def logs(self, principal: Principal, instance_id: str, lines: int) -> DeploymentLogs:
-        """The instance's lifecycle log tail (public text only)."""
+        """The instance's lifecycle log tail and, while it is loaded, its backend's own
+        (``werk_log_tail``, redacted again by the facade, the host's API keys too); public text
+        only."""
         deployments = self._operated(principal, instance_id, "reading an instance's log")
-        return DeploymentLogs(instance=instance_id, lines=deployments.instances[instance_id].events(lines))
+        instance = deployments.instances[instance_id]
+        adapter = instance.peek()
+        try:
+            keys = (*self.config.api_keys, *self.config.operator_api_keys)
+            backend = self.hooks.log_tail(adapter, lines, keys) if adapter is not None else None
+        except WerkError as err:  # a backend that cannot read its log still leaves Werk's events
+            log.warning("instance %s: the backend's log tail failed: %s", instance_id, err.message)
+            backend = None
+        return DeploymentLogs(instance=instance_id, lines=instance.events(lines), backend_lines=backend)
 
     def _inventory(self, deployments: DeploymentSet, instance_id: str) -> InstanceInventory:
         report = deployment_report(deployments, self.hooks)

@@ -123,6 +123,8 @@ class MemoryAdapter:
     prompt_cache: int = 0
     #: the context of one request (``werk_chat_limits``)
     context_tokens: int = CONTEXT_TOKENS
+    #: more lines of its "native log" (``werk_log_tail``), after one per operation in ``calls``
+    native_log: list[str] = field(default_factory=list)
     _prompt_cache: MemoryPromptCache | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -434,6 +436,15 @@ class MemoryAdapter:
             context_per_slot=CONTEXT_TOKENS,
             device="cpu",
         )
+
+    @hookimpl(specname="werk_log_tail")
+    def log_tail(self, lines: int) -> list[str] | None:
+        """Its "native log": the model it loaded, one line per operation it ran, then
+        ``native_log``; ``None`` once closed (nothing runs)."""
+        if self.closed:
+            return None
+        log = [f"loaded model {self.model_name}", *(f"ran {op}" for op in self.calls), *self.native_log]
+        return log[-lines:] if lines > 0 else []
 
     @hookimpl(specname="werk_memory_requirement")
     def memory_bound(self, operation: MemoryOperation, model_id: str) -> int | None:

@@ -27,8 +27,10 @@ OPERATIONS = {
     "werk_chat_completion",
     "werk_text_completion",
     "werk_session_slot",
+    "werk_prompt_cache",
     "werk_workers",
     "werk_deployment_plan",
+    "werk_log_tail",
 }
 
 

@@ -31,7 +31,8 @@ Every operation hook is a method of :class:`LlamaCppAdapter` marked ``@hookimpl(
 operation on this adapter reaches these methods. The class is built from three modules, by
 concern: :mod:`.core` (the child process, the state slot's lock, the compatibility key, the probe and
 capabilities), :mod:`.states` (named states on the state slot) and this one (chat: counting,
-limits, reasoning profile, relaying ``/v1`` requests, session snapshots, workers, the plan).
+limits, reasoning profile, relaying ``/v1`` requests, session snapshots, workers, the plan, the
+native log tail).
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ class LlamaCppAdapter(StateOperations):
             context_per_slot=self.context_per_slot(proc),
             device="cpu" if offloaded == 0 else f"gpu ({offloaded} layers offloaded)",
         )
+
+    @hookimpl(specname="werk_log_tail")
+    def native_log_tail(self, lines: int) -> list[str] | None:
+        """The running child's native log tail, redacted as a startup error's is, paths and
+        process ids replaced (docs/deployments.md, "Operator actions"); ``None`` when none runs."""
+        proc = self.current()
+        return proc.public_log_tail(lines) if proc is not None else None
 
     @hookimpl(specname="werk_chat_limits")
     def chat_limits(self, model: str | None) -> ChatLimits:

@@ -71,6 +71,7 @@ from werk_host.plugin.process import (
     ManagedProcess,
     create_run_dir,
     free_port,
+    public_log_lines,
     reap_stale_run_dirs,
 )
 
@@ -360,6 +361,12 @@ class LlamaServerProcess:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The end of the native log, the API key redacted."""
         return self.managed.log_tail(lines) if self.managed is not None else ""
+
+    def public_log_tail(self, lines: int) -> list[str]:
+        """The last ``lines`` lines of the native log for an operator (``werk_log_tail``): the
+        startup error's redaction (the API key), and filesystem paths and process ids replaced
+        (:func:`~werk_host.plugin.process.public_log_lines`)."""
+        return public_log_lines(self.log_tail(lines), (self._api_key,) if self._api_key else (), lines=lines)
 
     def _planned_tail(self) -> list[str]:
         return [*self.generated_args, *self.extra_args, *self.env_args]
