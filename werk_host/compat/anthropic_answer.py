@@ -41,6 +41,7 @@ from werk_host.compat.upstream import (
     unreadable,
 )
 from werk_host.seam import JsonObject
+from werk_host.service.loading import LoadFailed, is_notice
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +176,8 @@ def sse(name: str, data: JsonObject) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def error_event(message_text: str) -> bytes:
-    return sse("error", {"type": "error", "error": {"type": "api_error", "message": message_text}})
+def error_event(message_text: str, kind: str = "api_error") -> bytes:
+    return sse("error", {"type": "error", "error": {"type": kind, "message": message_text}})
 
 
 class _Blocks:
@@ -264,12 +265,18 @@ def message_stream(events: Iterable[JsonObject], request: MessagesRequest) -> It
     blocks = _Blocks()
     finished: JsonObject | None = None
     usage: Usage | None = None
+    notice = False
     try:
         for event in events:
             if "error" in event:
                 log.warning("the backend reported an error inside a stream")
                 yield error_event(STREAM_FAILED)
                 return
+            if is_notice(event):  # a thinking block of its own (werk_host/service/loading.py)
+                notice = True
+            elif notice:
+                notice = False
+                yield from blocks.close()
             usage = Usage.of(event) or usage
             choice = first_choice(event)
             if choice is None:
@@ -286,6 +293,9 @@ def message_stream(events: Iterable[JsonObject], request: MessagesRequest) -> It
                 yield from blocks.tool_call(as_object(piece) or {})
             if isinstance(choice.get("finish_reason"), str):
                 finished = choice
+    except LoadFailed as err:  # the host's own public reason; a retryable one is an overload
+        yield error_event(err.public_message(), "overloaded_error" if err.retryable else "api_error")
+        return
     except Exception as err:  # one line, no traceback (docs/operations.md, "Backend failures")
         log.warning("a backend stream failed while it was translated: %s", type(err).__name__)
         yield error_event(STREAM_FAILED)

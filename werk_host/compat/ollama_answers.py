@@ -34,6 +34,7 @@ from pydantic import JsonValue
 from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, Usage, as_object, first_choice, text_of, unreadable
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.seam import JsonObject
+from werk_host.service.loading import LoadFailed
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,9 @@ def answer_stream(events: Iterable[JsonObject], shape: Shape, model: str, starte
             reason = choice.get("finish_reason")
             if isinstance(reason, str):
                 finish = reason
+    except LoadFailed as err:  # the host's own public reason (werk_host/service/loading.py)
+        yield line(error_document(err.public_message()))
+        return
     except Exception as err:  # one line, no traceback (docs/operations.md, "Backend failures")
         log.warning("a backend stream failed while it was translated: %s", type(err).__name__)
         yield line(error_document(STREAM_FAILED))

@@ -41,6 +41,7 @@ from pydantic import JsonValue
 from werk_host.compat.responses import ResponsesRequest
 from werk_host.compat.upstream import STREAM_CUT, STREAM_FAILED, as_count, as_object, first_choice, text_of, unreadable
 from werk_host.seam import JsonObject
+from werk_host.service.loading import LoadFailed, is_notice
 
 log = logging.getLogger(__name__)
 
@@ -366,6 +367,8 @@ def response_stream(events: Iterable[JsonObject], request: ResponsesRequest) -> 
                 log.warning("the backend reported an error inside a stream")
                 yield state.failed(STREAM_FAILED)
                 return
+            if is_notice(event):  # no place for it in this grammar (werk_host/service/loading.py)
+                continue
             usage = usage_document(event) or usage
             choice = first_choice(event)
             if choice is None:
@@ -373,6 +376,9 @@ def response_stream(events: Iterable[JsonObject], request: ResponsesRequest) -> 
             yield from _deltas(state, choice)
             if isinstance(choice.get("finish_reason"), str):
                 finish = choice["finish_reason"]
+    except LoadFailed as err:  # the host's own public reason (werk_host/service/loading.py)
+        yield state.failed(err.public_message())
+        return
     except Exception as err:  # one line, no traceback (docs/operations.md, "Backend failures")
         log.warning("a backend stream failed while it was translated: %s", type(err).__name__)
         yield state.failed(STREAM_FAILED)

@@ -57,6 +57,7 @@ INSTANCE_KEYS = (
     "pin",
     "memory",
     "prompt_cache",
+    "loading_notice",
 )
 #: ``output_limit``: how ``/v1`` admission treats a requested output above the ceiling
 #: (werk_host/service/inference.py): ``refuse`` (``output_limit_exceeded``) or ``clamp``.
@@ -120,6 +121,8 @@ class InstanceSpec:
     #: the disk budget of the instance's prompt caches (``0``: off; ``None``: the host's,
     #: ``werk serve --prompt-cache-budget``; docs/prompt-cache.md)
     prompt_cache_bytes: int | None = None
+    #: a loading notice on streamed chat while it starts (``None``: ``[residency]``'s)
+    loading_notice: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
@@ -300,12 +303,12 @@ class _Checker:
 
     def residency(self, data: dict[str, object], ids: Mapping[str, int]) -> ResidencyRules:
         """``[residency]`` and ``[group.NAME]`` (werk_host/deployments/rules.py)."""
-        max_loaded, timeout, queue = parse_residency(self.fail, data.get("residency", {}))
+        max_loaded, timeout, queue, notice = parse_residency(self.fail, data.get("residency", {}))
         groups = parse_groups(self.fail, data.get("group", {}), ids)
         for name in groups:
             if not ID_RE.fullmatch(name) or name in ids:
                 self.fail(("group", name), f"{_quote(name)} is not a valid group name ({_ID_RULE}, not an instance id)")
-        return ResidencyRules(max_loaded, timeout, queue, groups)
+        return ResidencyRules(max_loaded, timeout, queue, groups, loading_notice=notice)
 
     def instance(self, index: int, raw: object) -> InstanceSpec:
         at: _DocPath = ("instance", index)
@@ -352,6 +355,7 @@ class _Checker:
                 if "prompt_cache" in raw
                 else None
             ),
+            loading_notice=self.boolean(raw, at, "loading_notice") if "loading_notice" in raw else None,
         )
 
     def keep_alive_max(self, at: _DocPath, raw: dict[str, object], keep_alive: float | None) -> float | None:

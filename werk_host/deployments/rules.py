@@ -9,7 +9,10 @@ profile checker's ``fail(path, detail)`` with the file, line and field, never ig
 * ``[residency]``: ``max_loaded`` (instances loaded at once, host-wide; default unlimited),
   ``load_timeout`` (how long a request waits for room or a start before a retryable 503 with
   ``Retry-After``; default 2m), ``load_queue`` (how many requests may wait for room at once;
-  default 32, more are refused at once).
+  default 32, more are refused at once), ``loading_notice`` (``true``: a streamed chat request
+  that starts a load gets a loading notice in its stream while the instance starts, the way
+  llama-swap's ``sendLoadingState`` does; default ``false``; an instance's own
+  ``loading_notice`` overrides it; docs/deployments.md, "Loading notice").
 * ``[group.NAME]``: ``members`` (instance ids, each in at most one group), ``swap`` (at most one
   member loaded: loading one unloads the others), ``exclusive`` (loading a member unloads every
   loaded instance outside the group that is not pinned or persistent), ``persistent`` (members
@@ -29,7 +32,7 @@ from typing import NoReturn
 from werk_host.deployments.durations import DURATION_HINT, MAX_DURATION_S, parse_duration
 
 #: ``[residency]`` keys.
-RESIDENCY_KEYS = ("max_loaded", "load_timeout", "load_queue")
+RESIDENCY_KEYS = ("max_loaded", "load_timeout", "load_queue", "loading_notice")
 #: ``[group.NAME]`` keys.
 GROUP_KEYS = ("members", "swap", "exclusive", "persistent", "max_loaded")
 #: Defaults of ``[residency]``.
@@ -68,6 +71,8 @@ class ResidencyRules:
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     load_queue: int = DEFAULT_LOAD_QUEUE
     groups: Mapping[str, GroupSpec] = field(default_factory=lambda: MappingProxyType({}))
+    #: streamed chat requests that start a load get a loading notice (an instance may override)
+    loading_notice: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
@@ -96,8 +101,8 @@ def _flag(fail: Fail, at: DocPath, value: object) -> bool:
     return value
 
 
-def parse_residency(fail: Fail, value: object) -> tuple[int | None, float, int]:
-    """``[residency]``: ``(max_loaded, load_timeout_s, load_queue)``."""
+def parse_residency(fail: Fail, value: object) -> tuple[int | None, float, int, bool]:
+    """``[residency]``: ``(max_loaded, load_timeout_s, load_queue, loading_notice)``."""
     if not isinstance(value, dict):
         fail(("residency",), "must be a table ([residency])")
     for key in value:
@@ -105,7 +110,8 @@ def parse_residency(fail: Fail, value: object) -> tuple[int | None, float, int]:
             fail(("residency", key), f"unknown key ([residency] takes {', '.join(RESIDENCY_KEYS)})")
     max_loaded = _count(fail, ("residency", "max_loaded"), value["max_loaded"]) if "max_loaded" in value else None
     queue = _count(fail, ("residency", "load_queue"), value.get("load_queue", DEFAULT_LOAD_QUEUE))
-    return max_loaded, _timeout(fail, value.get("load_timeout", DEFAULT_LOAD_TIMEOUT_S)), queue
+    notice = _flag(fail, ("residency", "loading_notice"), value.get("loading_notice", False))
+    return max_loaded, _timeout(fail, value.get("load_timeout", DEFAULT_LOAD_TIMEOUT_S)), queue, notice
 
 
 def _timeout(fail: Fail, raw: object) -> float:

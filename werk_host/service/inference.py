@@ -26,6 +26,13 @@ Concurrency: with a gate (werk_host/service/gate.py, as ``werk serve`` wires it)
 enters it first (host-wide and per-key bounds, refused at once), is seated on its instance after
 admission (waiting in the instance's bounded queue), and leaves it when its relayed response is
 closed (its end, an error, or the client's disconnect); a refusal counts as rejected.
+
+Loading notice (docs/deployments.md, "Loading notice"; werk_host/service/loading.py): when the
+profile asks for one, a streamed chat request whose instance is not ready is answered at once
+with a 200 event stream that shows the notice while the instance starts, then the real answer;
+a failure from then on (start, admission, seat, backend refusal) ends that stream with the
+route's error event (:class:`~werk_host.service.loading.LoadFailed`). Counters and usage are the
+real answer's, as without the notice.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, Final
@@ -45,11 +53,13 @@ from werk_host.errors import ErrorCode, WerkError, validation_message
 from werk_host.models import ModelManifest
 from werk_host.protocol import ChatLimits, ChatRequest
 from werk_host.protocol.chat import CompletionRequest
+from werk_host.protocol.deployments import InstanceStateName
 from werk_host.seam import Adapter, InferenceResponse, JsonObject, client_disconnected
 from werk_host.service.admission import FitBounds, estimate_input_tokens, prompt_tokens
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, Ticket
+from werk_host.service.loading import LoadFailed, notice_event
 from werk_host.service.principals import Principal
 from werk_host.service.promptcache import PromptCaches
 from werk_host.service.reasoning import resolve_reasoning
@@ -107,6 +117,26 @@ _BACKEND_ERRORS: dict[int, tuple[int, str, str, str]] = {
 }
 _BACKEND_FAILED = (502, "server_error", "backend_error", "the backend failed to process the request")
 MAX_BACKEND_ERROR_BYTES = 64 * 1024
+
+
+_ERROR_CODES = {400: ErrorCode.INVALID_REQUEST, 404: ErrorCode.NOT_FOUND, 429: ErrorCode.RESOURCE_EXHAUSTED}
+
+
+def _relayed_error(response: InferenceResponse) -> WerkError:
+    """The error of a sanitized error answer (:func:`sanitized_error`; the host's own public
+    text), which is read and closed."""
+    try:
+        raw = b"".join(response.body)[:MAX_BACKEND_ERROR_BYTES]
+    finally:
+        response.close()
+    try:
+        error = json.loads(raw).get("error") or {}
+    except (ValueError, AttributeError):
+        error = {}
+    message = error.get("message") if isinstance(error, dict) else None
+    code = _ERROR_CODES.get(response.status, ErrorCode.UNAVAILABLE)
+    text = message if isinstance(message, str) else _BACKEND_FAILED[3]
+    return WerkError(code, text, retryable=response.status >= 429)
 
 
 def sanitized_error(response: InferenceResponse) -> InferenceResponse:
@@ -316,6 +346,68 @@ class InferenceService:
         self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None, clamp_output: bool, principal: Principal
     ) -> InferenceResponse:
         instance = self._route(body)
+        if chat and instance is not None and body.get("stream") is True and self._notice(instance):
+            return self._noticed(instance, what, body, ticket, clamp_output, principal)
+        return self._serve(chat, what, body, ticket, clamp_output, principal, instance)
+
+    def _notice(self, instance: Instance) -> bool:
+        """Whether a streamed chat request for ``instance`` gets a loading notice now: the
+        profile asks for one (the instance's ``loading_notice``, else ``[residency]``'s) and the
+        instance is not ready (werk_host/service/loading.py)."""
+        deployments = self.fleet.deployments
+        wanted = instance.spec.loading_notice
+        if wanted is None:
+            wanted = deployments is not None and deployments.residency.rules.loading_notice
+        return wanted and instance.view().state is not InstanceStateName.READY
+
+    def _noticed(
+        self,
+        instance: Instance,
+        what: str,
+        body: JsonObject,
+        ticket: Ticket | None,
+        clamp_output: bool,
+        principal: Principal,
+    ) -> InferenceResponse:
+        """A 200 event stream at once: the loading notice, then (once the instance is ready and
+        the request admitted) the real answer, or :class:`LoadFailed` (werk_host/service/loading.py)."""
+        model = body.get("model")
+        shown = model if isinstance(model, str) else instance.id
+        served: list[InferenceResponse] = []
+
+        def stream() -> Iterator[bytes]:
+            began = time.monotonic()
+            yield notice_event(instance.id, shown, f"Loading model {shown} (instance {instance.id})…\n")
+            try:
+                answer = self._serve(True, what, body, ticket, clamp_output, principal, instance)
+            except WerkError as err:
+                raise LoadFailed.of(err) from err
+            served.append(answer)
+            yield notice_event(instance.id, shown, f"Ready in {time.monotonic() - began:.1f} s.\n\n")
+            if answer.status >= 400:
+                raise LoadFailed.of(_relayed_error(answer))
+            yield from answer.body
+
+        def close() -> None:
+            if served:
+                served[0].close()  # releases the ticket and the instance (``_tracked``)
+            elif ticket is not None:
+                ticket.release()
+
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", DEPLOYMENT_HEADER: instance.id}
+        return InferenceResponse(status=200, headers=headers, body=stream(), close=close)
+
+    def _serve(
+        self,
+        chat: bool,
+        what: str,
+        body: JsonObject,
+        ticket: Ticket | None,
+        clamp_output: bool,
+        principal: Principal,
+        instance: Instance | None,
+    ) -> InferenceResponse:
+        """Start (or wait for) ``instance``, admit the request, seat it and forward it."""
         try:
             if instance is None:
                 raise no_backend(what)
