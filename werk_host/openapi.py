@@ -61,6 +61,7 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
 _ERROR_STATUSES = {
     "400": "invalid_request",
     "401": "unauthorized",
+    "403": "forbidden (an operator-only action with a client key)",
     "404": "not_found",
     "406": "incompatible_protocol",
     "409": "conflict or incompatible_state",

@@ -85,6 +85,8 @@ __all__ = [
     "stop_recorded",
     "write_record",
 ]
+#: Reads of a just-spawned child's command line, 2 ms apart, until it is not empty.
+_EXEC_SETTLE_TRIES = 50
 
 log = logging.getLogger(__name__)
 
@@ -394,6 +396,11 @@ def spawn(
     if record_dir is not None:
         try:
             child.record = ChildRecord.of(popen.pid)
+            for _ in range(_EXEC_SETTLE_TRIES):  # /proc/<pid>/cmdline reads empty while exec completes
+                if child.record is None or child.record.cmdline:
+                    break
+                time.sleep(0.002)
+                child.record = ChildRecord.of(popen.pid)
             if child.record is not None:
                 write_record(record_dir, child.record)
         except BaseException:
