@@ -15,7 +15,9 @@ and ``content_block_stop``, blocks numbered from 0 in the order they open, then
 A tool call's arguments are streamed as the backend sends them; a piece for a call whose block
 was already closed (calls interleaved) cannot be streamed and ends the stream with an error.
 ``stop_reason`` is ``tool_use`` when the backend finished with tool calls (``tool_calls``, or a
-``stop`` after tool calls).
+``stop`` after tool calls). A loading notice (werk_host/service/loading.py) is a thinking block
+of its own, closed before the answer's first block; a :class:`LoadFailed` ends the stream with
+an ``error`` event carrying its public message (``overloaded_error`` when retryable).
 """
 
 from __future__ import annotations
