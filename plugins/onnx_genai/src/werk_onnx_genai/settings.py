@@ -12,11 +12,12 @@ value; the factory's ``validate_options`` turns that into a refused profile.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import JsonValue
+
+from werk_host.plugin.engines import engine_options, model_cache_size
 
 __all__ = ["CACHE_SIZE_ENV", "PYTHON_ENV", "Settings", "cache_size", "parse_options"]
 
@@ -31,23 +32,8 @@ class Settings:
 
 
 def parse_options(options: Mapping[str, JsonValue], env: Mapping[str, str] | None = None) -> Settings:
-    environ = os.environ if env is None else env
-    unknown = sorted(set(options) - {"python", "startup_timeout"})
-    if unknown:
-        raise ValueError(f"unknown option {unknown[0]} (known: python, startup_timeout)")
-    python = options.get("python", environ.get(PYTHON_ENV) or None)
-    if python is not None and (not isinstance(python, str) or not python):
-        raise ValueError("python must be a path to the engine virtualenv's interpreter")
-    timeout = options.get("startup_timeout", 300)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 1 <= timeout <= 3600:
-        raise ValueError("startup_timeout must be a number of seconds from 1 to 3600")
-    return Settings(python, float(timeout))
+    return Settings(*engine_options(options, PYTHON_ENV, env))
 
 
 def cache_size(env: Mapping[str, str] | None = None) -> int:
-    raw = (os.environ if env is None else env).get(CACHE_SIZE_ENV, "").strip()
-    if not raw:
-        return 1
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{CACHE_SIZE_ENV} must be a positive integer")
-    return int(raw)
+    return model_cache_size(CACHE_SIZE_ENV, env)

@@ -17,12 +17,13 @@ value), which the factory's ``validate_options`` turns into a refused profile.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import JsonValue
+
+from werk_host.plugin.engines import engine_options, model_cache_size
 
 __all__ = ["CACHE_SIZE_ENV", "PYTHON_ENV", "Settings", "cache_size", "parse_options"]
 
@@ -42,13 +43,7 @@ class Settings:
 
 
 def parse_options(options: Mapping[str, JsonValue], env: Mapping[str, str] | None = None) -> Settings:
-    environ = os.environ if env is None else env
-    unknown = sorted(set(options) - {"python", "device", "dtype", "threads", "startup_timeout"})
-    if unknown:
-        raise ValueError(f"unknown option {unknown[0]} (known: python, device, dtype, threads, startup_timeout)")
-    python = options.get("python", environ.get(PYTHON_ENV) or None)
-    if python is not None and (not isinstance(python, str) or not python):
-        raise ValueError("python must be a path to the engine virtualenv's interpreter")
+    python, timeout = engine_options(options, PYTHON_ENV, env, extra=("device", "dtype", "threads"))
     device = options.get("device", "auto")
     if not isinstance(device, str) or not DEVICE_RE.fullmatch(device):
         raise ValueError("device must be auto, cpu, cuda or cuda:N")
@@ -58,17 +53,9 @@ def parse_options(options: Mapping[str, JsonValue], env: Mapping[str, str] | Non
     threads = options.get("threads", 0)
     if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= 1024:
         raise ValueError("threads must be an integer from 0 to 1024")
-    timeout = options.get("startup_timeout", 300)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 1 <= timeout <= 3600:
-        raise ValueError("startup_timeout must be a number of seconds from 1 to 3600")
     assert isinstance(dtype, str)
-    return Settings(python, device, dtype, threads, float(timeout))
+    return Settings(python, device, dtype, threads, timeout)
 
 
 def cache_size(env: Mapping[str, str] | None = None) -> int:
-    raw = (os.environ if env is None else env).get(CACHE_SIZE_ENV, "").strip()
-    if not raw:
-        return 1
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{CACHE_SIZE_ENV} must be a positive integer")
-    return int(raw)
+    return model_cache_size(CACHE_SIZE_ENV, env)
