@@ -13,7 +13,8 @@ change the status any more. An event stream then ends with an OpenAI error event
 backend stopped (a ``content-length`` body arrives short, and the server closes the
 connection). Either way the failure is one log line, at most one per kind per interval
 (:class:`werk_host.logs.RateLimitFilter`), never a traceback, and the client sees no backend
-text.
+text. A stream that a loading notice began (docs/deployments.md, "Loading notice") ends the same
+way when the start fails, with the host's reason (logged where the start failed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import json_body, principal
 from werk_host.logs import RateLimitFilter
 from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
+from werk_host.service.loading import LoadFailed
 from werk_host.service.principals import Principal
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,8 @@ def _stream(response: InferenceResponse) -> Iterator[bytes]:
         yield from response.body
     except Exception as err:  # the answer has begun: end it in words, not with a broken body
         failure = err if isinstance(err, WerkError) else WerkError(ErrorCode.UNAVAILABLE, STREAM_FAILED)
-        log.warning("an answer broke off: %s (%s)", failure.message, type(err).__name__)
+        if not isinstance(err, LoadFailed):  # a failed start was logged where it failed
+            log.warning("an answer broke off: %s (%s)", failure.message, type(err).__name__)
         content_type = next((v for k, v in response.headers.items() if k.lower() == "content-type"), "")
         if content_type.lower().startswith("text/event-stream"):
             yield _error_event(failure)
