@@ -1,40 +1,30 @@
 """Fixtures: the engine interpreter (``WERK_ONNX_GENAI_PYTHON``, which ``scripts/test.sh``
-sets from ``scripts/setup-engine-venv.sh onnx-genai``) and the cached tiny GenAI model (built from the tiny checkpoint).
+sets from ``scripts/setup-engine-venv.sh onnx-genai``) and the cached tiny GenAI model (built
+from the tiny checkpoint).
 
 Tests that run the real engine are marked ``engine`` and skip, naming the variable, where it is
 unset: the set-up script skips platforms its pinned CPU wheels cannot run on."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from werk_onnx_genai.adapter import POOL
+from werk_onnx_genai.settings import PYTHON_ENV
 from werk_onnx_genai.testing import tiny_genai_model
 
-ENGINE_ENV = "WERK_ONNX_GENAI_PYTHON"
-
-
-def engine_python() -> str | None:
-    python = os.environ.get(ENGINE_ENV)
-    return python if python and Path(python).is_file() else None
+from werk_host.testing.engines import engine_python, skip_without_engine
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if engine_python() is None:
-        skip = pytest.mark.skip(
-            reason=f"{ENGINE_ENV} names no engine interpreter (scripts/setup-engine-venv.sh onnx-genai)"
-        )
-        for item in items:
-            if "engine" in item.keywords:
-                item.add_marker(skip)
+    skip_without_engine(items, PYTHON_ENV, "scripts/setup-engine-venv.sh onnx-genai")
 
 
 @pytest.fixture(scope="session")
 def engine() -> str:
-    python = engine_python()
+    python = engine_python(PYTHON_ENV)
     assert python is not None
     return python
 

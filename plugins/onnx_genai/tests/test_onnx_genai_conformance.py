@@ -6,19 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from werk_onnx_genai.adapter import OnnxGenaiAdapter
 
-from werk_host.plugin import Adapter, ModelManifest
+from werk_host.plugin import ModelManifest
 from werk_host.plugin.checkpoints import checkpoint_files
 from werk_host.testing.conformance import ConformanceTarget, WerkConformance
+from werk_host.testing.engines import restart_worker
 
 pytestmark = pytest.mark.engine
-
-
-def replace(adapter: Adapter) -> None:
-    """Kill the worker and start a new one (a new process generation)."""
-    assert isinstance(adapter, OnnxGenaiAdapter)
-    adapter.restart()
 
 
 class TestConformance(WerkConformance):
@@ -30,6 +24,6 @@ class TestConformance(WerkConformance):
             # A GenAI directory is not a Hugging Face checkpoint: its files make the manifest.
             model=ModelManifest.from_paths("conformance-model", checkpoint_files(genai_model)),
             model_name="conformance-model",
-            replace_process=replace,
+            replace_process=restart_worker,
             backend_options={"onnx-genai": {"python": engine}},
         )

@@ -12,6 +12,7 @@ from werk_onnx_genai.adapter import accepts, genai_context
 from werk_onnx_genai.settings import CACHE_SIZE_ENV, PYTHON_ENV, cache_size, parse_options
 
 from werk_host.plugin import ModelManifest
+from werk_host.testing.engines import assert_model_cache_size
 
 
 def test_options_are_checked_by_name_without_echoing_values() -> None:
@@ -23,11 +24,7 @@ def test_options_are_checked_by_name_without_echoing_values() -> None:
 
 
 def test_the_model_cache_size_defaults_to_one_and_must_be_positive() -> None:
-    assert cache_size({}) == 1
-    assert cache_size({CACHE_SIZE_ENV: "3"}) == 3
-    for bad in ("0", "-1", "two"):
-        with pytest.raises(ValueError, match=CACHE_SIZE_ENV):
-            cache_size({CACHE_SIZE_ENV: bad})
+    assert_model_cache_size(cache_size, CACHE_SIZE_ENV)
 
 
 def _manifest(tmp_path: Path, files: dict[str, bytes], backend: str | None = None) -> ModelManifest:

@@ -6,35 +6,24 @@ unset: the set-up script skips platforms its pinned CPU wheels cannot run on."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from werk_transformers.adapter import POOL
+from werk_transformers.settings import PYTHON_ENV
 from werk_transformers.testing import tiny_checkpoint
 
-ENGINE_ENV = "WERK_TRANSFORMERS_PYTHON"
-
-
-def engine_python() -> str | None:
-    python = os.environ.get(ENGINE_ENV)
-    return python if python and Path(python).is_file() else None
+from werk_host.testing.engines import engine_python, skip_without_engine
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if engine_python() is None:
-        skip = pytest.mark.skip(
-            reason=f"{ENGINE_ENV} names no engine interpreter (scripts/setup-engine-venv.sh transformers)"
-        )
-        for item in items:
-            if "engine" in item.keywords:
-                item.add_marker(skip)
+    skip_without_engine(items, PYTHON_ENV, "scripts/setup-engine-venv.sh transformers")
 
 
 @pytest.fixture(scope="session")
 def engine() -> str:
-    python = engine_python()
+    python = engine_python(PYTHON_ENV)
     assert python is not None
     return python
 

@@ -6,18 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from werk_transformers.adapter import TransformersAdapter
 
-from werk_host.plugin import Adapter
 from werk_host.testing.conformance import ConformanceTarget, WerkConformance
+from werk_host.testing.engines import restart_worker
 
 pytestmark = pytest.mark.engine
-
-
-def replace(adapter: Adapter) -> None:
-    """Kill the worker and start a new one (a new process generation)."""
-    assert isinstance(adapter, TransformersAdapter)
-    adapter.restart()
 
 
 class TestConformance(WerkConformance):
@@ -27,6 +20,6 @@ class TestConformance(WerkConformance):
         return ConformanceTarget(
             entry_point="transformers",
             model=checkpoint,
-            replace_process=replace,
+            replace_process=restart_worker,
             backend_options={"transformers": {"python": engine, "device": "cpu", "threads": 1}},
         )

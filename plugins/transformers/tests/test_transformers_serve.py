@@ -5,93 +5,25 @@ unpinned checkpoint directory is refused when vLLM could serve it too, naming bo
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from werk_transformers.adapter import WORKER
 
-KEY = "sk-transformers-" + "t" * 24
-
-
-def _werk(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "WERK_HOME": str(home), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "werk_host", *args], capture_output=True, text=True, env=environ, timeout=120
-    )
-
-
-def _post(url: str, body: object) -> bytes:
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as answer:
-        data: bytes = answer.read()
-        return data
-
-
-def _workers_of(model: Path) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(WORKER).encode() in argv and str(model).encode() in argv:
-            found.append(int(proc.name))
-    return found
+from werk_host.testing.engines import serve_dies_with_werk, werk_command
 
 
 @pytest.mark.engine
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker through /proc")
 def test_werk_serve_answers_v1_chat_and_its_worker_dies_with_it(tmp_path: Path, engine: str, checkpoint: Path) -> None:
-    home = tmp_path / "home"
-    assert _werk(home, "models", "add", "tiny", str(checkpoint), "--backend", "transformers").returncode == 0
-    env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_TRANSFORMERS_PYTHON": engine}
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "werk_host",
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            "tiny",
-            "--backend-option",
-            "transformers.threads=1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
+    serve_dies_with_werk(
+        tmp_path / "home",
+        checkpoint,
+        worker=WORKER,
+        env={"WERK_TRANSFORMERS_PYTHON": engine},
+        add=("--backend", "transformers"),
+        serve=("--backend-option", "transformers.threads=1"),
     )
-    try:
-        assert serve.stdout is not None
-        base = f"http://127.0.0.1:{json.loads(serve.stdout.readline())['port']}"
-        messages = [{"role": "user", "content": "Hello there"}]
-        body = {"model": "tiny", "messages": messages, "max_tokens": 4, "temperature": 0, "stream": True}
-        raw = _post(f"{base}/v1/chat/completions", {**body, "stream_options": {"include_usage": True}}).decode()
-        events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]"
-        usage = json.loads(events[-2])["usage"]
-        counted = json.loads(_post(f"{base}/werk/v1/chat/count_tokens", {"model": "tiny", "messages": messages}))
-        assert counted["data"]["input_tokens"] == usage["prompt_tokens"] > 0
-        workers = _workers_of(checkpoint)
-        assert workers  # the worker (and, under the group guard, its guard process)
-    finally:
-        serve.send_signal(signal.SIGKILL)
-        serve.wait()
-    deadline = time.monotonic() + 30
-    while _workers_of(checkpoint) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _workers_of(checkpoint) == []
 
 
 @pytest.mark.skipif(
@@ -103,8 +35,8 @@ def test_an_unpinned_checkpoint_directory_names_both_backends(tmp_path: Path) ->
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     (model / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     home = tmp_path / "home"
-    assert _werk(home, "models", "add", "tiny", str(model)).returncode == 0
-    refused = _werk(home, "serve", "--port", "0", "--model", "tiny", env={"WERK_DISABLE_PLUGINS": ""})
+    assert werk_command(home, "models", "add", "tiny", str(model)).returncode == 0
+    refused = werk_command(home, "serve", "--port", "0", "--model", "tiny", env={"WERK_DISABLE_PLUGINS": ""})
     assert refused.returncode != 0
     assert "more than one installed backend" in refused.stderr
     assert "transformers" in refused.stderr and "vllm" in refused.stderr
