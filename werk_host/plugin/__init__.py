@@ -13,6 +13,9 @@ them:
 * :mod:`werk_host.plugin.counting`: calibrating admission estimates from a backend's counts.
 * :mod:`werk_host.plugin.cli`: text/``--json`` output for a plugin's ``werk`` commands.
 * :mod:`werk_host.plugin.workers`: an engine's HTTP worker process (run directory, key, readiness).
+* :mod:`werk_host.plugin.pool`: a bounded LRU of Werk-owned model workers, one per exact model.
+* :mod:`werk_host.plugin.engines`: the adapter of an engine in a Werk-owned worker per exact model.
+* :mod:`werk_host.plugin.engine_worker`: that worker's HTTP server (stdlib only, loaded by path).
 * :mod:`werk_host.plugin.checkpoints`: checkpoint directories and model files as manifests.
 * :mod:`werk_host.plugin.options`: validating a backend's ``werk.<name>`` request options.
 * :mod:`werk_host.plugin.openai`: OpenAI answers and SSE chunks for in-process engines.
