@@ -22,7 +22,10 @@ second run only reads it; a half-done install is redone. pip's own output goes t
   message), restoring with ``Session.restore`` when another session (or none, after a restart)
   is in the slot, relaying llama-server's stream as it comes, and saving with ``Session.save``
   after the answer was sent (what ``Session.ask`` does, minus its blocking non-streamed
-  ``/completion`` call and its save before returning).
+  ``/completion`` call and its save before returning). stillwarm's sidecar needs flash attention
+  resolved (``on``/``off``, never ``auto``): the proxy passes ``-fa on``, which is what the other
+  systems' default ``auto`` resolves to on this llama-server build (a slot file saved under
+  ``auto`` restores under ``-fa on`` and is refused under ``-fa off``).
 """
 
 from __future__ import annotations
