@@ -69,8 +69,26 @@ def test_a_restarted_backend_gets_the_prefix_back(tmp_path: Path) -> None:
         assert ask(a, question="and then") == 1200 + 1  # restored: the role token and the document
         counters = settled(host)
     assert counters.prompt_cache_hits == 1 and counters.prompt_cache_restored_tokens == 1201
-    # the second prompt adds no whole block to the saved one (1,204 prompt + 4 answer tokens)
+    # the saved entry (1,204 prompt + 4 answer tokens) already holds the whole second prompt
     assert counters.prompt_cache_saves == 1 and len(entries(tmp_path)) == 1
+
+
+def test_every_turn_of_a_conversation_is_kept(tmp_path: Path) -> None:
+    turns: list[dict[str, str]] = [{"role": "user", "content": DOCUMENT}]
+    with serve(tmp_path) as (host, plugin, a, _b):
+        for n in range(3):  # each turn adds a few tokens only: less than a block
+            status, answer = a.post("/v1/chat/completions", {"messages": turns, "max_tokens": 4})
+            assert status == 200
+            turns += [answer["choices"][0]["message"], {"role": "user", "content": f"and {n}?"}]
+            last_prompt = answer["usage"]["prompt_tokens"]
+            settled(host)
+        assert settled(host).prompt_cache_saves == 3 and len(entries(tmp_path)) == 1  # the latest turn
+        (adapter,) = plugin.adapters
+        adapter.restart()
+        status, answer = a.post("/v1/chat/completions", {"messages": turns, "max_tokens": 4})
+    # the third turn's whole prompt came back (the reference slot holds the answer's words
+    # without the role token the next prompt renders before them)
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == last_prompt
 
 
 def test_short_prompts_are_neither_saved_nor_restored(tmp_path: Path) -> None:

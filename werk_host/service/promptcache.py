@@ -26,8 +26,9 @@ routes, which call them — through :meth:`PromptCaches.forward`. Contracts:
   (:meth:`PromptCache.invalidate`) and the restore counted as a miss.
 * **Saved after the answer**, off the answer's path: after a complete, successful response the
   slot is saved (the lease is held for that save only) and the payload committed by one
-  background thread, unless a saved entry already covers every block of the prompt. Entries of
-  the same key whose blocks the new entry extends are deleted (it serves them all). Before each
+  background thread, unless a saved entry already holds the whole prompt (every block, and at
+  least as many tokens). Entries of the same key whose blocks the new entry extends (or equals)
+  are deleted (it serves them all): a conversation keeps one entry, its latest turn. Before each
   commit, least-recently-used entries of the instance are evicted until the new one fits the
   budget (pinned or open ones never), so the budget is never exceeded; an entry larger than
   the budget is not saved. :meth:`PromptCaches.close` waits (bounded) for commits in flight.
@@ -144,6 +145,7 @@ class _Request:
     restored: StateRecord | None = None
     held_after: int = 0  # leading prompt tokens the slot held after the restore
     covered: int = 0  # blocks of the prompt a saved entry already holds
+    whole: bool = False  # a saved entry already holds the whole prompt (nothing to save)
     missed: bool = False  # counted as a miss already (a refused restore)
 
 
@@ -286,6 +288,9 @@ class PromptCaches:
             ):
                 best, common = record, shared
         work.covered = common
+        work.whole = (
+            best is not None and common == len(work.fingerprints) and (best.prompt_tokens or 0) >= work.tokens
+        )
         if best is None or common * BLOCK_TOKENS < work.held + BLOCK_TOKENS:
             return
         store, pid, sid = self.store(work.label), work.principal.id, best.id
@@ -309,7 +314,7 @@ class PromptCaches:
             if err.code is not ErrorCode.CORRUPT_STATE:  # the store quarantined a corrupt one itself
                 store.delete(pid, sid)
             self.stats.add(instance=work.label, prompt_cache_misses=1)
-            work.covered, work.missed = 0, True
+            work.covered, work.whole, work.missed = 0, False, True
             return
         finally:
             self.stats.add(instance=work.label, prompt_cache_restore_ms=round((time.perf_counter() - started) * 1000))
@@ -359,8 +364,8 @@ class PromptCaches:
                 return
         elif work.covered == 0 and not work.missed:
             self.stats.add(instance=work.label, prompt_cache_misses=1)
-        if work.covered >= work.tokens // BLOCK_TOKENS:
-            return  # a saved entry already holds every block of this prompt
+        if work.whole:
+            return  # a saved entry already holds this whole prompt
         started = time.perf_counter()
         try:
             saved = work.lease.save()
