@@ -288,9 +288,7 @@ class PromptCaches:
             ):
                 best, common = record, shared
         work.covered = common
-        work.whole = (
-            best is not None and common == len(work.fingerprints) and (best.prompt_tokens or 0) >= work.tokens
-        )
+        work.whole = best is not None and common == len(work.fingerprints) and (best.prompt_tokens or 0) >= work.tokens
         if best is None or common * BLOCK_TOKENS < work.held + BLOCK_TOKENS:
             return
         store, pid, sid = self.store(work.label), work.principal.id, best.id
@@ -352,7 +350,9 @@ class PromptCaches:
         event = usage_event(tail)
         cached = work.lease.cached_tokens(event) if event is not None else None
         if work.restored is not None:
-            if cached is not None and cached > work.held:
+            if cached is None:  # no consistent count (e.g. the process was replaced): nothing is claimed
+                pass
+            elif cached > work.held:
                 self.stats.add(
                     instance=work.label, prompt_cache_hits=1, prompt_cache_restored_tokens=cached - work.held
                 )

@@ -149,7 +149,8 @@ def test_the_recorded_claude_code_request_answers(served: str) -> None:
     assert 0 < final["usage"]["output_tokens"] <= applied
     counted_body = {k: body[k] for k in ("model", "messages", "system", "tools", "thinking", "context_management")}
     counted = httpx.post(f"{served}/v1/messages/count_tokens", json=counted_body, headers=headers, timeout=120)
-    assert counted.status_code == 200 and counted.json()["input_tokens"] == final["usage"]["input_tokens"]
+    total = final["usage"]["input_tokens"] + final["usage"].get("cache_read_input_tokens", 0)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] == total
 
 
 def test_nothing_an_agent_sends_is_a_5xx(client: anthropic.Anthropic) -> None:

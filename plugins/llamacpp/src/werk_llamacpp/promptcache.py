@@ -32,6 +32,7 @@ the process:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import stat
@@ -56,11 +57,13 @@ from .integrity import slot_file_tokens
 from .native import NativeConnectionError, NativeError
 from .process import LlamaServerProcess
 from .session import cache_count
-from .slots import SlotLease, SlotRecord, common_prefix, prepare, send
+from .slots import SlotLease, SlotRecord, child_died, common_prefix, prepare, send
 from .snapshot import presented
 
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PROMPT_CACHE_LAYOUT", "LlamaPromptCache", "LlamaPromptLease"]
 
@@ -170,6 +173,7 @@ class LlamaPromptLease:
         self.slot = lease
         self.tokens = tokens
         self.held = lease.held(tokens)
+        self.restarted = False
         lease.tokens = tuple(tokens[: self.held]) if tokens is not None else ()
 
     def restore(self, stored: StoredStateRef) -> int:
@@ -210,15 +214,29 @@ class LlamaPromptLease:
         return common
 
     def forward(self, path: str, request: JsonObject) -> InferenceResponse:
+        """Relay on the leased slot; a child that died before answering is restarted and the
+        request sent there once more, as :func:`.slots.forward_ordinary` does (whatever was
+        restored died with it: the cache count is then unknown, never a miss)."""
         body, forced = self.cache._body(path, request)
-        self.slot.epoch = self.adapter.state_epoch
-        response = send(self.adapter, self.proc, self.slot, path, body)
+        for attempt in (1, 2):
+            self.slot.epoch = self.adapter.state_epoch
+            try:
+                response = send(self.adapter, self.proc, self.slot, path, body)
+                break
+            except WerkError as err:
+                if attempt == 2 or not child_died(self.proc, err):
+                    raise
+                log.warning(
+                    "llama-server (generation %s) died before answering; restarting it", self.proc.generation[:8]
+                )
+                self.proc, self.restarted = self.adapter.process(), True
+                self.slot.found = SlotRecord(epoch=self.adapter.state_epoch)  # a new child's slots are empty
         if self.tokens is not None:
             self.slot.tokens = tuple(self.tokens)
         return response if forced is None else forced.relay(response, stream=body.get("stream") is True)
 
     def cached_tokens(self, usage_event: JsonObject) -> int | None:
-        return cache_count(usage_event)
+        return None if self.restarted else cache_count(usage_event)
 
     def save(self) -> SavedPrompt | None:
         proc = self.proc

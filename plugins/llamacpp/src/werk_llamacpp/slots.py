@@ -56,6 +56,7 @@ __all__ = [
     "SlotLease",
     "SlotRecord",
     "SlotRouter",
+    "child_died",
     "common_prefix",
     "forward_ordinary",
     "held_for_life",
@@ -262,7 +263,7 @@ def held_for_life(response: InferenceResponse, lease: SlotLease) -> InferenceRes
     return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
 
 
-def _child_died(proc: LlamaServerProcess, err: WerkError) -> bool:
+def child_died(proc: LlamaServerProcess, err: WerkError) -> bool:
     """Whether ``err`` (a relay failure before any answer) came from the child dying."""
     if not isinstance(err.__cause__, _DIED):
         return False
@@ -317,7 +318,7 @@ def forward_ordinary(
             raise
         except WerkError as err:
             lease.release()
-            if attempt == 1 and _child_died(proc, err):
+            if attempt == 1 and child_died(proc, err):
                 log.warning("llama-server (generation %s) died before answering; restarting it", proc.generation[:8])
                 continue
             raise
