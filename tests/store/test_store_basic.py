@@ -33,7 +33,7 @@ def test_commit_layout_and_permissions(store: StateStore, root: Path, clock: Fak
     assert rec.created_unix_ms == int(clock.now * 1000) == rec.last_accessed_unix_ms
 
     sdir = state_dir(root, P1, rec.id)
-    assert sorted(os.listdir(sdir)) == ["metadata.json", "metadata.sha256", "payload.bin"]
+    assert sorted(os.listdir(sdir)) == ["metadata.json", "metadata.sha256", "payload.bin", "verified"]
     assert sorted(os.listdir(root)) == [".lock", f"p_{P1}"]
     meta = (sdir / "metadata.json").read_bytes()
     assert (sdir / "metadata.sha256").read_bytes().decode() == hashlib.sha256(meta).hexdigest()
@@ -41,7 +41,7 @@ def test_commit_layout_and_permissions(store: StateStore, root: Path, clock: Fak
     assert doc["id"] == rec.id and doc["principal"] == P1 and doc["envelope"] == ENV
     for path in (root, root.parent, root / f"p_{P1}", sdir):
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o700
-    for name in ("metadata.json", "metadata.sha256", "payload.bin", "../../.lock"):
+    for name in ("metadata.json", "metadata.sha256", "payload.bin", "verified", "../../.lock"):
         assert stat.S_IMODE(os.lstat(sdir / name).st_mode) == 0o600
     assert store.get(P1, rec.id) == rec
     assert read_payload(store, P1, rec.id) == data

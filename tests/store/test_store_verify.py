@@ -159,6 +159,8 @@ def test_cache_is_bounded_least_recently_used_first(
     for rec in (a, b, a, c):  # c evicts b, the least recently used
         assert store.verify(P1, rec.id)
     assert len(hashed) == 3
+    for rec in (a, b, c):  # the in-memory bound alone: no durable receipts
+        (state_dir(root, P1, rec.id) / "verified").unlink()
     assert store.verify(P1, a.id) and store.verify(P1, c.id)
     assert len(hashed) == 3
     assert store.verify(P1, b.id)
@@ -191,3 +193,32 @@ def test_concurrent_verifications_agree(store: StateStore, root: Path) -> None:
     assert {got for sid, got in results if sid == bad.id} <= {False, "not_found"}
     assert False in {got for sid, got in results if sid == bad.id}
     assert _quarantined(root) == [bad.id]
+
+
+@pytest.mark.usefixtures("no_racy_margin")
+def test_a_receipt_spares_a_later_process_the_hash_of_the_same_unchanged_file(
+    store: StateStore, make_store: Callable[..., StateStore], root: Path, hashed: list[int]
+) -> None:
+    rec = commit(store, data=payload_for(9, 70_000))  # hashed while written: its receipt is written too
+    later = make_store()  # another process: nothing remembered in memory
+    assert later.verify(P1, rec.id) and read_payload(later, P1, rec.id) == payload_for(9, 70_000)
+    assert hashed == []
+    _touch(state_dir(root, P1, rec.id) / "payload.bin")  # a new payload key: the receipt no longer applies
+    assert make_store().verify(P1, rec.id)
+    assert len(hashed) == 1  # hashed again, and a new receipt recorded for the touched file
+    assert make_store().verify(P1, rec.id) and len(hashed) == 1
+    _flip_in_place(state_dir(root, P1, rec.id) / "payload.bin")
+    assert make_store().verify(P1, rec.id) is False  # a write changes the key: hashed and refused
+    assert _quarantined(root) == [rec.id]
+
+
+@pytest.mark.usefixtures("no_racy_margin")
+def test_a_forged_or_foreign_receipt_vouches_for_nothing(
+    store: StateStore, make_store: Callable[..., StateStore], root: Path, hashed: list[int]
+) -> None:
+    a, b = commit(store, data=payload_for(1, 5000)), commit(store, data=payload_for(2, 5000))
+    receipt_b = (state_dir(root, P1, b.id) / "verified").read_bytes()
+    (state_dir(root, P1, a.id) / "verified").write_bytes(receipt_b)  # another file's key and digest
+    assert make_store().verify(P1, a.id) and len(hashed) == 1
+    (state_dir(root, P1, b.id) / "verified").write_bytes(b"{not json")
+    assert make_store().verify(P1, b.id) and len(hashed) == 2

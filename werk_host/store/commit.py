@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 from werk_host.errors import corrupt, exhausted, internal, invalid
 
 from . import _fs
-from .layout import CHECKSUM, CHUNK, META, PAYLOAD, PINNED, STAGING_PREFIX, dev_ino, forbidden, os_error
+from .layout import CHECKSUM, CHUNK, META, PAYLOAD, PINNED, STAGING_PREFIX, VERIFIED, dev_ino, forbidden, os_error
 from .quota import QuotaStore, footprint, refusal
 from .records import (
     MAX_FINGERPRINT,
@@ -43,7 +43,7 @@ from .records import (
     validate_name,
     validate_principal,
 )
-from .verify import VerifyingStore
+from .verify import VerifyingStore, receipt_bytes
 
 
 class CommittingStore(VerifyingStore, QuotaStore):
@@ -178,6 +178,8 @@ class CommittingStore(VerifyingStore, QuotaStore):
                     os.close(pay)
                 if expected_sha256 is not None and not hmac.compare_digest(digest, expected_sha256):
                     raise corrupt("the state payload does not match its expected SHA-256")
+                # hashed while written: a later process need not hash it again (verify.py)
+                _fs.replace_file(VERIFIED, sfd, receipt_bytes(written, digest), durable=self._durable)
                 with self._mutating(create=False) as rootfd:
                     if rootfd is None or dev_ino(os.fstat(rootfd)) != root_id:
                         raise forbidden()

@@ -43,7 +43,9 @@ CHECKSUM = "metadata.sha256"
 PAYLOAD = "payload.bin"
 LAST_ACCESSED = "last-accessed"
 PINNED = "pinned"
-STATE_FILES = frozenset({META, CHECKSUM, PAYLOAD, LAST_ACCESSED, PINNED})
+#: The durable verification receipt: the payload key and digest of a verified payload (verify.py).
+VERIFIED = "verified"
+STATE_FILES = frozenset({META, CHECKSUM, PAYLOAD, LAST_ACCESSED, PINNED, VERIFIED})
 #: A state directory with more entries than this cannot be inspected safely: it is deleted.
 MAX_STATE_ENTRIES = 16
 #: Changes younger than this are not trusted to be visible in a directory's timestamps.

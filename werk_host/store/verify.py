@@ -10,6 +10,12 @@ Contract:
   before, and remember a successful hash by that key (at most :data:`MAX_VERIFIED_CACHE`,
   least recently used forgotten first); a file changed within the racy margin, or while
   being hashed, is not remembered. Verified bytes are never hashed twice.
+* The remembered verification is also durable: a *receipt* (``verified`` in the state
+  directory, owner-only like every store file) records the payload key and digest of a payload
+  that was hashed in full (by its commit, or by a read), so a later process opens that very,
+  unchanged file without hashing it again (docs/states.md, "Integrity"); any write, ``touch``,
+  truncation or replacement changes the payload key and the receipt is ignored. A receipt is
+  written best effort, under the locks, and never for a file changed within the racy margin.
 * A commit hashes its payload while writing it, so it remembers that digest too
   (:meth:`VerifyingStore._seal_written`): the new file's modification time is set two
   seconds in the past, so any later write moves it (whatever the filesystem's timestamp
@@ -31,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hmac
+import json
 import os
 import stat
 from collections.abc import Iterator
@@ -41,7 +48,7 @@ from werk_host.errors import WerkError, corrupt, not_found
 
 from . import _fs, layout
 from .base import ACCESS_LOCK_TIMEOUT_S
-from .layout import LAST_ACCESSED, PAYLOAD, Kind, PayloadKey, os_error
+from .layout import LAST_ACCESSED, PAYLOAD, VERIFIED, Kind, PayloadKey, os_error
 from .reconcile import ReconcilingStore
 from .records import StateRecord, is_state_id, validate_principal
 
@@ -53,11 +60,36 @@ def _payload_key(st: os.stat_result) -> PayloadKey:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def receipt_bytes(key: PayloadKey, digest: str) -> bytes:
+    """A verification receipt: the payload key and digest of a verified payload."""
+    return json.dumps({"payload_key": list(key), "sha256": digest}, separators=(",", ":")).encode()
+
+
+def receipt_of(sfd: int) -> bytes | None:
+    """The state directory's receipt, if it has a small regular one."""
+    found = _fs.read_small(VERIFIED, sfd, 512)
+    return found[0] if found is not None else None
+
+
+def receipt_matches(receipt: bytes, key: PayloadKey, sha256: str) -> bool:
+    """Whether ``receipt`` vouches for the very payload file ``key`` with digest ``sha256``."""
+    try:
+        doc = json.loads(receipt)
+    except ValueError:
+        return False
+    if not isinstance(doc, dict) or not isinstance(doc.get("sha256"), str):
+        return False
+    return doc.get("payload_key") == list(key) and hmac.compare_digest(doc["sha256"], sha256)
+
+
 class VerifyingStore(ReconcilingStore):
     """Reads payloads only after verifying them; maintains ``_verified``."""
 
-    def _open_verified(self, principal: str, state_id: str) -> tuple[StateRecord, int, int]:
-        """Open and fully verify the payload; returns (record, fd at offset 0, state inode).
+    def _open_verified(
+        self, principal: str, state_id: str
+    ) -> tuple[StateRecord, int, int, tuple[PayloadKey, str] | None]:
+        """Open and fully verify the payload; returns (record, fd at offset 0, state inode, the
+        receipt to record after use when it was hashed now).
 
         The returned descriptor holds a shared ``flock`` so ``werk cache purge`` sees the
         state as active while it is in use.
@@ -95,12 +127,14 @@ class VerifyingStore(ReconcilingStore):
                         self._mark_suspect(principal, state_id, deep=False)
                         raise corrupt()
                     fcntl.flock(fd, fcntl.LOCK_SH)
-                    if not self._intact(fd, st, rec.bytes, rec.payload_sha256):
+                    intact, hashed = self._intact(fd, st, rec.bytes, rec.payload_sha256, receipt_of(sfd))
+                    if not intact:
                         self._mark_suspect(principal, state_id, deep=True)
                         raise corrupt()
                     os.lseek(fd, 0, os.SEEK_SET)
                     ok = True
-                    return rec, fd, os.fstat(sfd).st_ino
+                    due = (_payload_key(st), rec.payload_sha256) if hashed else None
+                    return rec, fd, os.fstat(sfd).st_ino, due
                 finally:
                     if not ok:
                         os.close(fd)
@@ -111,25 +145,33 @@ class VerifyingStore(ReconcilingStore):
         finally:
             os.close(pfd)
 
-    def _intact(self, fd: int, before: os.stat_result, size: int, sha256: str) -> bool:
+    def _intact(
+        self, fd: int, before: os.stat_result, size: int, sha256: str, receipt: bytes | None = None
+    ) -> tuple[bool, bool]:
         """Whether the payload open at ``fd`` (offset 0, stat ``before``) has ``size`` bytes
         with digest ``sha256``: hashed in bounded chunks unless this very file (its payload
-        key) was verified before; a successful hash is remembered unless the file changed
-        within the racy margin or while it was hashed. Leaves the offset anywhere."""
+        key) was verified before, in this process or by the durable ``receipt`` (the state's
+        ``verified`` file); a successful hash is remembered unless the file changed within the
+        racy margin or while it was hashed. The second member says whether a hash was
+        remembered (a receipt may then be written). Leaves the offset anywhere."""
         key = _payload_key(before)
         with self._cache_lock:
             known = self._verified.get(key)
             if known is not None:
                 self._verified.move_to_end(key)
         if known is not None and hmac.compare_digest(known, sha256):
-            return True
+            return True, False
+        if receipt is not None and receipt_matches(receipt, key, sha256):
+            self._remember_verified(key, sha256)
+            return True, False
         t = _fs.now_ns()
         digest, got = layout.hash_fd(fd, size)
         if got != size or not hmac.compare_digest(digest, sha256):
-            return False
+            return False, False
         if _fs.ident(os.fstat(fd)) == _fs.ident(before) and not _fs.racy(before, t, layout.RACY_MARGIN_NS):
             self._remember_verified(key, digest)
-        return True
+            return True, True
+        return True, False
 
     def _remember_verified(self, key: PayloadKey, digest: str) -> None:
         with self._cache_lock:
@@ -159,12 +201,14 @@ class VerifyingStore(ReconcilingStore):
         Absent, expired or foreign ids are ``not_found``. When the block exits without an
         exception, ``last-accessed`` is recorded.
         """
-        rec, fd, ino = self._open_verified(principal, state_id)
+        rec, fd, ino, due = self._open_verified(principal, state_id)
         f = os.fdopen(fd, "rb")
         try:
             yield f
         finally:
             f.close()
+        if due is not None:
+            self._record_receipt(principal, rec.id, ino, *due)
         self._record_access(principal, rec.id, ino)
 
     def verify(self, principal: str, state_id: str) -> bool:
@@ -223,15 +267,19 @@ class VerifyingStore(ReconcilingStore):
                 fd = os.open(PAYLOAD, _fs.READ_FLAGS, dir_fd=sfd)
             except OSError:
                 return False
+            receipt, ino = receipt_of(sfd), os.fstat(sfd).st_ino
         finally:
             os.close(sfd)
         try:
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode) or before.st_size != meta.size:
                 return False
-            return self._intact(fd, before, meta.size, meta.payload_sha256)
+            intact, hashed = self._intact(fd, before, meta.size, meta.payload_sha256, receipt)
         finally:
             os.close(fd)
+        if hashed:
+            self._record_receipt(principal, sid, ino, _payload_key(before), meta.payload_sha256)
+        return intact
 
     def condemn(self, principal: str, state_id: str) -> bool:
         """Quarantine a state at once, under the locks: its payload verified, but the backend
@@ -261,6 +309,25 @@ class VerifyingStore(ReconcilingStore):
                     os.close(pfd)
         except OSError as exc:
             raise os_error(exc) from exc
+
+    def _record_receipt(self, principal: str, sid: str, ino: int, key: PayloadKey, digest: str) -> None:
+        """Best effort: write the state's verification receipt atomically under the lock."""
+        try:
+            with self._mutating(create=False, strict=False, timeout=ACCESS_LOCK_TIMEOUT_S) as rootfd:
+                if rootfd is None:
+                    return
+                pfd = _fs.open_dir("p_" + principal, rootfd)
+                try:
+                    sfd = _fs.open_dir(sid, pfd)
+                    try:
+                        if os.fstat(sfd).st_ino == ino:
+                            _fs.replace_file(VERIFIED, sfd, receipt_bytes(key, digest), durable=False)
+                    finally:
+                        os.close(sfd)
+                finally:
+                    os.close(pfd)
+        except (OSError, WerkError):
+            return
 
     def _record_access(self, principal: str, sid: str, ino: int) -> None:
         """Best effort: write ``last-accessed`` atomically under the lock (no reconcile)."""
