@@ -175,4 +175,7 @@ def test_partial_caches_are_read_from_the_model_header(tiny_model: Path) -> None
     )
     assert partial_cache({"general.architecture": "gemma3", "gemma3.attention.sliding_window": 0}) is None
     assert partial_cache({"general.architecture": "mamba", "mamba.ssm.state_size": 16}) == "recurrent"
+    assert partial_cache({"general.architecture": "llama4", "llama4.attention.chunk_size": 8192}) == "sliding-window"
+    assert partial_cache({"general.architecture": "lfm2", "lfm2.shortconv.l_cache": 3}) == "recurrent"
+    assert partial_cache({"general.architecture": "rwkv7", "rwkv7.wkv.head_size": 64}) == "recurrent"
     assert partial_cache({"general.architecture": 7}) is None

@@ -142,17 +142,23 @@ def kv_bytes_per_token(meta: dict[str, Value]) -> int | None:
     return 2 * layers * kv_heads * (key + value)
 
 
+#: Header key fragments of layers whose state is not a per-token KV cache (state-space,
+#: short-convolution and RWKV time-mix layers), after ``<arch>.``.
+_RECURRENT_KEYS: Final = (".ssm.", ".shortconv.", ".wkv.", ".time_mix_", ".token_shift_")
+
+
 def partial_cache(meta: dict[str, Value]) -> str | None:
     """What keeps part of this model's cache outside a restorable slot file, from its header:
-    ``"sliding-window"`` (``<arch>.attention.sliding_window``), ``"recurrent"`` (``<arch>.ssm.*``
-    state layers), else ``None``. llama-server reuses such a cache after a restore only when it
-    keeps the full cache (``--swa-full``; docs/prompt-cache.md, "Sliding-window models")."""
+    ``"sliding-window"`` (``<arch>.attention.sliding_window`` or a chunked attention,
+    ``<arch>.attention.chunk_size``), ``"recurrent"`` (state-space, short-convolution or RWKV
+    layers), else ``None``. llama-server reuses such a cache after a restore only when it keeps
+    the full cache (``--swa-full``; docs/prompt-cache.md, "Sliding-window models")."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         return None
-    if _int(meta, f"{arch}.attention.sliding_window") is not None:
+    if any(_int(meta, f"{arch}.attention.{key}") is not None for key in ("sliding_window", "chunk_size")):
         return "sliding-window"
-    if any(key.startswith(f"{arch}.ssm.") for key in meta):
+    if any(key.startswith(arch) and fragment in key for key in meta for fragment in _RECURRENT_KEYS):
         return "recurrent"
     return None
 
