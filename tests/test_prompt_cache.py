@@ -234,3 +234,23 @@ def test_the_bundled_client_accepts_ids_it_does_not_know(tmp_path: Path) -> None
         client._request = lambda *_args, **_kw: type(answer)(newer, answer.request_id, answer.status)  # type: ignore[method-assign]
         ids = {c.id.value for c in client.capabilities()}
     assert "runtime.state.prompt_cache" in ids and "runtime.something.newer" not in ids
+
+
+def test_a_new_process_is_warmed_with_the_most_recent_entry(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, b):
+        ask(b, document="older " + DOCUMENT)
+        settled(host)
+        ask(a)
+        settled(host)
+        deployments = host.fleet.deployments
+        assert deployments is not None
+        (instance,) = deployments.instances.values()
+        assert instance.stop("test: a keep-alive stop")
+        instance.use()  # a new process: its slots are empty; the prewarm restores A's entry
+        counters = settled(host)
+        assert counters.prompt_cache_prewarms == 1
+        hits = counters.prompt_cache_hits
+        assert ask(a, question="and then") == 1201  # found in the slot: no restore on the request's path
+        counters = settled(host)
+        assert counters.prompt_cache_hits == hits and counters.prompt_cache_prewarms == 1
+        assert ask(b, document="older " + DOCUMENT) > 1  # B's own entry, restored over A's erased slot

@@ -138,8 +138,11 @@ class Instance:
         *,
         room: Room,
         plugins: PluginHost | None = None,
+        on_ready: Callable[[Instance, Adapter], None] | None = None,
     ) -> None:
         self.spec = spec
+        #: told (outside every lock) each time a start made the instance ready
+        self._on_ready = on_ready
         self._plugins = plugins  # each adapter is attached while it lives (docs/architecture.md)
         self.manifest = manifest
         self.factory = factory
@@ -305,6 +308,11 @@ class Instance:
         self._room.settled(self)
         self._event(f"ready in {self._load_s:.2f} s")
         log.info("instance %s ready (%s, model %s)", self.id, self.backend, self.manifest.name)
+        if self._on_ready is not None:
+            try:
+                self._on_ready(self, adapter)
+            except Exception:
+                log.warning("instance %s: a ready listener failed", self.id, exc_info=True)
         return adapter
 
     def _start_failed(self, err: BaseException, *, replay: bool = True) -> None:

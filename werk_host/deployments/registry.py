@@ -44,7 +44,7 @@ from werk_host.hooks import BackendHooks
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.pluginhost import PluginHost
 from werk_host.protocol.deployments import InstanceStateName
-from werk_host.seam import AdapterFactory
+from werk_host.seam import Adapter, AdapterFactory
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,10 @@ class DeploymentSet:
         config: HostConfig,
         *,
         live_handoffs: Callable[[Instance], bool] = lambda _instance: False,
+        on_ready: Callable[[Instance, Adapter], None] | None = None,
     ) -> None:
         self.profile = profile
+        self._on_ready = on_ready
         registry = ModelRegistry(config.home)
         factories = plugins.adapter_factories(config)
         #: admission of every start (docs/deployments.md, "Residency limits")
@@ -190,7 +192,13 @@ class DeploymentSet:
             except ValueError as err:
                 raise ProfileError(f"{self.profile.source}: instance {spec.id}: options: {err}") from err
         return Instance(
-            spec, manifest, factory, instance_config(config, factory, options), room=self.residency, plugins=plugins
+            spec,
+            manifest,
+            factory,
+            instance_config(config, factory, options),
+            room=self.residency,
+            plugins=plugins,
+            on_ready=self._on_ready,
         )
 
     # -- lifecycle -----------------------------------------------------------------------

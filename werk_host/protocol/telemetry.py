@@ -54,6 +54,8 @@ class ChatCounters(DataModel):
     prompt_cache_misses: int = 0
     prompt_cache_restored_tokens: int = 0
     prompt_cache_saves: int = 0
+    #: entries restored into a new process's slot before any request (docs/prompt-cache.md, "Warm start")
+    prompt_cache_prewarms: int = 0
     prompt_cache_save_ms: int = 0
     prompt_cache_restore_ms: int = 0
 

@@ -45,6 +45,9 @@ class Fleet:
         #: live handoffs bound to an adapter identity (set by the control service that issues
         #: them); residency never unloads an instance that has any (docs/deployments.md)
         self.live_handoffs: Callable[[str], int] = lambda _identity: 0
+        #: told when an instance became ready (set by the control service: its prompt caches
+        #: warm the new process's slot, docs/prompt-cache.md)
+        self.on_ready: Callable[[str, Adapter], None] = lambda _label, _adapter: None
 
     def _has_live_handoffs(self, instance: Instance) -> bool:
         adapter = instance.peek()
@@ -53,7 +56,13 @@ class Fleet:
     def deploy(self, profile: DeploymentProfile) -> DeploymentSet:
         """Build the instances of ``profile`` (every backend resolved, or ``ProfileError``) and
         preload the ``preload`` ones; a preload failure stays on its instance."""
-        deployments = DeploymentSet(profile, self.plugins, self.config, live_handoffs=self._has_live_handoffs)
+        deployments = DeploymentSet(
+            profile,
+            self.plugins,
+            self.config,
+            live_handoffs=self._has_live_handoffs,
+            on_ready=lambda instance, adapter: self.on_ready(instance.id, adapter),
+        )
         self.deployments = deployments
         deployments.start()
         return deployments

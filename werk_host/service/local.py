@@ -139,6 +139,7 @@ class LocalControlService:
         self.prompt_caches = PromptCaches(
             fleet.config.home, auth, self.hooks, self.chat_stats, prompt_cache_budget(fleet.config, fleet)
         )
+        fleet.on_ready = self.prompt_caches.prewarm
         #: ``werk serve``'s inference gate, which prefill and decode run inside
         #: (docs/operations.md, "Inference concurrency"); ``None`` for in-process callers.
         self.inference_gate = gate

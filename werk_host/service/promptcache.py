@@ -169,6 +169,9 @@ class PromptCaches:
         self._lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="werk-prompt-cache")
         self._pending: set[concurrent.futures.Future[None]] = set()
+        #: per instance: a count bumped by every request and every prewarm (a prewarm whose
+        #: count moved meanwhile yields to the request)
+        self._served: dict[str, int] = {}
 
     # -- stores ---------------------------------------------------------------------------
     def store(self, label: str) -> StateStore:
@@ -234,6 +237,8 @@ class PromptCaches:
         cache = self.hooks.prompt_cache(adapter)
         if cache is None:
             return None
+        with self._lock:
+            self._served[label] = self._served.get(label, 0) + 1
         budget = self.budget(label)
         tokens = None
         if budget > 0 and _long_enough(body) and cache.unavailable_reason() is None:
@@ -261,6 +266,63 @@ class PromptCaches:
             lease.release()
             raise
         return self._finished(response, lease, work)
+
+    def prewarm(self, label: str, adapter: Adapter) -> None:
+        """A process of instance ``label`` became ready: restore, in the background, the
+        instance's most recently used entry into a slot booked for its key, so that key's next
+        request finds its prefix there (docs/prompt-cache.md, "Warm start"). Skipped when a
+        request reached the instance first, the budget is 0 or the backend has no prompt cache."""
+        if self.budget(label) <= 0 or self.hooks.prompt_cache(adapter) is None:
+            return
+        with self._lock:
+            self._served[label] = served = self._served.get(label, 0) + 1
+        future = self._pool.submit(self._prewarm, label, adapter, served)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._done)
+
+    def _prewarm(self, label: str, adapter: Adapter, served: int) -> None:
+        cache = self.hooks.prompt_cache(adapter)
+        if cache is None or cache.unavailable_reason() is not None:
+            return
+        key, store = cache.cache_key(), self.store(label)
+        newest: tuple[int, str, StateRecord] | None = None
+        for principal in store_principals(store):
+            after = None
+            while True:
+                page, after = store.list_states(principal, after=after)
+                for record in page:
+                    seen = (record.last_accessed_unix_ms, principal, record)
+                    if record.compat_key == key and (newest is None or seen[0] > newest[0]):
+                        newest = seen
+                if after is None:
+                    break
+        with self._lock:
+            if newest is None or self._served.get(label) != served:
+                return  # nothing saved, or a request came first: its own restore decides
+        _, principal, record = newest
+        lease = cache.lease(principal, None)
+        started = time.perf_counter()
+        try:
+            lease.restore(self._stored(store, principal, record))
+            self.stats.add(instance=label, prompt_cache_prewarms=1)
+        except WerkError as err:
+            log.info("instance %s: the most recent prompt cache entry was not prewarmed (%s)", label, err.code)
+        finally:
+            lease.release()
+            self.stats.add(instance=label, prompt_cache_restore_ms=round((time.perf_counter() - started) * 1000))
+
+    @staticmethod
+    def _stored(store: StateStore, principal: str, record: StateRecord) -> StoredStateRef:
+        sid = record.id
+        return StoredStateRef(
+            state_id=sid,
+            compat_key=dict(record.compat_key),
+            prompt_tokens=record.prompt_tokens,
+            bytes=record.bytes,
+            adapter_meta=dict(record.adapter_meta),
+            open_payload=lambda: store.open_payload(principal, sid),
+        )
 
     def _fingerprints(self, principal: Principal, key: dict[str, str], tokens: list[int]) -> list[str]:
         key_digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).digest()
@@ -292,14 +354,7 @@ class PromptCaches:
         if best is None or common * BLOCK_TOKENS < work.held + BLOCK_TOKENS:
             return
         store, pid, sid = self.store(work.label), work.principal.id, best.id
-        stored = StoredStateRef(
-            state_id=sid,
-            compat_key=dict(best.compat_key),
-            prompt_tokens=best.prompt_tokens,
-            bytes=best.bytes,
-            adapter_meta=dict(best.adapter_meta),
-            open_payload=lambda: store.open_payload(pid, sid),
-        )
+        stored = self._stored(store, pid, best)
         started = time.perf_counter()
         try:
             work.held_after = work.lease.restore(stored)
@@ -449,6 +504,15 @@ class PromptCaches:
         """:meth:`wait`, then stop the committer."""
         self.wait(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def store_principals(store: StateStore) -> list[str]:
+    """The principals with a directory in ``store`` (``p_<principal>``)."""
+    try:
+        names = sorted(p.name for p in store.root.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+    return [n[2:] for n in names if n.startswith("p_")]
 
 
 def store_names(home: Path) -> list[str]:

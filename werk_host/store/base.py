@@ -127,6 +127,11 @@ class StoreBase:
         self._audit_pos: dict[str, int] = {}
         self._usage: dict[str, Usage] = {}
 
+    @property
+    def root(self) -> Path:
+        """The catalog's directory (which may not exist yet)."""
+        return self._root
+
     # ------------------------------------------------------------------ primitives
 
     def _unsuspect(self, key: tuple[str, str]) -> None:

@@ -209,7 +209,10 @@ class LlamaPromptLease:
                 raise WerkError(ErrorCode.CORRUPT_STATE, "llama-server rejected the prompt cache entry") from err
             raise
         self.slot.found = SlotRecord(self.slot.owner, tuple(held), self.adapter.state_epoch)
-        common = common_prefix(held, self.tokens) if self.tokens is not None else 0
+        if self.tokens is None:  # no request yet (a warm start): the slot holds all of it
+            self.slot.tokens = tuple(held)
+            return 0
+        common = common_prefix(held, self.tokens)
         self.slot.tokens = tuple(held[:common])
         return common
 
