@@ -85,6 +85,7 @@ DEFAULT_BUDGET_BYTES: Final = 4 << 30
 #: How long :meth:`PromptCaches.close` waits for commits in flight.
 DRAIN_S: Final = 30.0
 _FP_CHARS: Final = 32
+_STORE_BOUND: Final = 1 << 50
 _TAIL: Final = 16384
 _OBJECT = {name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*\{') for name in ("usage", "timings")}
 _SAFE_LABEL = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -177,17 +178,18 @@ class PromptCaches:
     def store(self, label: str) -> StateStore:
         """The prompt-cache store of instance ``label``."""
         name = label if _SAFE_LABEL.fullmatch(label) and label not in (".", "..") else None
-        return self._store_at(name or "i-" + hashlib.sha256(label.encode()).hexdigest()[:16], label)
+        return self._store_at(name or "i-" + hashlib.sha256(label.encode()).hexdigest()[:16])
 
-    def _store_at(self, name: str, label: str | None) -> StateStore:
+    def _store_at(self, name: str) -> StateStore:
         with self._lock:
             store = self._stores.get(name)
             if store is None:
-                budget = max(self.budget(label), 1) if label is not None else 1 << 50
+                # the budget is the instance's, kept by eviction before each commit (_make_room);
+                # the store's own bounds only stand guard far above it
                 store = StateStore(
                     self.home / "prompt-cache" / name,
-                    max_bytes=budget,
-                    max_bytes_per_key=budget,
+                    max_bytes=_STORE_BOUND,
+                    max_bytes_per_key=_STORE_BOUND,
                     max_states=100_000,
                     max_states_per_key=100_000,
                 )
@@ -197,7 +199,7 @@ class PromptCaches:
     def disk_bytes(self) -> dict[str, int]:
         """Payload bytes of the committed entries of every instance store on disk."""
         return {
-            name: sum(e.bytes or 0 for e in self._store_at(name, None).inventory() if e.kind == "state")
+            name: sum(e.bytes or 0 for e in self._store_at(name).inventory() if e.kind == "state")
             for name in store_names(self.home)
         }
 
