@@ -91,6 +91,9 @@ def build_host(
         profile = profile_for(config)
         if profile is not None:
             fleet.deploy(profile)
+            # preloaded instances start warm: their prompt caches' warm start finishes (bounded)
+            # before the host serves (docs/prompt-cache.md, "Warm start")
+            service.prompt_caches.wait()
     except BaseException:
         host.close()
         raise
