@@ -571,7 +571,8 @@ class Result:
 
 
 def metric_restore_ms(lines: list[str]) -> float | None:
-    """Werk's own restore time per hit from ``/metrics`` (``_restore_ms_total / _hits_total``)."""
+    """Werk's own time per restore from ``/metrics``: ``_restore_ms_total`` over the restores,
+    on a request's path (``_hits_total``) or by the warm start before it (``_prewarms_total``)."""
     values: dict[str, float] = {}
     for line in lines:
         name, _, value = line.rpartition(" ")
@@ -579,7 +580,9 @@ def metric_restore_ms(lines: list[str]) -> float | None:
             values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
         except ValueError:
             continue
-    hits = values.get("werk_chat_prompt_cache_hits_total", 0.0)
+    hits = values.get("werk_chat_prompt_cache_hits_total", 0.0) + values.get(
+        "werk_chat_prompt_cache_prewarms_total", 0.0
+    )
     total = values.get("werk_chat_prompt_cache_restore_ms_total")
     return total / hits if hits and total is not None else None
 
