@@ -50,7 +50,7 @@ from werk_host.testing.processes import gone
 pytestmark = pytest.mark.vllm
 
 KEY = "sk-werk-vllm-test-4471"
-OPTIONS: dict[str, Any] = {"gpu_memory_utilization": 0.1, "max_model_len": 512, "max_num_seqs": 4}
+OPTIONS: dict[str, Any] = {"gpu_memory_utilization": 0.1, "max_model_len": 2048, "max_num_seqs": 4}
 UNSUPPORTED = (
     "runtime.state.persistence",
     "runtime.state.restore",
@@ -147,7 +147,7 @@ def test_plan_limits_and_reasoning(env: Env) -> None:
     assert status == 200, doc
     (plan,) = [p["plan"] for p in doc["data"]["plans"]]
     assert plan["endpoint"] == "local" and plan["device"] == "cpu"  # the installed vLLM is a +cpu build
-    assert (plan["parallel_slots"], plan["context_per_slot"]) == (4, 512)
+    assert (plan["parallel_slots"], plan["context_per_slot"]) == (4, 2048)
     assert plan["arguments"][:2] == ["serve", "<path>"] and APC_ON in plan["arguments"]
     assert not any(a.startswith("/") for a in plan["arguments"])
     (inventory,) = doc["data"]["inventory"]
@@ -155,7 +155,7 @@ def test_plan_limits_and_reasoning(env: Env) -> None:
     status, doc = env.api.get("/werk/v1/chat/limits")
     assert status == 200, doc
     limits = doc["data"]
-    assert (limits["context_tokens"], limits["max_output_tokens"], limits["max_concurrent_requests"]) == (512, 511, 4)
+    assert (limits["context_tokens"], limits["max_output_tokens"], limits["max_concurrent_requests"]) == (2048, 2047, 4)
     status, doc = env.api.get("/werk/v1/chat/reasoning", max_output_tokens=64)
     assert status == 200 and doc["data"]["supported"] is False and doc["data"]["tiers"] == []
 
@@ -194,7 +194,9 @@ def test_a_client_disconnect_cancels_the_upstream_generation(env: Env) -> None:
     before = env.raw_metrics()["vllm:generation_tokens_total"]
     port = int(env.url.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = {"prompt": "Once upon a time", "max_tokens": 500, "stream": True, "ignore_eos": True}
+    # As long an answer as the context allows: a host starved of CPU by the engine's own threads
+    # still sees its client leave long before the engine could have finished.
+    body = {"prompt": "Once upon a time", "max_tokens": 2000, "stream": True, "ignore_eos": True}
     conn.request(
         "POST",
         "/v1/completions",
@@ -215,8 +217,8 @@ def test_a_client_disconnect_cancels_the_upstream_generation(env: Env) -> None:
         assert time.monotonic() < deadline, "the abandoned request kept running"
         time.sleep(0.1)
     generated = env.raw_metrics()["vllm:generation_tokens_total"] - before
-    # vLLM stopped early (aborted requests are not counted as finished): far from the 500 asked for.
-    assert 1 <= generated < 250, generated
+    # vLLM stopped early (aborted requests are not counted as finished): far from the 2000 asked for.
+    assert 1 <= generated < 1000, generated
 
 
 # -- exact counts and the prefix cache --------------------------------------------------------------------
@@ -241,7 +243,7 @@ def test_count_tokens_equals_the_prompt_tokens_vllm_reports(env: Env, messages: 
     counted = doc["data"]["input_tokens"]
     status, doc = env.api.call("POST", "/werk/v1/chat/admission", {"messages": messages, "max_tokens": 8})
     assert status == 200 and doc["data"]["token_count_method"] == "native"
-    assert doc["data"]["input_tokens"] == counted and doc["data"]["context_tokens"] == 512
+    assert doc["data"]["input_tokens"] == counted and doc["data"]["context_tokens"] == 2048
     chat = env.sdk.chat.completions.create(model="tiny", messages=messages, max_tokens=1)  # type: ignore[arg-type]
     assert chat.usage is not None and chat.usage.prompt_tokens == counted
 
@@ -262,8 +264,8 @@ def test_a_repeated_prompt_hits_the_prefix_cache(env: Env) -> None:
     assert worker["prefix_cache_hit_rate"] is not None and worker["prefix_cache_hit_rate"] > 0
     assert (worker["requests_running"], worker["requests_waiting"]) == (0, 0)
     assert worker["kv_cache_usage"] is not None and 0 <= worker["kv_cache_usage"] <= 1
-    assert (worker["slots"], worker["context_per_request_tokens"]) == (4, 512)
-    assert worker["context_capacity_tokens"] is not None and worker["context_capacity_tokens"] > 512
+    assert (worker["slots"], worker["context_per_request_tokens"]) == (4, 2048)
+    assert worker["context_capacity_tokens"] is not None and worker["context_capacity_tokens"] > 2048
 
 
 # -- the conformance suite, on the same process ---------------------------------------------------------------
@@ -328,7 +330,7 @@ PROFILE = """
 id = "local"
 model = "tiny"
 backend = "vllm"
-options = {{ gpu_memory_utilization = 0.1, max_model_len = 512, max_num_seqs = 4 }}
+options = {{ gpu_memory_utilization = 0.1, max_model_len = 2048, max_num_seqs = 4 }}
 preload = true
 default = true
 
