@@ -1,0 +1,348 @@
+"""Streamed relay throughput: tokens/s and TTFT straight to llama-server vs through ``werk serve``.
+
+One ``werk serve`` subprocess (``--model`` on a generated tiny GGUF, or ``--model smollm2``)
+manages one llama-server with ``--parallel 4``; the bench finds the child's port and key and
+sends the same streamed chat request (``--max-tokens`` output tokens, 32 by default, with
+``ignore_eos``, temperature 0, fixed seed) at n = 1, 4, 16 and 64 concurrent streams to
+
+* ``direct``    - ``POST {child}/v1/chat/completions`` on the managed llama-server itself;
+* ``werk``      - ``POST {werk}/v1/chat/completions``: auth, admission, gate, pooled relay;
+* ``anthropic`` - ``POST {werk}/v1/messages`` (the Anthropic translator; n = 4 and 16);
+* ``ollama``    - ``POST {werk}/api/chat`` (the Ollama translator; n = 4 and 16);
+* ``base``      - with ``--baseline DIR``: ``/v1/chat/completions`` on a second ``werk serve``
+                  run from the checkout ``DIR`` (e.g. ``git worktree add /tmp/base HEAD~3``)
+                  with its own llama-server, for a before/after A/B in one run.
+
+Each measurement runs n client streams at once, each sending requests back to back (``--per``
+requests per stream; at least 2), over fresh connections with ``Connection: close`` (llama-server
+closes after every stream anyway), from one single-threaded ``selectors`` client that neither
+parses JSON nor decodes chunks, so the client costs the same whatever it talks to. Tokens/s is
+the completion tokens the answers report (their final usage) over the measurement's wall time;
+TTFT is the time from connecting to the first byte of the first token event. The targets run
+in alternating order (ABBA), ``--reps`` times per n; the table shows medians, the ratio is the
+median of the per-repetition ratios (less sensitive to drift on a shared machine).
+
+Werk runs with ``--threads 96 --inference-max 80 --inference-per-key 80 --inference-queue 80``
+(override with ``--werk-args``): the default 32 threads admit 24 generation requests and one
+key 12, so 64 concurrent streams of one key would be refused, not relayed.
+
+Ends with ``RATIO`` lines: ``relay_tokens_per_s_n{1,4,16,64}`` (target >= 0.95),
+``anthropic_relay_tokens_per_s_n{4,16}`` and ``ollama_relay_tokens_per_s_n{4,16}`` (>= 0.9),
+``relay_added_ttft_p50_ms_n{1,4,16,64}`` (target <= 1 ms at n <= 4, <= 5 ms at n = 16).
+
+    .venv/bin/python bench/relay_throughput.py [--reps 3] [--per 32] [--max-tokens 32]
+        [--model generated|smollm2] [--threads 1] [--baseline DIR] [--ns 1,4,16,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import selectors
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
+
+from bench.proxy_overhead import (  # noqa: E402
+    KEY,
+    MODEL,
+    Target,
+    _child_key,
+    _listening_port,
+    git_describe,
+    llama_server,
+    percentile,
+)
+from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
+
+WERK_ARGS = "--threads 96 --inference-max 80 --inference-per-key 80 --inference-queue 80"
+PROMPT = "werk keeps the prompt cache warm for every model state"
+#: The first byte of a token event, per protocol (a non-empty text piece).
+FIRST_TOKEN = {
+    "openai": re.compile(rb'"content":\s*"[^"]'),
+    "anthropic": re.compile(rb'"text_delta"'),
+    "ollama": re.compile(rb'"content":\s*"[^"]'),
+}
+#: The output tokens an answer reports (the last match in its tail).
+OUTPUT_TOKENS = {
+    "openai": re.compile(rb'"completion_tokens":\s*(\d+)'),
+    "anthropic": re.compile(rb'"output_tokens":\s*(\d+)'),
+    "ollama": re.compile(rb'"eval_count":\s*(\d+)'),
+}
+TAIL = 4096
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One target: its port, path, protocol and request body."""
+
+    name: str
+    port: int
+    path: str
+    protocol: str
+    headers: dict[str, str]
+    body: bytes
+
+    def request(self) -> bytes:
+        head = [f"POST {self.path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+        head += [f"{k}: {v}" for k, v in self.headers.items()]
+        head += [f"Content-Length: {len(self.body)}", "Connection: close", "", ""]
+        return "\r\n".join(head).encode() + self.body
+
+
+@dataclass
+class _Stream:
+    sock: socket.socket
+    started: float
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytes = b""
+    first: float | None = None
+
+
+@dataclass
+class Run:
+    elapsed: float
+    tokens: int
+    ttft_ms: list[float]
+    failures: list[str]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed
+
+
+def run_load(kind: Kind, n: int, per: int) -> Run:
+    """``n`` concurrent streams, ``per`` requests each back to back (module docstring)."""
+    request = kind.request()
+    first_token, output = FIRST_TOKEN[kind.protocol], OUTPUT_TOKENS[kind.protocol]
+    sel = selectors.DefaultSelector()
+    left = n * per
+    tokens, ttfts, failures = 0, [], []
+
+    def start() -> None:
+        nonlocal left
+        left -= 1
+        started = time.perf_counter()
+        sock = socket.create_connection(("127.0.0.1", kind.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(request)
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ, _Stream(sock, started))
+
+    began = time.perf_counter()
+    for _ in range(n):
+        start()
+    while sel.get_map():
+        for key, _ in sel.select():
+            stream: _Stream = key.data
+            try:
+                data = stream.sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError as err:
+                data, failure = b"", f"{type(err).__name__}"
+                failures.append(failure)
+            if data:
+                if stream.first is None:
+                    stream.head += data
+                    if first_token.search(stream.head):
+                        stream.first = time.perf_counter()
+                        ttfts.append((stream.first - stream.started) * 1000.0)
+                stream.tail = (stream.tail + data)[-TAIL:]
+                continue
+            sel.unregister(stream.sock)
+            stream.sock.close()
+            whole = bytes(stream.head[:64]) if stream.head else stream.tail[:64]
+            counts = output.findall(stream.tail)
+            if not whole.startswith(b"HTTP/1.1 200") or not counts:
+                failures.append((bytes(stream.head[:300]) or stream.tail[-300:]).decode("latin-1"))
+            else:
+                tokens += int(counts[-1])
+            if left > 0:
+                start()
+    return Run(time.perf_counter() - began, tokens, ttfts, failures)
+
+
+@contextmanager
+def werk_serve(src: Path, home: Path, server: Path, threads: int, extra: list[str]) -> Iterator[tuple[int, int, str]]:
+    """(werk port, child port, child key) of ``werk serve`` run from the checkout ``src``."""
+    env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server)}
+    env["WERK_LLAMA_ARGS"] = f"-t {threads}"
+    env["PYTHONPATH"] = os.pathsep.join([str(src), str(src / "plugins" / "llamacpp" / "src")])
+    log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL, *extra],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=env,
+        text=True,
+        cwd=src,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError((home / "serve.log").read_text()[-3000:])
+        port = int(json.loads(line)["port"])
+        obs = Target(port, "", {"Authorization": f"Bearer {KEY}"}).get("/werk/v1/observability")
+        pid = obs["data"]["workers"][0]["pid"]
+        yield port, _listening_port(pid), _child_key(pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def bodies(max_tokens: int) -> dict[str, bytes]:
+    messages = [{"role": "user", "content": PROMPT}]
+    common = {"model": MODEL, "messages": messages, "stream": True}
+    openai = {
+        **common,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 42,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    anthropic = {**common, "max_tokens": max_tokens, "temperature": 0}
+    ollama = {**common, "options": {"num_predict": max_tokens, "temperature": 0, "seed": 42}}
+    return {k: json.dumps(v).encode() for k, v in (("openai", openai), ("anthropic", anthropic), ("ollama", ollama))}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3, help="measurements per target and n")
+    parser.add_argument("--per", type=int, default=32, help="requests per stream at n=1 (32/n at n, at least 2)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--ns", default="1,4,16,64", help="concurrent streams, comma-separated")
+    parser.add_argument("--compat-ns", default="4,16", help="n at which the translators are measured")
+    parser.add_argument("--model", choices=("generated", "smollm2"), default="generated")
+    parser.add_argument("--threads", type=int, default=1, help="llama-server compute threads")
+    parser.add_argument("--werk-args", default=WERK_ARGS, help="extra `werk serve` arguments")
+    parser.add_argument("--baseline", type=Path, help="a second checkout to measure as `base`")
+    args = parser.parse_args()
+
+    server = llama_server()
+    work = Path(tempfile.mkdtemp(prefix="werk-bench-relay-"))
+    if args.model == "smollm2":
+        from werk_host.realmodel import smollm2_gguf
+
+        model, described = smollm2_gguf(), "SmolLM2-135M-Instruct Q4_1 (real)"
+    else:
+        model, described = generate_model(work / "bench.gguf", dim=64, layers=2), "64-dim 2-layer generated"
+    extra = [*shlex.split(args.werk_args), "--backend-option", "llamacpp.parallel=4"]
+    extra += ["--backend-option", "llamacpp.ctx=4096"]
+    ns = [int(x) for x in args.ns.split(",")]
+    compat_ns = {int(x) for x in args.compat_ns.split(",")}
+    body = bodies(args.max_tokens)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with ExitStack() as stack:
+        homes = {}
+        for name in ("werk", "base") if args.baseline else ("werk",):
+            home = work / f"home-{name}"
+            home.mkdir()
+            ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [model], backend="llama.cpp"))
+            homes[name] = home
+        werk_port, child_port, child_key = stack.enter_context(
+            werk_serve(ROOT, homes["werk"], server, args.threads, extra)
+        )
+        kinds = {
+            "direct": Kind("direct", child_port, "/v1/chat/completions", "openai", {}, body["openai"]),
+            "werk": Kind("werk", werk_port, "/v1/chat/completions", "openai", auth, body["openai"]),
+            "anthropic": Kind("anthropic", werk_port, "/v1/messages", "anthropic", auth, body["anthropic"]),
+            "ollama": Kind("ollama", werk_port, "/api/chat", "ollama", auth, body["ollama"]),
+        }
+        if child_key:
+            kinds["direct"] = Kind(
+                "direct",
+                child_port,
+                "/v1/chat/completions",
+                "openai",
+                {"Authorization": f"Bearer {child_key}"},
+                body["openai"],
+            )
+        if args.baseline:
+            base_port, _, _ = stack.enter_context(
+                werk_serve(args.baseline.resolve(), homes["base"], server, args.threads, extra)
+            )
+            kinds["base"] = Kind("base", base_port, "/v1/chat/completions", "openai", auth, body["openai"])
+        for kind in kinds.values():  # warm-up: connections, slots, the fit bound's evidence
+            run_load(kind, 4, 2)
+        runs: dict[tuple[str, int], list[Run]] = {}
+        for n in ns:
+            per = max(2, args.per // n)
+            names = [k for k in kinds if k not in ("anthropic", "ollama") or n in compat_ns]
+            for rep in range(args.reps):
+                for name in names if rep % 2 == 0 else names[::-1]:
+                    run = run_load(kinds[name], n, per)
+                    if run.failures:
+                        print(f"  {name} n={n}: {len(run.failures)} failed: {run.failures[0][:300]!r}", file=sys.stderr)
+                    runs.setdefault((name, n), []).append(run)
+        load = os.getloadavg()[0]
+
+    def tps(name: str, n: int) -> float:
+        return statistics.median(r.tokens_per_s for r in runs[(name, n)])
+
+    def ttft(name: str, n: int) -> float:
+        return statistics.median(t for r in runs[(name, n)] for t in r.ttft_ms)
+
+    def ttft90(name: str, n: int) -> float:
+        return percentile([t for r in runs[(name, n)] for t in r.ttft_ms], 0.9)
+
+    def ratio(name: str, n: int) -> float:
+        pairs = zip(runs[(name, n)], runs[("direct", n)], strict=True)
+        return statistics.median(a.tokens_per_s / b.tokens_per_s for a, b in pairs)
+
+    print(
+        f"commit {git_describe()} | werk serve {args.werk_args} | llama-server {server} -np 4 -c 4096 "
+        f"-t {args.threads} | model {described} | {args.max_tokens}-token streamed answers | {args.reps} reps "
+        f"(ABBA) | {platform.machine()} {os.cpu_count()} CPUs | load {load:.2f}"
+    )
+    print("| streams | target | tokens/s | ratio to direct | TTFT p50 (p90) ms | tokens/answer |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for n in ns:
+        for name in kinds:
+            if (name, n) not in runs:
+                continue
+            got = runs[(name, n)]
+            answers = sum(len(r.ttft_ms) for r in got) or 1
+            per_answer = sum(r.tokens for r in got) / answers
+            shown = "-" if name == "direct" else f"{ratio(name, n):.3f}"
+            print(
+                f"| {n} | {name} | {tps(name, n):,.0f} | {shown} | {ttft(name, n):.2f} ({ttft90(name, n):.2f}) "
+                f"| {per_answer:.1f} |"
+            )
+    for n in ns:
+        print(f"RATIO relay_tokens_per_s_n{n} = {ratio('werk', n):.3f} (target >= 0.95)")
+    for name in ("anthropic", "ollama"):
+        for n in sorted(compat_ns):
+            if (name, n) in runs:
+                print(f"RATIO {name}_relay_tokens_per_s_n{n} = {ratio(name, n):.3f} (target >= 0.9)")
+    for n in ns:
+        target = " (target <= 1 ms)" if n <= 4 else " (target <= 5 ms)" if n <= 16 else ""
+        print(f"RATIO relay_added_ttft_p50_ms_n{n} = {ttft('werk', n) - ttft('direct', n):+.2f}{target}")
+    if args.baseline:
+        for n in ns:
+            print(f"RATIO baseline_relay_tokens_per_s_n{n} = {ratio('base', n):.3f} (before this checkout)")
+            print(f"RATIO baseline_added_ttft_p50_ms_n{n} = {ttft('base', n) - ttft('direct', n):+.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
