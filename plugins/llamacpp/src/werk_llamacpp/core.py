@@ -67,11 +67,6 @@ def model_files_fingerprint(manifest: ModelManifest) -> str:
     return hashlib.sha256(json.dumps(prints, separators=(",", ":")).encode()).hexdigest()
 
 
-def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str]:
-    """The compatibility key dimensions whose values differ (or exist on one side only)."""
-    return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
-
-
 def _available_memory() -> int:
     """Host memory available now (``MemAvailable``; free pages where that cannot be read)."""
     try:

@@ -52,13 +52,12 @@ from werk_host.plugin.http import post_json
 from werk_host.plugin.tools import ForcedCall
 
 from . import reasoning, tools
-from .core import mismatch_fields
 from .integrity import slot_file_tokens
 from .native import NativeConnectionError, NativeError
 from .process import LlamaServerProcess
 from .session import cache_count
 from .slots import SlotLease, SlotRecord, child_died, common_prefix, prepare, send
-from .snapshot import presented
+from .snapshot import acknowledged, presented_entry
 
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter
@@ -163,6 +162,10 @@ class LlamaPromptCache:
         return LlamaPromptLease(self, proc, held, tokens)
 
 
+#: How a prompt-cache entry is named in errors.
+ENTRY: Final = "prompt cache entry"
+
+
 class LlamaPromptLease:
     """One ordinary slot held for one request (see the module docstring)."""
 
@@ -177,27 +180,14 @@ class LlamaPromptLease:
         lease.tokens = tuple(tokens[: self.held]) if tokens is not None else ()
 
     def restore(self, stored: StoredStateRef) -> int:
-        expected = self.cache.cache_key()
-        if stored.compat_key != expected:
-            raise WerkError(
-                ErrorCode.INCOMPATIBLE_STATE,
-                "the prompt cache entry was saved under another llama-server configuration",
-                details={"mismatch_fields": mismatch_fields(expected, stored.compat_key)},
-            )
-        n_saved, n_written = stored.adapter_meta.get("n_saved"), stored.adapter_meta.get("n_written")
-        if not isinstance(n_saved, int) or not isinstance(n_written, int) or n_saved <= 0 or n_written <= 0:
-            raise WerkError(ErrorCode.CORRUPT_STATE, "the prompt cache entry lacks its save acknowledgement")
+        n_saved, n_written = acknowledged(stored, self.cache.cache_key(), ENTRY)
         client, slot = self.adapter.client(self.proc), self.slot.slot
         assert self.proc.slot_dir is not None
         self.slot.tokens = ()  # whatever happens below, the slot's old contents are gone
         try:
-            with stored.open_payload() as payload:
-                fd = payload.fileno()
-                if os.fstat(fd).st_size != n_written:
-                    raise WerkError(ErrorCode.CORRUPT_STATE, "the prompt cache entry's size is not its acknowledgement")
+            with presented_entry(stored, self.proc.slot_dir, n_written, ENTRY) as (fd, name):
                 held = slot_file_tokens(fd, n_written)
-                with presented(self.proc.slot_dir, fd, n_written) as name:
-                    restored = client.slot_restore(slot, name)
+                restored = client.slot_restore(slot, name)
             if restored.n_restored != n_saved or restored.n_read != n_written or len(held) != n_saved:
                 raise WerkError(ErrorCode.CORRUPT_STATE, "restore acknowledgement does not match the entry")
         except BaseException as err:

@@ -47,11 +47,10 @@ from typing import TYPE_CHECKING, Final
 from werk_host.plugin import ErrorCode, InferenceResponse, JsonObject, Snapshot, StoredStateRef, WerkError, sha256_file
 from werk_host.plugin.http import forward
 
-from .core import mismatch_fields
 from .native import NativeError
 from .process import LlamaServerProcess
 from .slots import held_for_life, strip_slot_fields
-from .snapshot import presented
+from .snapshot import acknowledged, presented_entry
 
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter
@@ -225,16 +224,7 @@ class LlamaSessionSlot:
                 self.adapter.forget_slot()  # the slot holds a conversation, never a named state
 
     def _restore(self, proc: LlamaServerProcess, stored: StoredStateRef) -> int:
-        expected = self.session_key()
-        if stored.compat_key != expected:
-            raise WerkError(
-                ErrorCode.INCOMPATIBLE_STATE,
-                "the session snapshot was saved under another llama-server configuration",
-                details={"mismatch_fields": mismatch_fields(expected, stored.compat_key)},
-            )
-        n_saved, n_written = stored.adapter_meta.get("n_saved"), stored.adapter_meta.get("n_written")
-        if not isinstance(n_saved, int) or not isinstance(n_written, int) or n_saved <= 0 or n_written <= 0:
-            raise WerkError(ErrorCode.CORRUPT_STATE, "the session snapshot lacks its save acknowledgement")
+        n_saved, n_written = acknowledged(stored, self.session_key(), "session snapshot")
         try:
             slots = {s.id: s for s in self.adapter.client(proc).slots()}
         except NativeError as err:
@@ -243,12 +233,8 @@ class LlamaSessionSlot:
         if state is None or state.is_processing:
             raise _unavailable("llama-server's session slot is not idle")
         assert proc.slot_dir is not None
-        with stored.open_payload() as payload:
-            fd = payload.fileno()
-            if os.fstat(fd).st_size != n_written:
-                raise WerkError(ErrorCode.CORRUPT_STATE, "the session snapshot's size is not its save acknowledgement")
-            with presented(proc.slot_dir, fd, n_written) as name:
-                self.adapter.restore_slot_file(proc, name, n_saved, n_written)
+        with presented_entry(stored, proc.slot_dir, n_written, "session snapshot") as (_, name):
+            self.adapter.restore_slot_file(proc, name, n_saved, n_written)
         return n_saved
 
     def cached_tokens(self, usage_event: JsonObject) -> int | None:

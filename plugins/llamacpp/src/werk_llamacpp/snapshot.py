@@ -18,7 +18,9 @@ before a process generation may restore any state.
 :func:`presented` hands ``llama-server`` the first ``n_written`` bytes of an open payload under
 a fresh name in its private slot directory: a link to ``/proc/<werk pid>/fd/<fd>`` where the
 platform has one (the already verified inode, whatever happens to its path meanwhile; no
-copy), else a private copy of those bytes.
+copy), else a private copy of those bytes. :func:`acknowledged` and :func:`presented_entry` are
+the checks a bare slot file (a ``werk chat`` session snapshot, a prompt-cache entry) passes on
+its way there: the exact compatibility key, the save acknowledgement, the payload's size.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from werk_host.plugin import ErrorCode, WerkError
+from werk_host.plugin import ErrorCode, StoredStateRef, WerkError
 
 from .integrity import slot_file_tokens, tokens_equal
 
@@ -150,3 +152,43 @@ def presented(slot_dir: Path, fd: int, n_bytes: int) -> Iterator[str]:
         yield name
     finally:
         path.unlink(missing_ok=True)
+
+
+def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str]:
+    """The compatibility key dimensions whose values differ (or exist on one side only)."""
+    return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
+
+
+def check_compatible(stored: StoredStateRef, expected: dict[str, str], what: str) -> None:
+    """``incompatible_state``, with the ``mismatch_fields``, unless ``stored`` was written under
+    exactly the compatibility key ``expected`` (``what`` names it in the error)."""
+    if stored.compat_key != expected:
+        raise WerkError(
+            ErrorCode.INCOMPATIBLE_STATE,
+            f"the {what} was saved under another llama-server configuration",
+            details={"mismatch_fields": mismatch_fields(expected, stored.compat_key)},
+        )
+
+
+def acknowledged(stored: StoredStateRef, expected: dict[str, str], what: str) -> tuple[int, int]:
+    """The save acknowledgement ``(n_saved, n_written)`` of a stored bare slot file (``what``
+    names it in errors), once its compatibility key is ``expected`` exactly:
+    ``incompatible_state`` with ``mismatch_fields`` when it was written under another
+    configuration, ``corrupt_state`` when the acknowledgement is missing."""
+    check_compatible(stored, expected, what)
+    n_saved, n_written = stored.adapter_meta.get("n_saved"), stored.adapter_meta.get("n_written")
+    if not isinstance(n_saved, int) or not isinstance(n_written, int) or n_saved <= 0 or n_written <= 0:
+        raise _corrupt(f"the {what} lacks its save acknowledgement")
+    return n_saved, n_written
+
+
+@contextmanager
+def presented_entry(stored: StoredStateRef, slot_dir: Path, n_written: int, what: str) -> Iterator[tuple[int, str]]:
+    """The verified payload of a bare slot file open (its descriptor) and :func:`presented` in
+    ``slot_dir`` (its name there); ``corrupt_state`` unless its size is ``n_written``."""
+    with stored.open_payload() as payload:
+        fd = payload.fileno()
+        if os.fstat(fd).st_size != n_written:
+            raise _corrupt(f"the {what}'s size is not its save acknowledgement")
+        with presented(slot_dir, fd, n_written) as name:
+            yield fd, name

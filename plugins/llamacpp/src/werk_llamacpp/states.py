@@ -33,11 +33,11 @@ from werk_host.plugin import (
     hookimpl,
 )
 
-from .core import STATE_WORK_TIMEOUT_S, LlamaServerCore, mismatch_fields, unavailable
+from .core import STATE_WORK_TIMEOUT_S, LlamaServerCore, unavailable
 from .integrity import path_tokens, tokens_digest, tokens_equal
 from .native import LlamaServerClient, NativeConnectionError, NativeError
 from .process import LlamaServerProcess
-from .snapshot import SlotImage, presented, read_image, verify_tokens
+from .snapshot import SlotImage, check_compatible, presented, read_image, verify_tokens
 
 log = logging.getLogger(__name__)
 
@@ -195,13 +195,7 @@ class StateOperations(LlamaServerCore):
         the platform allows (:func:`.snapshot.presented`). Before llama-server reads it, the slot
         file's token ids must equal the trailer's, the trailer's digest must verify under this
         adapter's key and equal the one recorded at commit (``corrupt_state`` otherwise)."""
-        expected = self.compat_key_of(proc)
-        if stored.compat_key != expected:
-            raise WerkError(
-                ErrorCode.INCOMPATIBLE_STATE,
-                "the stored state was written for a different llama-server configuration",
-                details={"mismatch_fields": mismatch_fields(expected, stored.compat_key)},
-            )
+        check_compatible(stored, self.compat_key_of(proc), "stored state")
         assert proc.slot_dir is not None
         with stored.open_payload() as payload:
             fd = payload.fileno()
