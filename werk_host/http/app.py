@@ -10,7 +10,7 @@ import falcon
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http import anthropic, ollama, openai, responses
+from werk_host.http import anthropic, ollama, openai, responses, ui
 from werk_host.http.errors import error_body, from_falcon, retry_after, status_for
 from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
@@ -123,6 +123,7 @@ def create_app(
         if fleet is not None:
             ollama.add_routes(app, control, inference, fleet)
     app.add_route(METRICS_PATH, metrics.resource)
+    ui.add_routes(app)  # the operator's page, docs/ui.md
     # Registration order matters: Falcon picks the most specific handler class.
     app.add_error_handler(Exception, _UnexpectedErrors())
     app.add_error_handler(falcon.HTTPError, _handle_http_error)
