@@ -33,6 +33,29 @@ class MemoryOperation(StrEnum):
     DECODE = "decode"
 
 
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a backend expects an instance to need beyond its model files, before its first start
+    (``AdapterFactory.memory_estimate``; docs/deployments.md, "Memory estimate").
+
+    ``kv_bytes``: the KV cache (and any other per-context state) for the context the instance is
+    configured with, ``context_tokens`` (all slots together; ``None`` when unknown).
+    ``accelerator_share``: the share, 0 to 1, of the model's layers (so of its weights and KV
+    cache) its launch configuration places on an accelerator. The host adds the model files'
+    size and its documented overhead, and checks host and accelerator memory.
+    """
+
+    kv_bytes: int
+    context_tokens: int | None = None
+    accelerator_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kv_bytes, bool) or not isinstance(self.kv_bytes, int) or self.kv_bytes < 0:
+            raise ValueError("a memory estimate's kv_bytes is a non-negative integer")
+        if not 0.0 <= self.accelerator_share <= 1.0:
+            raise ValueError("a memory estimate's accelerator_share is between 0 and 1")
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """A live backend adapter instance.
@@ -85,6 +108,10 @@ class AdapterFactory:
     ``options`` when ``werk serve`` starts, before anything runs: it raises :class:`ValueError`
     with a one-line message naming the option at fault (an unknown name, a bad value);
     without it the options are handed to ``create`` unchecked (docs/plugin-hooks.md).
+    ``memory_estimate(config, model)``, when given, says what an instance of ``model`` created
+    with ``config`` would need beyond its model files (a :class:`MemoryEstimate`, or ``None``
+    when it cannot tell), without starting anything: the host's residency admission uses it
+    before the instance's first start (docs/deployments.md, "Memory estimate").
     """
 
     backend: str
@@ -93,6 +120,7 @@ class AdapterFactory:
     description: str = ""
     capabilities: tuple[CapabilityId, ...] = ()
     validate_options: Callable[[Mapping[str, JsonValue]], None] | None = None
+    memory_estimate: Callable[[HostConfig, ModelManifest], MemoryEstimate | None] | None = None
     #: The owning plugin's name. A plugin leaves it out: the host fills in the entry-point name
     #: of the plugin whose ``werk_adapter_factories`` returned the factory. Given, it only
     #: asserts that name; a mismatch fails the plugin at load (docs/plugin-hooks.md).

@@ -41,6 +41,7 @@ from werk_host.deployments.profile import (
 from werk_host.deployments.residency import Residency
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
+from werk_host.memory import MemoryManager
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.pluginhost import PluginHost
 from werk_host.protocol.deployments import InstanceStateName
@@ -135,13 +136,16 @@ class DeploymentSet:
         *,
         live_handoffs: Callable[[Instance], bool] = lambda _instance: False,
         on_ready: Callable[[Instance, Adapter], None] | None = None,
+        memory: MemoryManager | None = None,
     ) -> None:
         self.profile = profile
         self._on_ready = on_ready
         registry = ModelRegistry(config.home)
         factories = plugins.adapter_factories(config)
         #: admission of every start (docs/deployments.md, "Residency limits")
-        self.residency = Residency(profile.residency.with_max_loaded(config.max_loaded), live_handoffs=live_handoffs)
+        self.residency = Residency(
+            profile.residency.with_max_loaded(config.max_loaded), live_handoffs=live_handoffs, memory=memory
+        )
         self._hooks = BackendHooks(plugins)
         self.instances: dict[str, Instance] = {}
         for spec in profile.instances:

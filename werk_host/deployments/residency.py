@@ -21,11 +21,13 @@ Contract (docs/deployments.md, "Residency limits", "Eviction order", "Memory est
   instance's own lock whether a request or a handoff arrived meanwhile.
 * At most ``load_queue`` requests wait for room or for a start at once; more are refused at
   once with a retryable 503.
-* Memory: an instance needs its ``memory`` when the profile declares it; else its model files,
-  or, once it has run, the most resident memory its processes were seen to hold (which includes
-  the KV cache its context filled), whichever is larger. A start is admitted when that fits in
-  the host memory available now (``werk_host/memory``, cgroup-aware) less what admitted starts
-  will still take.
+* Memory (werk_host/deployments/footprint.py): an instance needs its ``memory`` when the profile
+  declares it; else its model files, the KV cache its backend expects for the configured context
+  and an overhead, in host memory and, for the share of its layers its launch configuration puts
+  on an accelerator, accelerator memory; once it has run, the most resident memory its processes
+  were seen to hold replaces the host part. A start is admitted when that fits in what the host's
+  memory telemetry (``werk_host/memory``) sees available now, pool by pool, less what admitted
+  starts will still take; a pool that is not observable is not checked.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from dataclasses import dataclass, field
 
 import psutil  # type: ignore[import-untyped]
 
+from werk_host.deployments import footprint
+from werk_host.deployments.footprint import NONE, Available, Footprint, mib
 from werk_host.deployments.instances import Instance, InstanceView
 from werk_host.deployments.rules import GroupSpec, ResidencyRules
 from werk_host.errors import RETRY_AFTER, ErrorCode, WerkError
-from werk_host.memory import HostMemorySource
+from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
 from werk_host.protocol.deployments import InstanceStateName
 
 log = logging.getLogger(__name__)
@@ -51,13 +55,6 @@ log = logging.getLogger(__name__)
 RECHECK_S = 0.25
 #: ``Retry-After`` when no load time is known yet.
 DEFAULT_RETRY_AFTER_S = 5
-
-_HOST_MEMORY = HostMemorySource()
-
-
-def host_memory_available() -> int:
-    """Bytes the host can give a new process now (``werk_host/memory``, within cgroup limits)."""
-    return _HOST_MEMORY.sample().available_bytes
 
 
 @dataclass
@@ -78,17 +75,19 @@ class Residency:
         rules: ResidencyRules,
         *,
         live_handoffs: Callable[[Instance], bool] = lambda _instance: False,
-        memory_available: Callable[[], int] = host_memory_available,
+        memory: MemoryManager | None = None,
     ) -> None:
         self.rules = rules
         self.load_timeout_s = rules.load_timeout_s
         self.instances: Mapping[str, Instance] = {}
         self._live_handoffs = live_handoffs
-        self._memory_available = memory_available
+        #: the host's memory telemetry (the one ``/werk/v1/memory`` reports)
+        self.memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
         self._cond = threading.Condition()
         self._admitted: set[str] = set()
         self._waiting = 0
         self._measured: dict[str, int] = {}
+        self._estimates: dict[str, Footprint] = {}
 
     def bind(self, instances: Mapping[str, Instance]) -> None:
         """The instances this residency governs (the deployment set's, once built)."""
@@ -241,29 +240,43 @@ class Residency:
         group: GroupSpec | None,
         views: Mapping[str, InstanceView],
     ) -> list[Instance] | WerkError:
-        """More instances to unload (least recently used first) so the start fits in memory;
-        the refusal when it cannot fit even with every candidate unloaded."""
-        need = self.estimate(instance)
-        if need == 0:
+        """More instances to unload (least recently used first) so the start fits in host and
+        accelerator memory; the refusal, with the figures, when it cannot fit even with every
+        candidate unloaded."""
+        wanted = self.footprint(instance)
+        if wanted.total == 0:
             return []
-        pending = sum(self.estimate(self.instances[i]) for i in self._admitted if i != instance.id)
-        have = self._memory_available() - pending + sum(self.estimate(i) for i in unloading)
-        if need <= have:
-            return []
+        now = footprint.available(self.memory)
+        need = now.fold(wanted)
+        pending = sum((now.fold(self.footprint(self.instances[i])) for i in self._admitted if i != instance.id), NONE)
+        freed = sum((now.fold(self.footprint(i)) for i in unloading), NONE)
+        have = Footprint((now.host or 0) - pending.host, (now.accelerator or 0) - pending.accelerator) + freed
         extra: list[Instance] = []
         candidates = [i for i in rest if not self._shielded(i, group, views)]
         for idle_first in (True, False):
             for candidate in candidates:
-                if need <= have:
+                short = _short(need, have, now)
+                if not short:
                     break
-                if candidate not in extra and self._idle(candidate) == idle_first:
+                gain = now.fold(self.footprint(candidate))
+                helps = any(getattr(gain, pool) > 0 for pool in short)
+                if candidate not in extra and self._idle(candidate) == idle_first and helps:
                     extra.append(candidate)
-                    have += self.estimate(candidate)
-        if need > have:
+                    have, freed = have + gain, freed + gain
+        short = _short(need, have, now)
+        if short:
+            pool = short[0]
+            sources = [f"{mib(getattr(now, pool) or 0)} available now"]
+            if getattr(pending, pool):
+                sources.append(f"less {mib(getattr(pending, pool))} held for starts still loading")
+            gone = [i.id for i in (*unloading, *extra)]
+            if gone:
+                sources.append(f"plus {mib(getattr(freed, pool))} from unloading {', '.join(gone)}")
             return WerkError(
                 ErrorCode.RESOURCE_EXHAUSTED,
-                f"instance {instance.id} needs about {need >> 20} MiB but only {max(have, 0) >> 20} MiB of host "
-                f"memory can be made available (pinned and persistent instances stay loaded); it was not started",
+                f"instance {instance.id} needs about {mib(getattr(need, pool))} of {pool} memory "
+                f"({wanted.detail}) but only {mib(getattr(have, pool))} can be made available "
+                f"({', '.join(sources)}; pinned and persistent instances stay loaded); it was not started",
                 retryable=True,
             )
         return extra
@@ -278,14 +291,18 @@ class Residency:
         )
 
     # -- the memory estimate --------------------------------------------------------------
+    def footprint(self, instance: Instance) -> Footprint:
+        """What ``instance`` needs loaded (werk_host/deployments/footprint.py): the estimate
+        before it has run, the resident memory its processes were seen to hold after."""
+        before = self._estimates.get(instance.id)
+        if before is None:
+            before = self._estimates[instance.id] = footprint.estimate(instance)
+        resident = self._measured.get(instance.id, 0)
+        return footprint.measured(instance, before, resident) if resident else before
+
     def estimate(self, instance: Instance) -> int:
-        """Bytes ``instance`` needs loaded (see the module docstring); 0 for a remote one."""
-        if instance.spec.memory_bytes is not None:
-            return instance.spec.memory_bytes
-        if instance.spec.endpoint is not None:
-            return 0
-        weights = sum(f.bytes for f in instance.manifest.files)
-        return max(weights, self._measured.get(instance.id, 0))
+        """Bytes ``instance`` needs loaded, host and accelerator together; 0 for a remote one."""
+        return self.footprint(instance).total
 
     def measure(self, instance: Instance, pids: Iterable[int]) -> None:
         """Remember the resident memory of ``instance``'s processes (and their children) now, when
@@ -301,6 +318,12 @@ class Residency:
         with self._cond:
             if total > self._measured.get(instance.id, 0):
                 self._measured[instance.id] = total
+
+
+def _short(need: Footprint, have: Footprint, now: Available) -> list[str]:
+    """The observable pools (``host``, ``accelerator``) in which ``need`` exceeds ``have``."""
+    pools = [("host", now.host), ("accelerator", now.accelerator)]
+    return [pool for pool, seen in pools if seen is not None and getattr(need, pool) > getattr(have, pool)]
 
 
 def _lru(instances: list[Instance], views: Mapping[str, InstanceView]) -> list[Instance]:

@@ -19,6 +19,7 @@ from werk_host.deployments.registry import DeploymentSet
 from werk_host.deployments.report import deployment_report
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hooks import BackendHooks
+from werk_host.memory import MemoryManager
 from werk_host.models import ModelManifest
 from werk_host.pluginhost import PluginHost
 from werk_host.protocol.deployments import (
@@ -48,6 +49,9 @@ class Fleet:
         #: told when an instance became ready (set by the control service: its prompt caches
         #: warm the new process's slot, docs/prompt-cache.md)
         self.on_ready: Callable[[str, Adapter], None] = lambda _label, _adapter: None
+        #: the host's memory telemetry (set by the control service that reports it): residency
+        #: admits starts against it (docs/deployments.md, "Memory estimate")
+        self.memory: MemoryManager | None = None
 
     def _has_live_handoffs(self, instance: Instance) -> bool:
         adapter = instance.peek()
@@ -62,6 +66,7 @@ class Fleet:
             self.config,
             live_handoffs=self._has_live_handoffs,
             on_ready=lambda instance, adapter: self.on_ready(instance.id, adapter),
+            memory=self.memory,
         )
         self.deployments = deployments
         deployments.start()

@@ -130,6 +130,7 @@ class LocalControlService:
         self.auth = auth
         self.store = store
         self.memory_manager = memory
+        fleet.memory = memory  # residency admits starts against the same telemetry
         self.handoffs = handoffs or HandoffRegistry(on_expire=self._release_expired_handle)
         fleet.live_handoffs = self.handoffs.live_for  # residency never unloads an instance with live ones
         self.cursors = CursorCodec(cursor_secret)

@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from werk_host.config import HostConfig
+from werk_host.memory import MemoryManager
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.pluginhost import PluginHost
 from werk_host.server import Host, build_host, make_server
@@ -89,6 +90,7 @@ def make_host(
     backend_options: Mapping[str, object] | None = None,
     extra_plugins: Mapping[str, object] | None = None,
     load_entry_points: bool = False,
+    memory: MemoryManager | None = None,
     **config: Any,
 ) -> Host:
     """Build (not serve) a host on ``home`` around ``plugin``; the caller must ``close()`` it.
@@ -102,6 +104,8 @@ def make_host(
     * ``backend_options``: the plugin's own settings, stored as
       ``HostConfig.backend_options[plugin_name]``.
     * ``api_keys``: the accepted bearer keys (none: authentication off).
+    * ``memory``: the host's memory telemetry (default: this machine's;
+      :func:`werk_host.testing.memory.snapshot_memory` gives figures a test sets).
     * ``config``: any other :class:`HostConfig` field (``limits``, ``persistence``, …).
     """
     home.mkdir(parents=True, exist_ok=True)
@@ -131,7 +135,7 @@ def make_host(
         cfg = replace(cfg, backend_options={name: dict(backend_options)})
     if config:
         cfg = replace(cfg, **config)
-    return build_host(cfg, plugins=plugins)
+    return build_host(cfg, plugins=plugins, memory=memory)
 
 
 def backend_host(

@@ -52,7 +52,7 @@ from werk_host import hookimpl
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest
 from werk_host.protocol import CapabilityId, CapabilityStatus
-from werk_host.seam import AdapterFactory, DoctorCheck
+from werk_host.seam import AdapterFactory, DoctorCheck, MemoryEstimate
 from werk_host.testing.reference_adapter import MemoryAdapter, MemorySessionSlot, default_experts
 from werk_host.testing.reference_base import (
     BACKEND_ID,
@@ -89,8 +89,11 @@ class MemoryBackendPlugin:
         max_pinned_experts: int | None = None,
         prompt_cache: int = 0,
         context_tokens: int = CONTEXT_TOKENS,
+        memory_estimate: MemoryEstimate | None = None,
     ) -> None:
         self.context_tokens = context_tokens
+        #: what the factory's ``memory_estimate`` answers for every model (``None``: no estimate)
+        self.memory_estimate = memory_estimate
         self.statuses = dict(statuses if statuses is not None else EXPERIMENTAL_STATE)
         self.prompt_cache = prompt_cache
         self.fail = set(fail)
@@ -124,6 +127,7 @@ class MemoryBackendPlugin:
                 self.create,
                 "in-memory reference backend (werk_host.testing)",
                 capabilities=declared,
+                memory_estimate=lambda _config, _model: self.memory_estimate,
             )
         ]
 

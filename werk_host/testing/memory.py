@@ -1,0 +1,38 @@
+"""Memory telemetry a test sets: the host's :class:`~werk_host.memory.MemoryManager` over pools
+whose capacity and availability the test chooses (and may change while the host runs).
+
+``werk_host.memory`` reads telemetry through :class:`~werk_host.memory.TelemetrySource`;
+:class:`SnapshotPool` is one that reports the snapshot it holds. The host pool is the real
+:class:`~werk_host.memory.HostMemorySource` reading the snapshot instead of psutil, so its
+cgroup-free path is the one ``werk serve`` runs::
+
+    host_pool, gpu = SnapshotPool(16 << 30, 14 << 30), SnapshotPool(24 << 30, 20 << 30)
+    memory = snapshot_memory(host_pool, gpu)
+    host = make_host(home, plugin=plugin, memory=memory)
+"""
+
+from __future__ import annotations
+
+from werk_host.memory import HostMemorySource, MemoryManager, MemorySample, Topology
+
+
+class SnapshotPool:
+    """A memory pool reporting ``capacity`` and ``available`` bytes as set (a ``TelemetrySource``
+    of a discrete accelerator, or the host's figures for :func:`snapshot_memory`)."""
+
+    def __init__(self, capacity: int, available: int) -> None:
+        self.capacity = capacity
+        self.available = available
+
+    def sample(self) -> MemorySample:
+        return MemorySample(self.capacity, self.available, "snapshot")
+
+    def topology(self) -> Topology:
+        return Topology.DISCRETE
+
+
+def snapshot_memory(host: SnapshotPool, accelerator: SnapshotPool | None = None) -> MemoryManager:
+    """A memory manager whose host pool is ``host`` (through :class:`HostMemorySource`, without
+    cgroups) and whose accelerator is ``accelerator`` (``None``: no accelerator observable)."""
+    source = HostMemorySource(virtual_memory=lambda: (host.capacity, host.available), use_cgroup=False)
+    return MemoryManager(source, accelerator, topology=Topology.DISCRETE)
