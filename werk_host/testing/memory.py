@@ -13,19 +13,27 @@ cgroup-free path is the one ``werk serve`` runs::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from werk_host.memory import HostMemorySource, MemoryManager, MemorySample, Topology
 
 
 class SnapshotPool:
-    """A memory pool reporting ``capacity`` and ``available`` bytes as set (a ``TelemetrySource``
-    of a discrete accelerator, or the host's figures for :func:`snapshot_memory`)."""
+    """A memory pool reporting ``capacity`` bytes, of which ``available`` less what ``held()``
+    says is taken now (e.g. by the instances a test has loaded) are available: a
+    ``TelemetrySource`` of a discrete accelerator, or the host's figures for
+    :func:`snapshot_memory`. Both may be changed while the host runs."""
 
-    def __init__(self, capacity: int, available: int) -> None:
+    def __init__(self, capacity: int, available: int, held: Callable[[], int] = lambda: 0) -> None:
         self.capacity = capacity
         self.available = available
+        self.held = held
 
     def sample(self) -> MemorySample:
-        return MemorySample(self.capacity, self.available, "snapshot")
+        return MemorySample(self.capacity, self.now(), "snapshot")
+
+    def now(self) -> int:
+        return min(max(self.available - self.held(), 0), self.capacity)
 
     def topology(self) -> Topology:
         return Topology.DISCRETE
@@ -34,5 +42,5 @@ class SnapshotPool:
 def snapshot_memory(host: SnapshotPool, accelerator: SnapshotPool | None = None) -> MemoryManager:
     """A memory manager whose host pool is ``host`` (through :class:`HostMemorySource`, without
     cgroups) and whose accelerator is ``accelerator`` (``None``: no accelerator observable)."""
-    source = HostMemorySource(virtual_memory=lambda: (host.capacity, host.available), use_cgroup=False)
+    source = HostMemorySource(virtual_memory=lambda: (host.capacity, host.now()), use_cgroup=False)
     return MemoryManager(source, accelerator, topology=Topology.DISCRETE)
