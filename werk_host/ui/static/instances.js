@@ -67,7 +67,8 @@ export class InstancesView {
       fill(this.table, h("p", { class: "muted" }, "No deployment instances."));
       return;
     }
-    fill(this.table, h("table", {}, h("thead", {}, h("tr", {}, head.map((t) => h("th", {}, t)))), h("tbody", {}, rows)));
+    const note = operator ? null : h("p", { class: "muted", id: "instances-client-note" }, "Loading, unloading, pinning and the logs are an operator's (docs/deployments.md, \"Residency\"); this key is a client's.");
+    fill(this.table, h("table", {}, h("thead", {}, h("tr", {}, head.map((t) => h("th", {}, t)))), h("tbody", {}, rows)), note);
   }
 
   buttons(entry) {

@@ -6,8 +6,11 @@ import { bytes, fill, h, say, svg } from "./util.js";
 
 const KEEP_MS = 5 * 60 * 1000;
 const WIDTH = 640;
-const HEIGHT = 180;
+const HEIGHT = 200;
 const PAD = 8;
+const LEFT = 72;
+const BOTTOM = 22;
+const MIN_SPAN_MS = 10 * 1000;
 const SERIES = [
   { name: "host used", cls: "line-host", pick: (r) => used(r.host) },
   { name: "host managed", cls: "line-managed", pick: (r) => r.host.managed_bytes },
@@ -52,20 +55,26 @@ export function chart(samples) {
   }
   if (top <= 0) top = 1;
   const now = samples[samples.length - 1].t;
-  const x = (t) => PAD + ((WIDTH - 2 * PAD) * (t - (now - KEEP_MS))) / KEEP_MS;
-  const y = (v) => HEIGHT - PAD - ((HEIGHT - 2 * PAD) * v) / top;
-  for (let i = 1; i < 4; i += 1) {
-    const gy = PAD + ((HEIGHT - 2 * PAD) * i) / 4;
-    root.append(svg("line", { x1: PAD, x2: WIDTH - PAD, y1: gy, y2: gy, class: "grid" }));
+  // the time axis spans the samples kept (at least 10 s, at most KEEP_MS), ending now
+  const span = Math.min(KEEP_MS, Math.max(MIN_SPAN_MS, now - samples[0].t));
+  const x = (t) => LEFT + ((WIDTH - LEFT - PAD) * (t - (now - span))) / span;
+  const y = (v) => HEIGHT - BOTTOM - ((HEIGHT - BOTTOM - PAD) * v) / top;
+  for (let i = 0; i <= 4; i += 1) {
+    const value = (top * i) / 4;
+    root.append(svg("line", { x1: LEFT, x2: WIDTH - PAD, y1: y(value), y2: y(value), class: "grid" }));
+    root.append(svg("text", { x: LEFT - 4, y: y(value) + 4, class: "chart-label chart-y" }, bytes(value)));
   }
+  root.append(svg("text", { x: LEFT, y: HEIGHT - 6, class: "chart-label" }, `−${Math.round(span / 1000)} s`));
+  root.append(svg("text", { x: WIDTH - PAD, y: HEIGHT - 6, class: "chart-label chart-y" }, "now"));
   for (const series of SERIES) {
     const points = samples
       .map((s) => [s.t, series.pick(s.report)])
       .filter(([, v]) => v !== null && v !== undefined)
       .map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`);
-    if (points.length) root.append(svg("polyline", { points: points.join(" "), class: `line ${series.cls}` }, svg("title", {}, series.name)));
+    if (points.length > 1) root.append(svg("polyline", { points: points.join(" "), class: `line ${series.cls}` }, svg("title", {}, series.name)));
+    const [cx, cy] = points.length ? points[points.length - 1].split(",") : [];
+    if (points.length) root.append(svg("circle", { cx, cy, r: 3, class: `dot ${series.cls}` }));
   }
-  root.append(svg("text", { x: PAD + 4, y: PAD + 12, class: "chart-label" }, `top ${bytes(top)} · last 5 min`));
   return root;
 }
 

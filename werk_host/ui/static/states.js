@@ -121,7 +121,7 @@ export class StatesView {
     }
     try {
       const dry = await call("POST", "/werk/v1/states/prune", { selector, dry_run: true });
-      const text = `Preview: ${dry.matched} state(s) match, ${dry.removed} would be removed (${bytes(dry.bytes)}).`;
+      const text = `Preview: ${dry.matched} state(s) match (${bytes(dry.bytes)}); nothing is removed until you confirm.`;
       this.showPreview(text, false, dry.matched > 0 ? () => this.prune(selector) : null);
     } catch (err) {
       this.showPreview(`Prune preview refused (${err.status}): ${err.message}`, true);
