@@ -1,0 +1,358 @@
+"""Cold start: ``werk serve --model GGUF`` → first answer beside ``llama-server -m GGUF`` → first answer.
+
+Both start from nothing (a new process, a fresh ``WERK_HOME`` for Werk) on the same real model
+(SmolLM2-135M-Instruct Q4_1, :func:`werk_host.realmodel.smollm2_gguf`) and the same
+``llama-server`` binary (``$WERK_LLAMA_SERVER``, else ``scripts/build-llama-server.sh``, cached).
+The clock starts just before the process is spawned; the client then sends the same
+non-streamed ``POST /v1/chat/completions`` (temperature 0, seed 42, ``max_tokens`` 8) again and
+again, every 10 ms, until one is answered with 200: that moment is the figure. A request sent
+to ``werk serve`` once its address is bound waits in the listen backlog until the host is
+ready (docs/operations.md, "Start-up"); ``llama-server`` answers 503 while its model loads;
+a refused connection (nothing bound yet) is retried the same way for both.
+
+Figures (``--runs`` each, default 5, in alternating order: werk, llama-server, llama-server,
+werk, ...; after one untimed warm-up run of each; the processes are stopped between runs):
+
+* ``serve``: ``werk serve --model GGUF --port P`` vs ``llama-server -m GGUF --port P``: time
+  to the first answered chat. Werk's run also records when it printed its ``listening`` line.
+* ``run``: ``werk run GGUF "PROMPT" --max-tokens 8`` end to end (process start to exit: it
+  starts the model, answers, stops it) vs a ``llama-server`` one-shot: start it, the first
+  answered chat, SIGTERM and wait for its exit.
+
+Werk runs with the same llama-server (``WERK_LLAMA_SERVER``) and its own default child
+arguments; the bare llama-server with its defaults. Medians, min and max; the last lines are
+one ``RATIO name = X (target ...)`` per figure. The machine's other load makes single runs
+noisy: read the medians.
+
+    .venv/bin/python -m bench.cold_start [--runs 5] [--only serve|run] [--importtime]
+
+``--importtime`` adds one ``werk serve`` run under ``python -X importtime`` and prints the
+slowest imports before the first child is spawned (the first answer is not timed then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._peers import bench_cache  # noqa: E402
+from bench.warm_restart import free_port, llama_server_binary, quiesce  # noqa: E402
+from werk_host.realmodel import smollm2_gguf  # noqa: E402
+
+TARGET_SERVE = 1.3
+ANSWER_TOKENS = 8
+PROMPT = "Say hello in one short sentence."
+POLL_S = 0.01
+TIMEOUT_S = 300.0
+
+
+class BenchError(RuntimeError):
+    """A run failed; the message says why."""
+
+
+def say(message: str) -> None:
+    print(f"[cold_start] {message}", file=sys.stderr, flush=True)
+
+
+def chat_body(model: str) -> bytes:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "temperature": 0,
+        "seed": 42,
+        "max_tokens": ANSWER_TOKENS,
+    }
+    return json.dumps(body).encode()
+
+
+def first_answer(port: int, model: str, proc: subprocess.Popen[Any], what: str) -> str:
+    """Send the chat until it is answered with 200 (refused connections and 503s are retried
+    every :data:`POLL_S`); the answer's text."""
+    body = chat_body(model)
+    deadline = time.monotonic() + TIMEOUT_S
+    last = "nothing"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"{what} exited with code {proc.returncode} before it answered ({last})")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+        try:
+            conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read()
+            if resp.status == 200:
+                text: str = json.loads(raw)["choices"][0]["message"]["content"]
+                return text
+            last = f"HTTP {resp.status}: {raw[:200]!r}"
+            if resp.status not in (503,):
+                raise BenchError(f"{what} answered {last}")
+        except (ConnectionError, http.client.RemoteDisconnected, OSError) as exc:
+            last = f"{type(exc).__name__}"
+        finally:
+            conn.close()
+        time.sleep(POLL_S)
+    raise BenchError(f"{what}: no answer after {TIMEOUT_S:.0f} s ({last})")
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def own_figures(pid: int) -> dict[str, float]:
+    """What a running ``werk serve`` spent on its own: when (ms after its own start) it spawned
+    its first child (the ``llama-server``), and its own CPU time so far (user + system, not
+    counting its children): a figure the machine's other load disturbs far less than wall time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = _stat(pid)
+        figures = {"cpu": (int(fields[11]) + int(fields[12])) * 1000 / tick}
+        started = int(fields[19])
+        children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+        spawned = [int(_stat(int(child))[19]) for child in children]
+    except (OSError, ValueError, IndexError):
+        return {}
+    if spawned:
+        figures["spawned"] = (min(spawned) - started) * 1000 / tick
+    return figures
+
+
+def stop(proc: subprocess.Popen[Any]) -> float:
+    """SIGTERM and wait for the exit; ms it took."""
+    start = time.perf_counter()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            say(f"pid {proc.pid} still running 60 s after SIGTERM; killing its process group")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return (time.perf_counter() - start) * 1000
+
+
+@dataclass
+class Setup:
+    server: Path
+    gguf: Path
+    work: Path
+    runs: int = 0
+
+    def log(self, name: str) -> Any:
+        return open(self.work / f"{name}.log", "ab")
+
+    def popen(self, name: str, cmd: list[str], env: dict[str, str] | None = None, stdout: Any = None) -> Any:
+        with self.log(name) as log:
+            log.write(f"\n== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n".encode())
+            log.flush()
+            return subprocess.Popen(cmd, stdout=stdout or log, stderr=log, env=env, start_new_session=True)
+
+    def werk_env(self) -> dict[str, str]:
+        self.runs += 1
+        home = self.work / f"home-{self.runs}"
+        home.mkdir(mode=0o700)
+        env = {**os.environ, "WERK_HOME": str(home), "WERK_LLAMA_SERVER": str(self.server)}
+        # bytecode cached as an installed package has it (pip compiles on install), kept out of
+        # the checkout: a PYTHONDONTWRITEBYTECODE environment would otherwise compile every
+        # module of the host at every start
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(bench_cache() / "pycache")
+        return env
+
+
+@dataclass
+class Sample:
+    ms: float
+    detail: dict[str, float] = field(default_factory=dict)
+    text: str = ""
+
+
+def werk_serve(setup: Setup) -> Sample:
+    port = free_port()
+    env = setup.werk_env()
+    cmd = [sys.executable, "-m", "werk_host", "serve", "--port", str(port), "--model", str(setup.gguf)]
+    start = time.perf_counter()
+    proc = setup.popen("werk-serve", cmd, env=env, stdout=subprocess.PIPE)
+    listening: list[float] = []
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if b'"listening"' in line and not listening:
+                listening.append((time.perf_counter() - start) * 1000)
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    try:
+        text = first_answer(port, setup.gguf.stem, proc, "werk serve")
+        ms = (time.perf_counter() - start) * 1000
+        detail = own_figures(proc.pid)
+    finally:
+        stop(proc)
+        reader.join(timeout=10)
+    if listening:
+        detail["listening"] = listening[0]
+    return Sample(ms, detail, text)
+
+
+def llama_serve(setup: Setup, *, then_stop: bool = False) -> Sample:
+    port = free_port()
+    cmd = [str(setup.server), "-m", str(setup.gguf), "--host", "127.0.0.1", "--port", str(port)]
+    start = time.perf_counter()
+    proc = setup.popen("llama-server", cmd)
+    try:
+        text = first_answer(port, setup.gguf.stem, proc, "llama-server")
+        ms = (time.perf_counter() - start) * 1000
+    finally:
+        stopped = stop(proc)
+    detail = {"answered": ms}
+    if then_stop:
+        ms += stopped
+        detail["stop"] = stopped
+    return Sample(ms, detail, text)
+
+
+def werk_run(setup: Setup) -> Sample:
+    env = setup.werk_env()
+    cmd = [sys.executable, "-m", "werk_host", "run", str(setup.gguf), PROMPT, "--max-tokens", str(ANSWER_TOKENS)]
+    cmd += ["--temperature", "0", "--seed", "42"]
+    start = time.perf_counter()
+    proc = setup.popen("werk-run", cmd, env=env, stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=TIMEOUT_S)
+    ms = (time.perf_counter() - start) * 1000
+    if proc.returncode != 0:
+        raise BenchError(f"werk run exited with code {proc.returncode} (see {setup.work}/werk-run.log)")
+    return Sample(ms, {}, out.decode().strip())
+
+
+def llama_one_shot(setup: Setup) -> Sample:
+    return llama_serve(setup, then_stop=True)
+
+
+def alternate(
+    setup: Setup, runs: int, a: Callable[[Setup], Sample], b: Callable[[Setup], Sample], names: tuple[str, str]
+) -> tuple[list[Sample], list[Sample]]:
+    """``runs`` samples of each, in the order a b b a a b b a ... (idle machine between runs),
+    after one untimed run of each (bytecode written, the model file in the page cache)."""
+    for which in (0, 1):
+        (a, b)[which](setup)
+        say(f"{names[which]}: warm-up run done")
+    got: tuple[list[Sample], list[Sample]] = ([], [])
+    for i in range(runs):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for which in order:
+            quiesce(None, minimum=0.5)
+            sample = (a, b)[which](setup)
+            got[which].append(sample)
+            extra = "".join(f", {k} {v:.0f} ms" for k, v in sample.detail.items())
+            say(f"{names[which]} run {i + 1}: {sample.ms:.0f} ms{extra}")
+    return got
+
+
+def summary(name: str, samples: list[Sample]) -> str:
+    values = [s.ms for s in samples]
+    line = f"  {name:<34} median {statistics.median(values):7.0f} ms   min {min(values):7.0f}   max {max(values):7.0f}"
+    keys = sorted({k for s in samples for k in s.detail})
+    for key in keys:
+        inner = [s.detail[key] for s in samples if key in s.detail]
+        line += f"   ({key} median {statistics.median(inner):.0f} ms)"
+    return line
+
+
+def import_profile(setup: Setup, top: int = 15) -> list[str]:
+    """One ``werk serve`` under ``-X importtime``: the slowest cumulative imports (top level
+    and their largest children) until its first answer."""
+    port = free_port()
+    env = setup.werk_env()
+    cmd = [sys.executable, "-X", "importtime", "-m", "werk_host", "serve", "--port", str(port)]
+    cmd += ["--model", str(setup.gguf)]
+    err = setup.work / "importtime.txt"
+    with open(err, "wb") as stderr:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True)
+    try:
+        first_answer(port, setup.gguf.stem, proc, "werk serve -X importtime")
+    finally:
+        stop(proc)
+    rows: list[tuple[int, int, str]] = []
+    for line in err.read_text().splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if not line.startswith("import time:") or len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        name = parts[2].rstrip()
+        depth = (len(name) - len(name.lstrip()) - 1) // 2
+        rows.append((int(parts[1]), depth, name.strip()))
+    top_level = [r for r in rows if r[1] == min(d for _, d, _ in rows)]
+    total = sum(us for us, _, _ in top_level)
+    rows = [r for r in rows if r[1] <= top_level[0][1] + 1]
+    rows.sort(reverse=True)
+    lines = [f"  all imports: {total / 1000:.0f} ms (under -X importtime, which inflates them)"]
+    lines += [f"  {us / 1000:7.1f} ms  {'  ' * depth}{name}" for us, depth, name in rows[:top]]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5, help="runs of each system per figure (default 5)")
+    parser.add_argument("--only", choices=("serve", "run"), help="measure one figure")
+    parser.add_argument("--importtime", action="store_true", help="also one werk serve under -X importtime")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (homes, logs)")
+    args = parser.parse_args()
+    server = llama_server_binary()
+    gguf = smollm2_gguf()
+    work = Path(tempfile.mkdtemp(prefix="werk-bench-cold-"))
+    setup = Setup(server, gguf, work)
+    say(f"work directory {work}")
+    print(f"cold_start | {platform.node()} | {os.cpu_count()} CPUs | load {os.getloadavg()[0]:.2f}")
+    print(f"llama-server {server}")
+    print(f"model SmolLM2-135M-Instruct Q4_1 ({gguf})")
+    print(f"chat: non-streamed, {ANSWER_TOKENS} answer tokens, temperature 0 | runs {args.runs} each, alternating")
+    ratios: list[tuple[str, float, str]] = []
+    try:
+        if args.only in (None, "serve"):
+            werk, llama = alternate(setup, args.runs, werk_serve, llama_serve, ("werk serve", "llama-server"))
+            print("\nstart → first answered chat:")
+            print(summary("werk serve --model GGUF", werk))
+            print(summary("llama-server -m GGUF", llama))
+            ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in llama)
+            ratios.append(("serve_first_answer_vs_llama_server", ratio, f"target <= {TARGET_SERVE}"))
+        if args.only in (None, "run"):
+            werk, llama = alternate(setup, args.runs, werk_run, llama_one_shot, ("werk run", "llama-server one-shot"))
+            print("\none answer end to end (start, answer, stop):")
+            print(summary("werk run GGUF PROMPT", werk))
+            print(summary("llama-server one-shot", llama))
+            print(f"  werk run answered: {werk[0].text!r}")
+            ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in llama)
+            ratios.append(("run_end_to_end_vs_llama_server_one_shot", ratio, "no target"))
+        if args.importtime:
+            print("\nwerk serve imports (one run under -X importtime):")
+            for line in import_profile(setup):
+                print(line)
+    finally:
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    for name, value, target in ratios:
+        print(f"RATIO {name} = {value:.4f} ({target})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
