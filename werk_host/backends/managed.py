@@ -113,7 +113,9 @@ REDACTED = "[redacted]"
 KILL_WAIT_S = 30.0
 FINALIZE_GRACE_S = 2.0
 _POLL_FIRST_S = 0.02
-_POLL_MAX_S = 0.25
+#: A loaded child is noticed within this (a readiness check is one loopback request):
+#: docs/operations.md, "Start-up".
+_POLL_MAX_S = 0.05
 
 
 class BackendProcessError(RuntimeError):

@@ -233,12 +233,21 @@ class BinaryInfo:
 
 
 _CACHE: dict[ExecutableIdentity, BinaryInfo] = {}
+#: The same inspections by the file's status (device, inode, size, mtime, ctime): a repeated
+#: inspection of an unchanged file in this process is answered without hashing it again.
+_BY_STATUS: dict[tuple[Path, int, int, int, int, int], BinaryInfo] = {}
 _CACHE_LOCK = threading.Lock()
 
 
 def clear_inspection_cache() -> None:
     with _CACHE_LOCK:
         _CACHE.clear()
+        _BY_STATUS.clear()
+
+
+def _status(real: Path) -> tuple[Path, int, int, int, int, int]:
+    st = real.stat()
+    return (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _run_capture(path: Path, arg: str, timeout: float) -> tuple[int, bytes]:
@@ -257,25 +266,50 @@ def _run_capture(path: Path, arg: str, timeout: float) -> tuple[int, bytes]:
 def inspect_executable(path: str | os.PathLike[str], *, timeout: float = 30.0) -> BinaryInfo:
     """Fingerprint ``path`` and capture its ``--help``/``--version`` once per identity.
 
-    Raises :class:`InspectionError` when ``--help`` fails, advertises no flags,
-    or the file changes during inspection.
+    ``--help`` and ``--version`` run while the executable is hashed, and all of it finishes
+    before a caller spawns the server (docs/operations.md, "Start-up"); the file's status is
+    checked around the inspection. A repeated call for an
+    unchanged file (same status) returns the same :class:`BinaryInfo` without hashing again;
+    :class:`~werk_llamacpp.process.LlamaServerProcess` still checks the full hash once the
+    server is ready. Raises :class:`InspectionError` when ``--help`` fails, advertises no
+    flags, or the file changes during inspection.
     """
-    identity = ExecutableIdentity.of(path)
+    real = Path(path).resolve(strict=True)
+    before = _status(real)
     with _CACHE_LOCK:
-        cached = _CACHE.get(identity)
-    if cached is not None:
-        return cached
+        known = _BY_STATUS.get(before)
+    if known is not None:
+        return known
+    hashed: list[ExecutableIdentity | BaseException] = []
+
+    def fingerprint() -> None:
+        try:
+            hashed.append(ExecutableIdentity.of(real))
+        except BaseException as exc:  # re-raised in the caller's thread
+            hashed.append(exc)
+
+    hasher = threading.Thread(target=fingerprint, name="werk-llama-server-hash", daemon=True)
+    hasher.start()
     try:
-        rc, help_out = _run_capture(identity.path, "--help", timeout)
-        _vrc, version_out = _run_capture(identity.path, "--version", timeout)
+        rc, help_out = _run_capture(real, "--help", timeout)
+        _vrc, version_out = _run_capture(real, "--version", timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InspectionError(f"cannot run {identity.path}: {exc}") from exc
+        raise InspectionError(f"cannot run {real}: {exc}") from exc
+    finally:
+        hasher.join()
+    if isinstance(hashed[0], BaseException):
+        raise hashed[0]
+    identity = hashed[0]
     help_text = help_out.decode("utf-8", errors="replace")
     flags = parse_help_flags(help_text)
     if rc != 0 or not flags:
         tail = "\n".join(help_text.splitlines()[-20:])
         raise InspectionError(f"{identity.path} --help failed (exit {rc}, {len(flags)} flags):\n{tail}")
-    if ExecutableIdentity.of(identity.path) != identity:
+    try:
+        after = _status(real)
+    except OSError as exc:
+        raise InspectionError(f"{identity.path} changed during inspection") from exc
+    if after != before or (after[3], after[4]) != (identity.size, identity.mtime_ns):
         raise InspectionError(f"{identity.path} changed during inspection")
     info = BinaryInfo(
         identity=identity,
@@ -285,5 +319,6 @@ def inspect_executable(path: str | os.PathLike[str], *, timeout: float = 30.0) -
         flags=flags,
     )
     with _CACHE_LOCK:
-        _CACHE.setdefault(identity, info)
-        return _CACHE[identity]
+        info = _CACHE.setdefault(identity, info)
+        _BY_STATUS[after] = info
+        return info
