@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup-browser.sh # chromium for tests/test_ui.py (docs/ui.md)
 if [ -z "${WERK_LLAMA_SERVER:-}" ] && [ -f scripts/build-llama-server.sh ]; then
   WERK_LLAMA_SERVER=$(bash scripts/build-llama-server.sh | tail -n 1)
   export WERK_LLAMA_SERVER

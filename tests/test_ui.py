@@ -23,6 +23,7 @@ import html.parser
 import os
 import re
 import shutil
+import subprocess
 import tomllib
 from collections.abc import Iterator
 from importlib import resources
@@ -51,8 +52,9 @@ def _static_names() -> list[str]:
 # -- served without a browser ------------------------------------------------------------------
 
 
-def test_the_page_carries_a_strict_content_security_policy(bare_client: falcon.testing.TestClient) -> None:
-    result = bare_client.simulate_get("/ui", headers={"Authorization": ""})
+@pytest.mark.parametrize("path", ["/ui", "/ui/"])
+def test_the_page_carries_a_strict_content_security_policy(bare_client: falcon.testing.TestClient, path: str) -> None:
+    result = bare_client.simulate_get(path, headers={"Authorization": ""})
     assert result.status_code == 200
     assert result.headers["content-type"] == "text/html; charset=utf-8"
     csp = result.headers["content-security-policy"]
@@ -157,6 +159,30 @@ def test_the_page_needs_no_key_and_the_data_does(bare_host: Any) -> None:
 def test_the_wheel_carries_the_static_files() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "ui/static/*" in pyproject["tool"]["setuptools"]["package-data"]["werk_host"]
+
+
+def _setup_browser(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    script = ROOT / "scripts" / "setup-browser.sh"
+    return subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(script)], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def test_setup_browser_says_what_it_found_in_one_line() -> None:
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        pytest.skip("chromium is not installed here; this test does not install it")
+    done = _setup_browser(dict(os.environ))
+    assert done.returncode == 0 and done.stdout == ""
+    assert done.stderr == "[browser] chromium and chromedriver are present\n"
+
+
+def test_setup_browser_without_apt_changes_nothing_and_says_why(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").symlink_to(shutil.which("id") or "/usr/bin/id")
+    done = _setup_browser({"PATH": str(bin_dir)})
+    assert done.returncode == 0 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "no apt-get here; the browser tests will skip" in done.stderr
 
 
 # -- in a real headless browser ---------------------------------------------------------------
@@ -326,6 +352,12 @@ def test_a_prune_is_previewed_then_confirmed(browser: Any, live: str, shots: Pat
     assert len(ids) == 2
     _sign_in(browser, live, CLIENT, "states")
     _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-state]")) == 2, "two states listed")
+    first = sorted(ids)[0]
+    _click(browser, f'button[data-action="pin"][data-state="{first}"]')
+    _wait(browser, lambda d: f"pin {first} would change it" in _text(d, "#preview-text"), "the pin's dry run")
+    assert not any(s["pinned"] for s in api.get("/werk/v1/states")[1]["data"]["states"])  # a preview changes nothing
+    _click(browser, "#preview-confirm")
+    _wait(browser, lambda d: _text(d, f'tr[data-state="{first}"] td:nth-child(9)') == "yes", "the confirmed pin")
     Select(browser.find_element(By.ID, "prune-kind")).select_by_value("all")
     _click(browser, "#prune-preview")
     _wait(browser, lambda d: "2 state(s) match" in _text(d, "#preview-text"), "the dry-run preview")

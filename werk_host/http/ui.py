@@ -3,7 +3,7 @@
 
 Contract:
 
-* ``/ui`` answers ``index.html``; ``/ui/{name}`` answers the file of that exact name when it is
+* ``/ui`` (and ``/ui/``) answers ``index.html``; ``/ui/{name}`` answers the file of that exact name when it is
   one of the files the static directory held when the app was built (a fixed table, read once:
   no path from the request ever reaches the filesystem, so ``..``, encoded slashes and links
   are simply unknown names). Anything else under ``/ui`` is 404 in the protocol's error shape.
@@ -91,7 +91,8 @@ class UiResource:
 
 
 def add_routes(app: falcon.App[Any, Any]) -> None:
-    """Route ``/ui`` and ``/ui/{name}`` to one :class:`UiResource`."""
+    """Route ``/ui``, ``/ui/`` and ``/ui/{name}`` to one :class:`UiResource`."""
     resource = UiResource()
     app.add_route(UI_PATH, resource)
+    app.add_route(UI_PATH + "/", resource)
     app.add_route(UI_PATH + "/{name}", resource, suffix="file")

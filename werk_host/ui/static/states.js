@@ -19,7 +19,7 @@ export class StatesView {
     this.experimental = h("input", { type: "checkbox", id: "states-experimental" });
     this.kind = h(
       "select",
-      { id: "prune-kind" },
+      { id: "prune-kind", onchange: () => (this.value.hidden = this.kind.value === "all") },
       h("option", { value: "older" }, "older than (minutes)"),
       h("option", { value: "model" }, "model id"),
       h("option", { value: "tier" }, "tier"),
