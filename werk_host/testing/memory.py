@@ -9,13 +9,19 @@ cgroup-free path is the one ``werk serve`` runs::
     host_pool, gpu = SnapshotPool(16 << 30, 14 << 30), SnapshotPool(24 << 30, 20 << 30)
     memory = snapshot_memory(host_pool, gpu)
     host = make_host(home, plugin=plugin, memory=memory)
+
+:data:`OVERHEAD_BYTES` is what the host adds to a backend's ``MemoryEstimate`` and the model
+files (docs/deployments.md, "Memory estimate").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from werk_host.deployments.footprint import OVERHEAD_BYTES
 from werk_host.memory import HostMemorySource, MemoryManager, MemorySample, Topology
+
+__all__ = ["OVERHEAD_BYTES", "SnapshotPool", "snapshot_memory"]
 
 
 class SnapshotPool:

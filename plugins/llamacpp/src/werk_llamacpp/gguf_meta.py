@@ -11,20 +11,31 @@ names no ``ctx`` (docs/deployments.md, "llama.cpp options"): the model's trained
 cache of every slot fits in :data:`KV_MEMORY_SHARE` of the host memory available when the
 instance starts (f16 K and V: ``2 × 2 bytes × layers × kv heads × head size`` per token). A
 file whose header cannot be read gets :data:`MIN_SLOT_CONTEXT`, the earlier default.
+
+:func:`kv_cache_bytes` is the KV cache llama-server allocates for a context (docs/deployments.md,
+"Memory estimate"): every layer holds K and V rows of ``kv heads × head size`` elements per
+cell, in the cache type's bytes (``--cache-type-k``/``--cache-type-v``, :data:`CACHE_TYPE_BYTES`);
+a full-attention layer has a cell per context token, a sliding-window layer (:func:`kv_shape`)
+only the window plus a micro-batch per slot, unless ``--swa-full``.
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
 __all__ = [
     "KV_MEMORY_SHARE",
     "MIN_SLOT_CONTEXT",
+    "CACHE_TYPE_BYTES",
     "GgufError",
+    "KvShape",
     "default_context",
     "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "kv_shape",
     "partial_cache",
     "read_metadata",
 ]
@@ -125,9 +136,45 @@ def trained_context(meta: dict[str, Value]) -> int | None:
     return _int(meta, f"{arch}.context_length") if isinstance(arch, str) else None
 
 
-def kv_bytes_per_token(meta: dict[str, Value]) -> int | None:
-    """The f16 KV cache bytes one token of context takes, from the header; ``None`` when the
-    header does not say enough (an architecture without the usual attention keys)."""
+#: Bytes per block and elements per block of each KV cache type llama-server takes
+#: (``--cache-type-k``/``--cache-type-v``; ggml's type sizes).
+CACHE_TYPE_BYTES: Final = {
+    "f32": (4, 1),
+    "f16": (2, 1),
+    "bf16": (2, 1),
+    "q8_0": (34, 32),
+    "q4_0": (18, 32),
+    "q4_1": (20, 32),
+    "iq4_nl": (18, 32),
+    "q5_0": (22, 32),
+    "q5_1": (24, 32),
+}
+#: The sliding-window layer period of architectures whose header leaves it out: of every
+#: ``period`` layers the last has full attention, the others a window (llama.cpp's loaders).
+_SWA_PERIODS: Final = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "llama4": 4, "gpt-oss": 2, "exaone4": 4}
+#: llama4's attention chunk when its header names none (llama.cpp's loader).
+_LLAMA4_CHUNK: Final = 8192
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """What sizes a model's KV cache, from its header: ``layers`` of ``kv_heads`` heads of
+    ``key_length``/``value_length`` elements; ``window_layers`` of them attend a sliding
+    ``window`` of tokens (0: none)."""
+
+    layers: int
+    kv_heads: int
+    key_length: int
+    value_length: int
+    window: int = 0
+    window_layers: int = 0
+
+
+def kv_shape(meta: dict[str, Value]) -> KvShape | None:
+    """The KV shape of a header (``None`` when it lacks the usual attention keys). A model with
+    multi-head latent attention (``attention.kv_lora_rank``) caches one latent head per layer.
+    Sliding-window layers are counted by the header's ``attention.sliding_window_pattern`` or
+    the architecture's known period; an unknown period counts every layer as full."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         return None
@@ -139,7 +186,72 @@ def kv_bytes_per_token(meta: dict[str, Value]) -> int | None:
         return None
     key = _int(meta, f"{arch}.attention.key_length") or width // heads
     value = _int(meta, f"{arch}.attention.value_length") or width // heads
-    return 2 * layers * kv_heads * (key + value)
+    latent = _int(meta, f"{arch}.attention.kv_lora_rank")
+    if latent is not None:
+        kv_heads, key, value = 1, latent + (_int(meta, f"{arch}.rope.dimension_count") or 0), latent
+    window = _int(meta, f"{arch}.attention.sliding_window") or _int(meta, f"{arch}.attention.chunk_size")
+    if window is None and arch == "llama4":
+        window = _LLAMA4_CHUNK
+    period = _int(meta, f"{arch}.attention.sliding_window_pattern") or _SWA_PERIODS.get(arch)
+    if window is None or period is None:
+        return KvShape(layers, kv_heads, key, value)
+    windowed = sum(1 for layer in range(layers) if layer % period < period - 1)
+    return KvShape(layers, kv_heads, key, value, window, windowed)
+
+
+def _row_bytes(elements: int, cache_type: str) -> int:
+    block_bytes, block = CACHE_TYPE_BYTES.get(cache_type, CACHE_TYPE_BYTES["f32"])
+    return -(-elements // block) * block_bytes
+
+
+def kv_bytes_per_token(meta: dict[str, Value], type_k: str = "f16", type_v: str = "f16") -> int | None:
+    """The KV cache bytes one token of context takes in every layer (no sliding window), from
+    the header; ``None`` when the header does not say enough. A cache type llama-server's
+    table lacks counts as ``f32``."""
+    shape = kv_shape(meta)
+    if shape is None:
+        return None
+    return shape.layers * _token_bytes(shape, type_k, type_v)
+
+
+def _token_bytes(shape: KvShape, type_k: str, type_v: str) -> int:
+    """One layer's bytes for one cell."""
+    keys = _row_bytes(shape.kv_heads * shape.key_length, type_k)
+    return keys + _row_bytes(shape.kv_heads * shape.value_length, type_v)
+
+
+def kv_cache_bytes(
+    shape: KvShape,
+    ctx: int,
+    parallel: int,
+    *,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    swa_full: bool = False,
+    unified: bool = False,
+    ubatch: int = 512,
+) -> int:
+    """The KV cache llama-server allocates for ``ctx`` context tokens over ``parallel`` slots
+    (module docstring): per slot ``ctx / parallel`` cells for a full-attention layer; for a
+    sliding-window one, the window plus a micro-batch (``ubatch``) or the slot's context if that
+    is less, rounded up to 256 cells (with ``unified``, one cache of ``window × parallel +
+    ubatch``)."""
+    parallel = max(parallel, 1)
+    full_layers = shape.layers - shape.window_layers
+    cells = ctx
+    if shape.window_layers and not swa_full:
+        if unified:
+            window_cells = _pad(min(ctx, shape.window * parallel + ubatch))
+        else:
+            window_cells = parallel * _pad(min(ctx // parallel, shape.window + ubatch))
+    else:
+        window_cells = cells
+    per_cell = _token_bytes(shape, type_k, type_v)
+    return per_cell * (full_layers * cells + shape.window_layers * window_cells)
+
+
+def _pad(cells: int, to: int = 256) -> int:
+    return -(-cells // to) * to
 
 
 #: Header key fragments of layers whose state is not a per-token KV cache (state-space,

@@ -16,6 +16,7 @@ from .adapter import accepts, create_adapter
 from .capabilities import REPORTED_CAPABILITIES
 from .cli import werk_cli_commands as werk_cli_commands  # `werk llamacpp`; `werk` imports only .cli
 from .core import BACKEND_ID
+from .footprint import memory_estimate
 from .options import validate_options
 
 
@@ -29,6 +30,7 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
             "managed llama-server (GGUF)",
             capabilities=REPORTED_CAPABILITIES,
             validate_options=validate_options,
+            memory_estimate=memory_estimate,
         )
     ]
 
