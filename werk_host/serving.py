@@ -20,6 +20,14 @@ limit, the server) forever. :class:`Server` and :class:`Channel` add, without pa
   connections are thus accepted while slow or idle ones hold every slot. Only when every
   connection has a request in service does the server stop accepting (waitress's behaviour), and
   new connections wait in the listen backlog.
+* **No write spin.** waitress flushes a response's bytes in the worker thread that writes them
+  (``send_bytes`` 1) and wakes the main loop only when bytes are left over (the client reads
+  slowly). While a worker is inside such a write, :meth:`Channel.writable` says no unless the
+  worker waits for the main loop to drain its buffer (the outbuf lock is then free), and a write
+  that leaves bytes behind wakes the main loop once it is done: otherwise
+  the main loop, run whenever the worker releases the GIL for its ``send``, would find the
+  channel writable, fail to take the lock and poll again at once, once per streamed event
+  (docs/operations.md, "Where relay time goes").
 * **Parse errors.** A request waitress's parser refuses (a control byte in a header, bad
   framing) is answered in the error shape of the API its request line names
   (werk_host/http/framing.py) instead of waitress's plain text.
@@ -94,6 +102,27 @@ class Channel(HTTPChannel):  # type: ignore[misc]
     error_task_class = ShapedErrorTask
     reading_since: float | None = None
     read_bytes = 0
+    #: a worker thread is inside :meth:`write_soon` (module docstring, "No write spin")
+    writing = False
+
+    def write_soon(self, data: bytes) -> int:
+        self.writing = True
+        try:
+            written: int = super().write_soon(data)
+        finally:
+            self.writing = False
+        if self.total_outbufs_len:  # left for the main loop, which may have looked while we wrote
+            self.server.pull_trigger()
+        return written
+
+    def writable(self) -> bool:
+        if self.writing and not (self.will_close or self.close_when_flushed):
+            # the writer flushes, and pulls the trigger for what it leaves; it only needs the
+            # main loop while it waits under the high watermark, with the lock released
+            if not self.outbuf_lock.acquire(blocking=False):
+                return False
+            self.outbuf_lock.release()
+        return bool(self.total_outbufs_len or self.will_close or self.close_when_flushed)
 
     def received(self, data: bytes) -> bool:
         before = self.request

@@ -35,9 +35,14 @@ contract:
 * **Streaming.** :func:`forward` returns the response as an
   :class:`~werk_host.seam.InferenceResponse` whose body yields chunks as the server sends
   them (server-sent events included), never buffered whole; only the headers in
-  :data:`PASSED_HEADERS` are relayed. A body the server breaks off (connection closed or reset
-  before its end, a chunked body without its last chunk, fewer bytes than its
-  ``content-length``, a read past ``idle_s``) raises :class:`BackendCut` from the body
+  :data:`PASSED_HEADERS` are relayed. Each body read takes what the socket holds, up to
+  :data:`READ_CHUNK` bytes, and yields it as one chunk, so events that arrived together leave
+  together; a chunked body's framing is undone by :func:`_dechunk` over those reads, one pass
+  per read rather than several calls per chunk (docs/operations.md, "Where relay time goes").
+  What stays in memory per response is bounded by :data:`READ_CHUNK` plus one chunk-size line.
+  A body the server breaks off (connection closed or reset before its end, a chunked body
+  without its last chunk or with broken framing, fewer bytes than its ``content-length``, a
+  read past ``idle_s``) raises :class:`BackendCut` from the body
   iterator, a retryable ``unavailable`` with a fixed message: the relaying route ends its
   answer with it (werk_host/http/openai.py).
 * **Cancellation.** Closing the response before its end closes the upstream connection, which
@@ -78,7 +83,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 16 * 1024
+READ_CHUNK = 64 * 1024
+#: The longest chunk-size line (with extensions) or trailer line accepted in a chunked body.
+MAX_CHUNK_LINE = 4096
 #: ``content-length`` too: a non-streamed answer then leaves waitress unchunked, which saves the
 #: client a round of chunk framing. Event streams keep the server's "do not buffer me" hints for
 #: proxies in front of Werk.
@@ -331,10 +338,14 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
     state = {"done": False, "closed": False}
 
     def body_iter() -> Iterator[bytes]:
+        if response.chunked and response.fp is not None:
+            yield from _dechunk(response, pool.label)
+            state["done"] = True
+            return
         while True:
             try:
                 chunk = response.read1(READ_CHUNK)
-            except _CONNECTION_ERRORS as err:  # reset, timed out, a chunked body cut short
+            except _CONNECTION_ERRORS as err:  # reset, timed out
                 raise BackendCut(pool.label) from err
             if not chunk:
                 if response.length:  # read1() returns b"" at EOF short of content-length
@@ -362,3 +373,71 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
 
     relayed = {k: v for k, v in response.getheaders() if k.lower() in PASSED_HEADERS}
     return InferenceResponse(status=response.status, headers=relayed, body=body_iter(), close=close)
+
+
+_SIZE, _DATA, _CRLF, _TRAILER = range(4)
+
+
+def _dechunk(response: http.client.HTTPResponse, label: str) -> Iterator[bytes]:
+    """The payload of ``response``'s chunked body, one piece per read of the socket (module
+    docstring, "Streaming"); raises :class:`BackendCut` for a body that ends (or breaks its
+    framing) before its last chunk and trailers. Returns after the body's last byte, with the
+    connection positioned for its next response; ``response`` is marked read to the end."""
+    fp = response.fp
+    assert fp is not None
+    pending = b""
+    phase, left = _SIZE, 0
+    while True:
+        try:
+            data = fp.read1(READ_CHUNK)
+        except _CONNECTION_ERRORS as err:  # reset, timed out
+            raise BackendCut(label) from err
+        if not data:
+            raise BackendCut(label)
+        pending = pending + data if pending else data
+        pieces: list[bytes] = []
+        pos, end = 0, len(pending)
+        while pos < end:
+            if phase == _DATA:
+                take = min(left, end - pos)
+                pieces.append(pending[pos : pos + take])
+                pos += take
+                left -= take
+                if left:
+                    break
+                phase = _CRLF
+            elif phase == _CRLF:
+                if end - pos < 2:
+                    break
+                if pending[pos : pos + 2] != b"\r\n":
+                    raise BackendCut(label)
+                pos += 2
+                phase = _SIZE
+            else:
+                eol = pending.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+                if eol < 0:
+                    if end - pos >= MAX_CHUNK_LINE:
+                        raise BackendCut(label)
+                    break
+                line = pending[pos:eol]
+                pos = eol + 2
+                if phase == _TRAILER:
+                    if not line:  # the body's end: nothing may follow (no request was pipelined)
+                        if pos != end:
+                            raise BackendCut(label)
+                        if pieces:
+                            yield b"".join(pieces)
+                        response.chunk_left = None
+                        response.length = 0
+                        return
+                    continue
+                try:
+                    left = int(line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise BackendCut(label) from None
+                if left < 0:
+                    raise BackendCut(label)
+                phase = _DATA if left else _TRAILER
+        pending = pending[pos:]
+        if pieces:
+            yield pieces[0] if len(pieces) == 1 else b"".join(pieces)

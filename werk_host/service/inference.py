@@ -462,10 +462,17 @@ class InferenceService:
         state: dict[str, Any] = {"tail": b"", "failed": response.status >= 400, "closed": False}
 
         def body() -> Iterator[bytes]:
-            tail = b""
+            # the last chunks, by reference: joined only when they pass twice the tail's size, so
+            # a stream of small events costs no copy per event (at most 2 tails + 1 chunk held)
+            recent: list[bytes] = []
+            held = 0
             try:
                 for chunk in response.body:
-                    tail = (tail + chunk[-USAGE_TAIL_BYTES:])[-USAGE_TAIL_BYTES:]
+                    recent.append(chunk)
+                    held += len(chunk)
+                    if held > 2 * USAGE_TAIL_BYTES:
+                        recent = [b"".join(recent)[-USAGE_TAIL_BYTES:]]
+                        held = len(recent[0])
                     yield chunk
             except GeneratorExit:
                 raise
@@ -473,7 +480,7 @@ class InferenceService:
                 state["failed"] = True
                 raise
             finally:
-                state["tail"] = tail
+                state["tail"] = b"".join(recent)[-USAGE_TAIL_BYTES:]
 
         def close() -> None:
             if state["closed"]:
