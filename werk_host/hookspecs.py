@@ -81,7 +81,10 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:  # type:
     processes: factories are cheap descriptions; work happens in ``create``. A factory may
     give ``validate_options``: the host calls it with each deployment instance's profile
     ``options`` when ``werk serve`` starts, and a :class:`ValueError` it raises refuses the
-    profile (docs/plugin-kit.md, "Options").
+    profile (docs/plugin-kit.md, "Options"). A factory may give ``memory_estimate``: before an
+    instance's first start the host asks it for a :class:`~werk_host.seam.MemoryEstimate` (the
+    KV cache of the configured context, the share of layers on an accelerator) and admits the
+    start against host and accelerator memory (docs/plugin-kit.md, "Memory estimate").
     """
 
 
