@@ -166,3 +166,26 @@ def test_a_command_module_that_fails_to_import_is_named_in_one_line(site: Path) 
         "werk: plugin broken commands failed to load: ImportError: missing native library "
         "(see `werk plugins`; WERK_DISABLE_PLUGINS=broken turns the plugin off)"
     ]
+
+
+#: A command module that records that it was imported.
+RECORDING_CLI = (
+    'import os\nfrom pathlib import Path\n\nPath(os.environ["WERK_TEST_IMPORTED"], "{name}-cli").touch()\n' + CLI_MODULE
+)
+
+
+def test_serving_commands_start_without_the_plugins_command_modules(site: Path) -> None:
+    """``werk serve``, ``run`` and ``chat`` build their parser without importing any plugin's
+    command module (docs/operations.md, "Start-up"); every other command still has them."""
+    _install(site, "fakecmd", RECORDING_CLI, plugin=False)
+    marker = site.parent / "imported" / "fakecmd-cli"
+    for command in ("serve", "run", "chat"):
+        shown = _werk(site, command, "--help")
+        assert shown.returncode == 0, shown.stderr
+        assert not marker.exists(), f"werk {command} imported a plugin's command module"
+    listed = _werk(site, "--help")
+    assert listed.returncode == 0 and "fakecmd" in listed.stdout
+    assert marker.exists()
+    marker.unlink()
+    assert _werk(site, "fakecmd", "hello").stdout == "hello world from fakecmd\n"
+    assert marker.exists()

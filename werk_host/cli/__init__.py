@@ -13,8 +13,14 @@ from werk_host.errors import WerkError
 
 Handler = Callable[[argparse.Namespace], int]
 
+#: The host's commands whose start is on the way to a first answer: their parser is built
+#: without the plugins' command modules (docs/operations.md, "Start-up").
+SERVING_COMMANDS = frozenset({"serve", "run", "chat"})
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """``werk``'s parser for ``argv`` (default: ``sys.argv[1:]``): every command, the plugins'
+    own included, unless ``argv`` names one of :data:`SERVING_COMMANDS`."""
     parser = argparse.ArgumentParser(prog="werk", description="Werk host")
     parser.add_argument("--version", action="version", version=f"werk-host {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -27,8 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
     cache.register(sub)
     runtime.register(sub)
     deployments.register(sub)
-    plugin_commands(sub)
+    if _command(sys.argv[1:] if argv is None else argv) not in SERVING_COMMANDS:
+        plugin_commands(sub)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (``werk`` itself has
+    only ``--version`` and ``--help``)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +59,7 @@ def plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     try:
