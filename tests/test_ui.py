@@ -209,8 +209,6 @@ def _llama_server() -> str | None:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One ``werk serve`` with two llama.cpp instances of the tiny GGUF: ``tiny`` (preloaded)
     and ``spare`` (cold); a client key and an operator key."""
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("no chromium/chromedriver: run scripts/setup-browser.sh (apt-get, as root)")
     binary = _llama_server()
     if binary is None:
         pytest.skip("no llama-server binary: set WERK_LLAMA_SERVER or run scripts/build-llama-server.sh")
@@ -230,7 +228,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def browser(live: str) -> Iterator[Any]:
+def chrome() -> Iterator[Any]:
+    """One headless chromium for the module (skips without it, with the reason)."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("no chromium/chromedriver: run scripts/setup-browser.sh (apt-get, as root)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -244,6 +245,12 @@ def browser(live: str) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser(chrome: Any, live: str) -> Any:
+    """The module's chromium, once the live host with llama-server is up."""
+    return chrome
 
 
 @pytest.fixture(scope="module")
@@ -446,3 +453,50 @@ def test_a_refused_key_signs_nobody_in(browser: Any, live: str) -> None:
     assert browser.execute_script("return sessionStorage.getItem('werk.ui.key')") is None
     assert "sk-not" not in browser.current_url
     assert not browser.find_element(By.ID, "app").is_displayed()
+
+
+METRICS_TEXT = r"""# HELP lat_seconds latency
+# TYPE lat_seconds histogram
+lat_seconds_bucket{instance="a",route="/r\"x",le="0.1"} 2.0
+lat_seconds_bucket{instance="a",route="/r\"x",le="0.5"} 6.0
+lat_seconds_bucket{instance="a",route="/r\"x",le="1.0"} 8.0
+lat_seconds_bucket{instance="a",route="/r\"x",le="+Inf"} 8.0
+lat_seconds_count{instance="a",route="/r\"x"} 8.0
+lat_seconds_created{instance="a",route="/r\"x"} 1.7e+09
+tokens_total{instance="a"} 40.0
+tokens_total{instance="b"} 2.0
+"""
+
+
+def test_the_pages_metrics_parser_reads_the_text_format(chrome: Any, bare_host: Any) -> None:
+    from werk_host.testing.hosts import running
+
+    with running(bare_host) as url:
+        chrome.get(f"{url}/ui/favicon.svg")
+        found = chrome.execute_async_script(
+            """const done = arguments[arguments.length - 1];
+            import("/ui/metrics.js").then((m) => {
+              const s = m.parseMetrics(arguments[0]);
+              const q = (p) => m.quantile(s, "lat_seconds", {instance: "a"}, p);
+              done([m.sum(s, "tokens_total"), m.sum(s, "tokens_total", {instance: "a"}), q(0.5), q(0.95),
+                    s.find((x) => x.name === "lat_seconds_count").labels.route, m.quantile(s, "none", {}, 0.5)]);
+            });""",
+            METRICS_TEXT,
+        )
+    total, of_a, p50, p95, route, missing = found
+    assert (total, of_a, route, missing) == (42, 40, '/r"x', None)
+    assert p50 == pytest.approx(0.3) and p95 == pytest.approx(0.9)  # interpolated within the bucket
+
+
+def test_a_host_without_keys_is_operated_by_its_local_user(chrome: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    from werk_host.testing.hosts import backend_host, running
+
+    host, _ = backend_host(tmp_path / "home")
+    with running(host) as url:
+        _sign_in(chrome, url, "")
+        assert chrome.find_element(By.ID, "who").text == "operator key"
+        _wait(chrome, lambda d: _state(d, "tiny") == "ready", "the reference instance")
+        assert chrome.find_elements(By.CSS_SELECTOR, 'button[data-action="unload"][data-instance="tiny"]')
+        assert chrome.execute_script("return sessionStorage.getItem('werk.ui.key')") == ""
