@@ -18,7 +18,10 @@ requests per stream; at least 2), over fresh connections with ``Connection: clos
 closes after every stream anyway), from one single-threaded ``selectors`` client that neither
 parses JSON nor decodes chunks, so the client costs the same whatever it talks to. Tokens/s is
 the completion tokens the answers report (their final usage) over the measurement's wall time;
-TTFT is the time from connecting to the first byte of the first token event. The targets run
+TTFT is the time from connecting to the first byte of the first token event; an answer ends at
+its last byte (the end of its chunked body), not at the server's close. The ``werk CPU`` column
+is the serving ``werk serve`` process's CPU time over the measurement (its threads' run time
+from ``/proc``) per relayed token: less noisy than tokens/s on a shared machine. The targets run
 in alternating order (ABBA), ``--reps`` times per n; the table shows medians, the ratio is the
 median of the per-repetition ratios (less sensitive to drift on a shared machine).
 
@@ -30,7 +33,7 @@ Ends with ``RATIO`` lines: ``relay_tokens_per_s_n{1,4,16,64}`` (target >= 0.95),
 ``anthropic_relay_tokens_per_s_n{4,16}`` and ``ollama_relay_tokens_per_s_n{4,16}`` (>= 0.9),
 ``relay_added_ttft_p50_ms_n{1,4,16,64}`` (target <= 1 ms at n <= 4, <= 5 ms at n = 16).
 
-    .venv/bin/python bench/relay_throughput.py [--reps 3] [--per 32] [--max-tokens 32]
+    .venv/bin/python bench/relay_throughput.py [--reps 3] [--per 64] [--max-tokens 32]
         [--model generated|smollm2] [--threads 1] [--baseline DIR] [--ns 1,4,16,64]
 """
 
@@ -50,7 +53,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +124,7 @@ class Run:
     tokens: int
     ttft_ms: list[float]
     failures: list[str]
+    cpu_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -165,7 +169,8 @@ def run_load(kind: Kind, n: int, per: int) -> Run:
                         stream.first = time.perf_counter()
                         ttfts.append((stream.first - stream.started) * 1000.0)
                 stream.tail = (stream.tail + data)[-TAIL:]
-                continue
+                if not stream.tail.endswith(b"\r\n0\r\n\r\n"):
+                    continue  # not yet the end of the chunked body
             sel.unregister(stream.sock)
             stream.sock.close()
             whole = bytes(stream.head[:64]) if stream.head else stream.tail[:64]
@@ -180,8 +185,10 @@ def run_load(kind: Kind, n: int, per: int) -> Run:
 
 
 @contextmanager
-def werk_serve(src: Path, home: Path, server: Path, threads: int, extra: list[str]) -> Iterator[tuple[int, int, str]]:
-    """(werk port, child port, child key) of ``werk serve`` run from the checkout ``src``."""
+def werk_serve(
+    src: Path, home: Path, server: Path, threads: int, extra: list[str]
+) -> Iterator[tuple[int, int, str, int]]:
+    """(werk port, child port, child key, werk pid) of ``werk serve`` run from the checkout ``src``."""
     env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server)}
     env["WERK_LLAMA_ARGS"] = f"-t {threads}"
     env["PYTHONPATH"] = os.pathsep.join([str(src), str(src / "plugins" / "llamacpp" / "src")])
@@ -202,11 +209,21 @@ def werk_serve(src: Path, home: Path, server: Path, threads: int, extra: list[st
         port = int(json.loads(line)["port"])
         obs = Target(port, "", {"Authorization": f"Bearer {KEY}"}).get("/werk/v1/observability")
         pid = obs["data"]["workers"][0]["pid"]
-        yield port, _listening_port(pid), _child_key(pid)
+        yield port, _listening_port(pid), _child_key(pid), proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds the threads of process ``pid`` have run so far (Linux ``/proc/*/schedstat``,
+    nanoseconds; a thread that has exited meanwhile drops out, and waitress's threads live on)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with suppress(OSError, ValueError, IndexError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def bodies(max_tokens: int) -> dict[str, bytes]:
@@ -228,7 +245,7 @@ def bodies(max_tokens: int) -> dict[str, bytes]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3, help="measurements per target and n")
-    parser.add_argument("--per", type=int, default=32, help="requests per stream at n=1 (32/n at n, at least 2)")
+    parser.add_argument("--per", type=int, default=64, help="requests per stream at n=1 (per/n at n, at least 2)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--ns", default="1,4,16,64", help="concurrent streams, comma-separated")
     parser.add_argument("--compat-ns", default="4,16", help="n at which the translators are measured")
@@ -259,7 +276,7 @@ def main() -> int:
             home.mkdir()
             ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [model], backend="llama.cpp"))
             homes[name] = home
-        werk_port, child_port, child_key = stack.enter_context(
+        werk_port, child_port, child_key, werk_pid = stack.enter_context(
             werk_serve(ROOT, homes["werk"], server, args.threads, extra)
         )
         kinds = {
@@ -278,7 +295,7 @@ def main() -> int:
                 body["openai"],
             )
         if args.baseline:
-            base_port, _, _ = stack.enter_context(
+            base_port, _, _, base_pid = stack.enter_context(
                 werk_serve(args.baseline.resolve(), homes["base"], server, args.threads, extra)
             )
             kinds["base"] = Kind("base", base_port, "/v1/chat/completions", "openai", auth, body["openai"])
@@ -290,7 +307,10 @@ def main() -> int:
             names = [k for k in kinds if k not in ("anthropic", "ollama") or n in compat_ns]
             for rep in range(args.reps):
                 for name in names if rep % 2 == 0 else names[::-1]:
+                    pid = base_pid if name == "base" else werk_pid
+                    before = cpu_s(pid)
                     run = run_load(kinds[name], n, per)
+                    run.cpu_s = cpu_s(pid) - before
                     if run.failures:
                         print(f"  {name} n={n}: {len(run.failures)} failed: {run.failures[0][:300]!r}", file=sys.stderr)
                     runs.setdefault((name, n), []).append(run)
@@ -305,6 +325,9 @@ def main() -> int:
     def ttft90(name: str, n: int) -> float:
         return percentile([t for r in runs[(name, n)] for t in r.ttft_ms], 0.9)
 
+    def cpu(name: str, n: int) -> float:
+        return statistics.median(1e6 * r.cpu_s / max(r.tokens, 1) for r in runs[(name, n)])
+
     def ratio(name: str, n: int) -> float:
         pairs = zip(runs[(name, n)], runs[("direct", n)], strict=True)
         return statistics.median(a.tokens_per_s / b.tokens_per_s for a, b in pairs)
@@ -314,8 +337,8 @@ def main() -> int:
         f"-t {args.threads} | model {described} | {args.max_tokens}-token streamed answers | {args.reps} reps "
         f"(ABBA) | {platform.machine()} {os.cpu_count()} CPUs | load {load:.2f}"
     )
-    print("| streams | target | tokens/s | ratio to direct | TTFT p50 (p90) ms | tokens/answer |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| streams | target | tokens/s | ratio to direct | TTFT p50 (p90) ms | werk CPU µs/token | tokens/answer |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for n in ns:
         for name in kinds:
             if (name, n) not in runs:
@@ -326,7 +349,7 @@ def main() -> int:
             shown = "-" if name == "direct" else f"{ratio(name, n):.3f}"
             print(
                 f"| {n} | {name} | {tps(name, n):,.0f} | {shown} | {ttft(name, n):.2f} ({ttft90(name, n):.2f}) "
-                f"| {per_answer:.1f} |"
+                f"| {cpu(name, n):.1f} | {per_answer:.1f} |"
             )
     for n in ns:
         print(f"RATIO relay_tokens_per_s_n{n} = {ratio('werk', n):.3f} (target >= 0.95)")
@@ -341,6 +364,7 @@ def main() -> int:
         for n in ns:
             print(f"RATIO baseline_relay_tokens_per_s_n{n} = {ratio('base', n):.3f} (before this checkout)")
             print(f"RATIO baseline_added_ttft_p50_ms_n{n} = {ttft('base', n) - ttft('direct', n):+.2f}")
+            print(f"RATIO werk_cpu_per_token_vs_baseline_n{n} = {cpu('werk', n) / cpu('base', n):.3f}")
     return 0
 
 
