@@ -1,6 +1,7 @@
 // Playground: a streamed POST /v1/chat/completions against a model, instance or alias from
-// GET /v1/models, with "stream_options": {"include_usage": true}; shows tokens/s (completion
-// tokens from usage over the time from the first to the last event) and the prompt tokens the
+// GET /v1/models, with "stream_options": {"include_usage": true}; shows tokens/s (the backend's
+// own "timings" when the stream carries them, else the completion tokens from usage over the
+// time from the first to the last token as received) and the prompt tokens the
 // prompt cache supplied (usage.prompt_tokens_details.cached_tokens, docs/prompt-cache.md).
 
 import { call, streamChat } from "./api.js";
@@ -62,11 +63,13 @@ export class PlaygroundView {
     let last = null;
     let usage = null;
     let pieces = 0;
+    let timings = null;
     try {
       await streamChat(
         body,
         (event) => {
           if (event.usage) usage = event.usage;
+          if (event.timings && typeof event.timings === "object") timings = event.timings;
           const delta = event.choices && event.choices[0] && event.choices[0].delta;
           if (!delta) return;
           if (delta.reasoning_content) this.notice.append(delta.reasoning_content);
@@ -81,7 +84,7 @@ export class PlaygroundView {
         },
         this.abort.signal,
       );
-      say(this.stats, this.summary(started, first, last, pieces, usage));
+      say(this.stats, this.summary(started, first, last, pieces, usage, timings));
       this.stats.dataset.done = "yes";
     } catch (err) {
       say(this.stats, err.name === "AbortError" ? "stopped" : `refused (${err.status}): ${err.message}`, err.name !== "AbortError");
@@ -92,12 +95,14 @@ export class PlaygroundView {
     }
   }
 
-  summary(started, first, last, pieces, usage) {
+  summary(started, first, last, pieces, usage, timings) {
     const parts = [];
     if (first !== null) parts.push(`first token after ${num(first - started)} ms`);
     const tokens = usage ? usage.completion_tokens : pieces;
-    if (first !== null && last !== null && last > first && tokens > 1) {
-      parts.push(`${num(((tokens - 1) * 1000) / (last - first), 1)} tokens/s`);
+    if (timings && typeof timings.predicted_per_second === "number") {
+      parts.push(`${num(timings.predicted_per_second, 1)} tokens/s (the backend's timing)`);
+    } else if (first !== null && last !== null && last > first && tokens > 1) {
+      parts.push(`${num(((tokens - 1) * 1000) / (last - first), 1)} tokens/s (as received)`);
     }
     if (usage) {
       parts.push(`${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`);
