@@ -94,10 +94,14 @@ def _backend_estimate(instance: Instance) -> MemoryEstimate | None:
     if hook is None:
         return None
     try:
-        return hook(instance.config, instance.manifest)
+        found = hook(instance.config, instance.manifest)
     except Exception:  # a backend's estimate is advice: without it the model files count alone
         log.warning("instance %s: the backend's memory estimate failed", instance.id, exc_info=True)
         return None
+    if found is not None and not isinstance(found, MemoryEstimate):
+        log.warning("instance %s: the backend's memory estimate is not a MemoryEstimate", instance.id)
+        return None
+    return found
 
 
 @dataclass(frozen=True)
