@@ -19,7 +19,7 @@ from typing import Final, Protocol
 
 import falcon
 
-from werk_host.compat.upstream import error_message, read_document
+from werk_host.compat.upstream import SseEvents, coalesced, error_message, read_document
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
 from werk_host.service.inference import MAX_TOKENS_HEADER
@@ -82,12 +82,16 @@ def document(response: InferenceResponse) -> JsonObject:
         response.close()
 
 
-def streamed(response: InferenceResponse, translated: Iterator[bytes]) -> Iterator[bytes]:
+def streamed(
+    response: InferenceResponse, translated: Iterator[bytes], events: SseEvents | None = None
+) -> Iterator[bytes]:
     """``translated`` (a translation of ``response.body``) as the client's stream: ``response``
     is closed when it ends or is closed early. The body iterator is closed first, so that the
-    host's accounting of it sees what was read even when the translation stopped early."""
+    host's accounting of it sees what was read even when the translation stopped early. With
+    ``events`` (the :class:`SseEvents` ``translated`` reads), the pieces made from events that
+    arrived together go out as one write (:func:`~werk_host.compat.upstream.coalesced`)."""
     try:
-        yield from translated
+        yield from (translated if events is None else coalesced(translated, events))
     finally:
         close_body = getattr(response.body, "close", None)
         if callable(close_body):

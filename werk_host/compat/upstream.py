@@ -4,6 +4,11 @@ The answers come from :class:`~werk_host.service.inference.InferenceService`, so
 status already carries the host's sanitized OpenAI error (never a backend's own text). A 200
 body that cannot be read as the OpenAI shape is the backend's fault: it is answered as a
 retryable ``unavailable`` with a fixed message.
+
+A translated stream writes once per backend read, not once per event: :func:`coalesced` joins
+the pieces a translation makes while its next event is already buffered (:class:`SseEvents`),
+and writes before any step that would wait for the backend, so no piece is held back from the
+client while the backend computes (docs/operations.md, "Where relay time goes").
 """
 
 from __future__ import annotations
@@ -124,7 +129,58 @@ def _event_data(event: bytes) -> tuple[str, bytes] | None:
     return ("data", b"\n".join(data)) if data else None
 
 
-def sse_events(chunks: Iterable[bytes]) -> Iterator[JsonObject]:
+class SseEvents:
+    """The JSON objects of an OpenAI server-sent event stream, in order, up to ``[DONE]``
+    (:func:`sse_events`); :attr:`ready` says whether the next one (or the end) is at hand
+    without reading the backend, which :func:`coalesced` uses to batch a translation's writes."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = bytearray()
+        self._done = False
+        self._ended = False
+
+    def __iter__(self) -> SseEvents:
+        return self
+
+    @property
+    def ready(self) -> bool:
+        return self._ended or (not self._done and self._pending.find(b"\n\n") >= 0)
+
+    def __next__(self) -> JsonObject:
+        pending = self._pending
+        while True:
+            while not self._done and (end := pending.find(b"\n\n")) >= 0:
+                event = bytes(pending[:end])
+                del pending[: end + 2]
+                parsed = _event_data(event)
+                if parsed is None:
+                    continue
+                kind, data = parsed
+                if kind == "data" and data.strip() == b"[DONE]":
+                    self._done = True
+                    break
+                try:
+                    doc = json.loads(data)
+                except ValueError as err:
+                    raise unreadable() from err
+                if not isinstance(doc, dict):
+                    raise unreadable()
+                return {"error": doc} if kind == "error" else doc
+            if len(pending) > MAX_EVENT_BYTES:
+                raise unreadable()
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self._ended = True
+                raise StopIteration
+            if self._done:
+                continue
+            pending += chunk
+            if b"\r" in pending:  # CRLF line ends (a lone CR at the end waits for its LF)
+                pending[:] = pending.replace(b"\r\n", b"\n")
+
+
+def sse_events(chunks: Iterable[bytes]) -> SseEvents:
     """The JSON objects of an OpenAI server-sent event stream, in order, up to ``[DONE]``.
 
     ``chunks`` is read to its end even after ``[DONE]`` (nothing more is yielded), so that the
@@ -132,30 +188,39 @@ def sse_events(chunks: Iterable[bytes]) -> Iterator[JsonObject]:
     is yielded as ``{"error": ...}``; the caller decides what the client sees. Comments and
     keep-alive lines are skipped. Raises ``unavailable`` for an event that is not JSON or too
     large."""
-    pending = bytearray()
-    done = False
-    for chunk in chunks:
-        if done:
-            continue
-        pending += chunk
-        if b"\r" in pending:  # CRLF line ends (a lone CR at the end waits for its LF)
-            pending = bytearray(pending.replace(b"\r\n", b"\n"))
-        while (end := pending.find(b"\n\n")) >= 0:
-            event = bytes(pending[:end])
-            del pending[: end + 2]
-            parsed = _event_data(event)
-            if parsed is None:
-                continue
-            kind, data = parsed
-            if kind == "data" and data.strip() == b"[DONE]":
-                done = True
-                break
+    return SseEvents(chunks)
+
+
+#: The most translated bytes :func:`coalesced` holds before it writes them.
+MAX_COALESCED_BYTES: Final = 64 << 10
+
+
+def coalesced(translated: Iterable[bytes], events: SseEvents) -> Iterator[bytes]:
+    """``translated`` (a translation of ``events``) with the pieces made from events that arrived
+    together joined into one write: a piece is held only while the next event is already at hand
+    (:attr:`SseEvents.ready`), so nothing waits for the backend, and at most
+    :data:`MAX_COALESCED_BYTES` are held (docs/operations.md, "Where relay time goes")."""
+    held: list[bytes] = []
+    size = 0
+    pieces = iter(translated)
+    try:
+        while True:
+            if held and (size >= MAX_COALESCED_BYTES or not events.ready):
+                yield b"".join(held)
+                held, size = [], 0
             try:
-                doc = json.loads(data)
-            except ValueError as err:
-                raise unreadable() from err
-            if not isinstance(doc, dict):
-                raise unreadable()
-            yield {"error": doc} if kind == "error" else doc
-        if len(pending) > MAX_EVENT_BYTES:
-            raise unreadable()
+                piece = next(pieces)
+            except StopIteration:
+                break
+            except Exception:
+                if held:  # what was made before the failure still goes out first
+                    yield b"".join(held)
+                raise
+            held.append(piece)
+            size += len(piece)
+        if held:
+            yield b"".join(held)
+    finally:
+        close = getattr(pieces, "close", None)
+        if callable(close):
+            close()

@@ -121,7 +121,8 @@ class Messages:
             resp.content_type = "text/event-stream"
             resp.set_header("Cache-Control", "no-cache")
             resp.set_header(REQUEST_ID_HEADER, _request_id(req))
-            resp.stream = calls.streamed(response, message_stream(sse_events(response.body), request))
+            events = sse_events(response.body)
+            resp.stream = calls.streamed(response, message_stream(events, request), events)
             return
         _json(req, resp, 200, message(calls.document(response), request))
 

@@ -270,8 +270,9 @@ class _Generation(_Resource):
         self._keep(req, response.headers.get(DEPLOYMENT_HEADER), keep_alive)
         if stream:
             resp.content_type = "application/x-ndjson"
-            translated = answer_stream(sse_events(response.body), shape, model, started_ns)
-            resp.stream = calls.streamed(response, translated)
+            events = sse_events(response.body)
+            translated = answer_stream(events, shape, model, started_ns)
+            resp.stream = calls.streamed(response, translated, events)
             return
         _json(resp, 200, answer(calls.document(response), shape, model, started_ns))
 

@@ -102,7 +102,8 @@ class Responses:
         if request.stream:
             resp.content_type = "text/event-stream"
             resp.set_header("Cache-Control", "no-cache")
-            resp.stream = calls.streamed(response, response_stream(sse_events(response.body), request))
+            events = sse_events(response.body)
+            resp.stream = calls.streamed(response, response_stream(events, request), events)
             return
         _json(resp, 200, response_object(calls.document(response), request))
 
