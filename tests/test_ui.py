@@ -216,9 +216,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = tmp_path_factory.mktemp("ui")
     model = testmodel.generate_model(base / "tiny.gguf")
     profile = base / "deployments.toml"
+    broken = base / "broken.gguf"  # a real GGUF header, then nothing: llama-server cannot load it
+    broken.write_bytes(model.read_bytes()[:4096])
     profile.write_text(
         f'[[instance]]\nid = "tiny"\nmodel = "{model}"\npreload = true\ndefault = true\n\n'
-        f'[[instance]]\nid = "spare"\nmodel = "{model}"\n'
+        f'[[instance]]\nid = "spare"\nmodel = "{model}"\n\n'
+        f'[[instance]]\nid = "broken"\nmodel = "{broken}"\nbackend = "llama.cpp"\n'
     )
     home = base / "home"
     home.mkdir(mode=0o700)
@@ -318,11 +321,14 @@ def _samples(driver: Any) -> int:
     return int(found.group(1)) if found else 0
 
 
-def _no_page_errors(driver: Any) -> None:
-    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
-    # the role probe's 403 for a client key (and the client test's own call) logs a network
-    # error by design; nothing else may
-    assert all(re.search(r" 403 ", e["message"]) for e in severe), severe
+def _no_page_errors(driver: Any, *expected: int) -> None:
+    """No error in the page's console but refusals the test caused: the role probe's 403 for a
+    client key, and the ``expected`` statuses. (``/favicon.ico`` is the browser's own request
+    when :func:`_signed_out` shows the icon, not the page's.)"""
+    allowed = "|".join(str(status) for status in (403, *expected))
+    log = driver.get_log("browser")
+    severe = [e for e in log if e["level"] == "SEVERE" and "/favicon.ico " not in e["message"]]
+    assert all(re.search(rf" ({allowed}) ", e["message"]) for e in severe), severe
 
 
 def test_an_operator_sees_the_instances_loads_and_unloads(browser: Any, live: str, shots: Path) -> None:
@@ -343,8 +349,14 @@ def test_an_operator_sees_the_instances_loads_and_unloads(browser: Any, live: st
     _click(browser, 'button[data-action="unload"][data-instance="spare"]')
     _wait(browser, lambda d: _state(d, "spare") == "cold", "spare unloaded by the operator")
     _wait(browser, lambda d: "unloaded" in _text(d, "#instance-events"), "the log tail shows the unload")
+    _click(browser, 'button[data-action="load"][data-instance="broken"]')
+    _wait(browser, lambda d: _state(d, "broken") == "failed", "the broken instance failed")
+    reason = _text(browser, 'td.state-cell[data-instance="broken"] .reason')
+    assert "failed to start instance broken" in reason and ".gguf" not in reason  # redacted: no path
+    assert "refused" in _text(browser, "#instances-status")
+    browser.save_screenshot(str(shots / "instances-failed.png"))
     assert browser.current_url == f"{live}/ui#instances"  # the key is in no URL
-    _no_page_errors(browser)
+    _no_page_errors(browser, 503)  # the failed start's answer
 
 
 def test_a_prune_is_previewed_then_confirmed(browser: Any, live: str, shots: Path) -> None:

@@ -1,5 +1,5 @@
 // Traffic: GET /metrics (the same counters operators scrape), parsed in the page and polled
-// while shown: per instance requests, tokens/s between two polls, first-byte latency
+// while shown: per instance requests, completion tokens/s over the last minute of polls, first-byte latency
 // percentiles of /v1/chat/completions (for a streamed answer the time to its first byte,
 // docs/operations.md, "Metrics") and the prompt-cache hit ratio.
 
@@ -9,6 +9,7 @@ import { fill, h, num, say } from "./util.js";
 
 const CHAT_ROUTE = "/v1/chat/completions";
 const LATENCY = "werk_http_request_duration_seconds";
+const RATE_WINDOW_MS = 60 * 1000;
 
 export class TrafficView {
   constructor(root) {
@@ -16,7 +17,7 @@ export class TrafficView {
     this.table = h("div", { id: "traffic-table" });
     this.routes = h("div", { id: "traffic-routes" });
     fill(root, h("h2", {}, "Traffic"), this.status, this.table, h("h3", {}, "Requests by route"), this.routes);
-    this.previous = null;
+    this.history = [];
   }
 
   async refresh() {
@@ -31,12 +32,12 @@ export class TrafficView {
     const instances = new Set();
     for (const s of samples) if (s.name.startsWith("werk_chat_") && s.labels.instance) instances.add(s.labels.instance);
     const completion = Object.fromEntries([...instances].map((i) => [i, sum(samples, "werk_chat_completion_tokens_total", { instance: i })]));
+    this.history.push({ t: now, completion });
+    while (this.history.length > 2 && this.history[0].t < now - RATE_WINDOW_MS) this.history.shift();
+    const oldest = this.history[0];
     const rows = [...instances].sort().map((i) => {
       let rate = null;
-      if (this.previous && this.previous.completion[i] !== undefined) {
-        const dt = (now - this.previous.t) / 1000;
-        if (dt > 0) rate = (completion[i] - this.previous.completion[i]) / dt;
-      }
+      if (oldest.t < now && oldest.completion[i] !== undefined) rate = (completion[i] - oldest.completion[i]) / ((now - oldest.t) / 1000);
       const hits = sum(samples, "werk_chat_prompt_cache_hits_total", { instance: i });
       const misses = sum(samples, "werk_chat_prompt_cache_misses_total", { instance: i });
       const p = (q) => quantile(samples, LATENCY, { instance: i, route: CHAT_ROUTE }, q);
@@ -56,8 +57,7 @@ export class TrafficView {
         h("td", { class: "num" }, hits + misses ? `${num((100 * hits) / (hits + misses))} % of ${hits + misses}` : "—"),
       );
     });
-    this.previous = { t: now, completion };
-    say(this.status, `${instances.size} instance(s) with chat traffic; tokens/s is measured between two polls.`);
+    say(this.status, `${instances.size} instance(s) with chat traffic; tokens/s: completion tokens over the last minute of polls.`);
     const head = ["Instance", "Requests", "Active", "Failed", "Prompt tokens", "Completion tokens", "Tokens/s", "First byte p50", "First byte p95", "Prompt-cache hits"];
     fill(
       this.table,
