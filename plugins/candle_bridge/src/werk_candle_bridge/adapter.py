@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 
 from pydantic import JsonValue
 
@@ -51,6 +50,9 @@ from werk_host.plugin import (
 )
 from werk_host.plugin.reasoning import unsupported_profile
 
+from .backend import BACKEND_ID, CHAT_CAPABILITIES, PLUGIN_NAME, _option_int, check_options
+from .backend import REPORTED_CAPABILITIES as REPORTED_CAPABILITIES
+from .backend import accepts as accepts
 from .engine import EngineFailure, EngineSettings, missing_engine_reason
 from .generation import run
 from .residency import POOL, SharedModel
@@ -60,50 +62,8 @@ __all__ = ["BACKEND_ID", "PLUGIN_NAME", "REPORTED_CAPABILITIES", "CandleAdapter"
 
 log = logging.getLogger(__name__)
 
-BACKEND_ID = "candle"
-PLUGIN_NAME = "candle"
 #: The engine's own default prefix-cache size, used when ``--persistence`` enables reuse.
 PERSISTENT_PREFIX_CACHE_N = 16
-OPTIONS = ("max_seqs", "prefix_cache_n")
-
-CHAT_CAPABILITIES = (
-    (
-        CapabilityId.TOKEN_COUNT,
-        "exact: the engine's tokenizer counts the prompt Werk renders with the model's template",
-    ),
-    (CapabilityId.ADMISSION, "from the exact token count and the engine's max_sequence_length()"),
-)
-#: Every id :meth:`CandleAdapter.capabilities` reports on (declared on the adapter factory).
-REPORTED_CAPABILITIES = (
-    CapabilityId.MODEL_RESIDENCY,
-    CapabilityId.PREFIX_CACHE,
-    *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
-    CapabilityId.CHAT_LIMITS,
-    CapabilityId.REASONING,
-)
-
-
-def _option_int(options: Mapping[str, object], name: str, low: int) -> int | None:
-    value = options.get(name)
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise WerkError(ErrorCode.INVALID_REQUEST, f"backend option candle.{name} must be an integer of at least {low}")
-    return value
-
-
-def check_options(options: Mapping[str, object]) -> None:
-    """``invalid_request`` for an option the engine does not take or a bad value: what
-    :func:`engine_settings` refuses, asked of a profile's options when ``werk serve`` starts."""
-    unknown = sorted(k for k in options if k not in OPTIONS)
-    if unknown:
-        raise WerkError(
-            ErrorCode.INVALID_REQUEST, f"unknown backend option candle.{unknown[0]} (known: {', '.join(OPTIONS)})"
-        )
-    _option_int(options, "max_seqs", 1)
-    _option_int(options, "prefix_cache_n", 0)
 
 
 def engine_settings(config: HostConfig) -> EngineSettings:
@@ -272,12 +232,6 @@ class CandleAdapter:
             context_per_slot=engine.max_sequence_length,
             device=None,
         )
-
-
-def accepts(manifest: ModelManifest | None) -> bool:
-    """Only models pinned to this backend (``werk models add NAME FILE.gguf --backend candle``):
-    an unpinned GGUF is left to llama.cpp."""
-    return manifest is not None and manifest.backend in (BACKEND_ID, PLUGIN_NAME)
 
 
 def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> CandleAdapter:

@@ -17,7 +17,7 @@ import sys
 
 from werk_host.plugin import DoctorCheck, HostConfig
 
-from .adapter import PLUGIN_NAME
+from .backend import PLUGIN_NAME
 from .engine import DISTRIBUTION, missing_engine_reason
 
 #: The mistralrs version the bridge depends on (plugins/candle_bridge/pyproject.toml).

@@ -3,7 +3,9 @@
 It offers the adapter factory and the doctor checks; every operation hook is a method of
 :class:`werk_candle_bridge.adapter.CandleAdapter`, which the host registers with its plugin
 manager when it creates the adapter (docs/plugin-hooks.md). Importing this module never
-imports the engine, so the plugin loads on every platform.
+imports the engine, so the plugin loads on every platform; the adapter module is imported when
+a candle instance is created and the doctor's when its checks run (docs/operations.md,
+"Start-up").
 """
 
 from __future__ import annotations
@@ -13,22 +15,16 @@ from collections.abc import Mapping
 from pydantic import JsonValue
 
 from werk_host.plugin import (
+    Adapter,
     AdapterFactory,
     DoctorCheck,
     HostConfig,
+    ModelManifest,
     WerkError,
     hookimpl,
 )
 
-from . import doctor
-from .adapter import (
-    BACKEND_ID,
-    PLUGIN_NAME,
-    REPORTED_CAPABILITIES,
-    accepts,
-    check_options,
-    create_adapter,
-)
+from .backend import BACKEND_ID, PLUGIN_NAME, REPORTED_CAPABILITIES, accepts, check_options
 
 __all__ = ["PLUGIN_NAME", "werk_adapter_factories", "werk_doctor_checks"]
 
@@ -47,6 +43,14 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
     ]
 
 
+def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> Adapter:
+    """:func:`werk_candle_bridge.adapter.create_adapter`, imported when the first candle
+    instance is created."""
+    from .adapter import create_adapter as create
+
+    return create(config, manifest)
+
+
 def _validate_options(options: Mapping[str, JsonValue]) -> None:
     """An instance's profile options, checked when ``werk serve`` starts by the rules the engine
     settings apply (docs/plugin-kit.md, "Options")."""
@@ -58,4 +62,6 @@ def _validate_options(options: Mapping[str, JsonValue]) -> None:
 
 @hookimpl
 def werk_doctor_checks(config: HostConfig) -> list[DoctorCheck]:
+    from . import doctor
+
     return doctor.checks(config)

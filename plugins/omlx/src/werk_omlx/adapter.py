@@ -35,9 +35,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import JsonValue
 
@@ -64,11 +62,19 @@ from werk_host.plugin import (
     WorkerObservation,
     hookimpl,
 )
-from werk_host.plugin.checkpoints import checkpoint_dir, context_length, safetensors_metadata
+from werk_host.plugin.checkpoints import context_length
 from werk_host.plugin.http import forward
 from werk_host.plugin.reasoning import unsupported_profile
 
 from . import experts
+from .backend import (
+    BACKEND_ID,
+    CHAT_CAPABILITIES,
+    PLUGIN_NAME,
+    Settings,
+)
+from .backend import REPORTED_CAPABILITIES as REPORTED_CAPABILITIES
+from .backend import accepts as accepts
 from .cli import OmlxCliServer, OmlxCliStartupError, find_omlx
 from .interpreter import MlxInterpreter, MlxUnavailable, probe_interpreter, worker_python
 from .options import MIB, ChatOptions, validated_options
@@ -76,55 +82,11 @@ from .workers import WorkerProcess, WorkerSpec, WorkerStartupError
 
 log = logging.getLogger(__name__)
 
-BACKEND_ID = "omlx"
-PLUGIN_NAME = "omlx"
 ENV_BUDGET = "WERK_OMLX_EXPERT_CACHE_MB"
-DEFAULT_MAX_WORKERS = 2
-DEFAULT_STARTUP_TIMEOUT_S = 300.0
-CHAT_CAPABILITIES = (CapabilityId.TOKEN_COUNT, CapabilityId.ADMISSION, CapabilityId.CHAT_LIMITS)
-#: Every id :meth:`OmlxAdapter.capabilities` reports on (declared on the adapter factory).
-REPORTED_CAPABILITIES = (
-    CapabilityId.MODEL_RESIDENCY,
-    CapabilityId.EXPERTS,
-    CapabilityId.OMLX_OPTIONS,
-    *CHAT_CAPABILITIES,
-    CapabilityId.REASONING,
-)
 
 
 def _unavailable(message: str, *, retryable: bool = True) -> WerkError:
     return WerkError(ErrorCode.UNAVAILABLE, message, retryable=retryable)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The ``omlx.*`` backend options."""
-
-    python: str | None = None
-    executable: str | None = None
-    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S
-    max_workers: int = DEFAULT_MAX_WORKERS
-
-    @classmethod
-    def parse(cls, options: dict[str, Any]) -> Settings:
-        unknown = sorted(set(options) - {"python", "executable", "startup_timeout", "max_workers"})
-        if unknown:
-            raise WerkError(ErrorCode.INVALID_REQUEST, f"unknown omlx backend option(s): {', '.join(unknown)}")
-        timeout = options.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT_S)
-        workers = options.get("max_workers", DEFAULT_MAX_WORKERS)
-        try:
-            timeout, workers = float(timeout), int(workers)
-        except (TypeError, ValueError) as err:
-            raise WerkError(ErrorCode.INVALID_REQUEST, "omlx.startup_timeout and omlx.max_workers are numbers") from err
-        if timeout <= 0 or workers < 1:
-            raise WerkError(ErrorCode.INVALID_REQUEST, "omlx.startup_timeout and omlx.max_workers must be positive")
-        python, executable = options.get("python"), options.get("executable")
-        return cls(
-            python=str(python) if python else None,
-            executable=str(executable) if executable else None,
-            startup_timeout=timeout,
-            max_workers=workers,
-        )
 
 
 def env_budget_bytes() -> int | None:
@@ -507,18 +469,6 @@ class OmlxAdapter:
 
 
 # -- creation ------------------------------------------------------------------------------------
-
-
-def accepts(manifest: ModelManifest | None) -> bool:
-    """A manifest pinned to oMLX, or an unpinned directory of an MLX checkpoint (``config.json``
-    and ``*.safetensors`` whose metadata says ``format: mlx``)."""
-    if manifest is None:
-        return False
-    if manifest.backend is not None:
-        return manifest.backend in (BACKEND_ID, PLUGIN_NAME)
-    directory = checkpoint_dir(manifest)
-    metadata = safetensors_metadata(directory) if directory is not None else None
-    return metadata is not None and metadata.get("format") == "mlx"
 
 
 def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> OmlxAdapter:

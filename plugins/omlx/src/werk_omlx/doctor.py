@@ -24,7 +24,7 @@ from pathlib import Path
 
 from werk_host.plugin import DoctorCheck, HostConfig
 
-from .adapter import PLUGIN_NAME
+from .backend import PLUGIN_NAME
 from .cli import ENV_EXECUTABLE, find_omlx
 from .interpreter import ENV_PYTHON, SERIES, apple_silicon, mlx_platform, worker_python
 

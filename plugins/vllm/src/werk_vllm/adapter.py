@@ -50,12 +50,14 @@ from werk_host.plugin import (
     WorkerObservation,
     hookimpl,
 )
-from werk_host.plugin.checkpoints import checkpoint_dir
 from werk_host.plugin.http import forward, post_json
 from werk_host.plugin.reasoning import unsupported_profile
 
 from . import server as servers
 from .apc import injected_flag, prefix_cache_report
+from .backend import BACKEND_ID, CHAT_CAPABILITIES, PLUGIN_NAME
+from .backend import REPORTED_CAPABILITIES as REPORTED_CAPABILITIES
+from .backend import accepts as accepts
 from .client import get, get_json
 from .executable import InspectionError, VllmNotFound, find_vllm, flag_name, inspect_vllm
 from .launch import (
@@ -73,8 +75,6 @@ from .targets import Live, LocalTarget, RemoteTarget, Target, served_max_model_l
 
 log = logging.getLogger(__name__)
 
-BACKEND_ID = "vllm"
-PLUGIN_NAME = "vllm"
 #: Chat-request members that change the prompt vLLM renders, passed to ``/tokenize`` as they are.
 TOKENIZE_PASSED = (
     "tools",
@@ -84,18 +84,6 @@ TOKENIZE_PASSED = (
     "add_special_tokens",
     "mm_processor_kwargs",
     "media_io_kwargs",
-)
-CHAT_CAPABILITIES = (
-    (CapabilityId.TOKEN_COUNT, "exact count from vLLM's /tokenize with the served chat template"),
-    (CapabilityId.ADMISSION, "exact count from vLLM's /tokenize against its max_model_len"),
-    (CapabilityId.CHAT_LIMITS, "max_model_len from vLLM's /v1/models, concurrency from --max-num-seqs"),
-)
-#: Every id :meth:`VllmAdapter.capabilities` reports on (declared on the adapter factory).
-REPORTED_CAPABILITIES = (
-    CapabilityId.MODEL_RESIDENCY,
-    CapabilityId.PREFIX_CACHE,
-    *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
-    CapabilityId.REASONING,
 )
 REMOTE_MODELS_TTL_S = 30.0
 COUNT_CACHE = 256
@@ -365,17 +353,6 @@ class VllmAdapter:
 
 
 # -- creation ------------------------------------------------------------------------------------
-
-
-def accepts(manifest: ModelManifest | None) -> bool:
-    """A manifest pinned to vLLM, or an unpinned Hugging Face checkpoint directory
-    (:func:`~werk_host.plugin.checkpoints.checkpoint_dir`: ``config.json`` and
-    ``*.safetensors`` side by side)."""
-    if manifest is None:
-        return False
-    if manifest.backend is not None:
-        return manifest.backend in (BACKEND_ID, PLUGIN_NAME)
-    return checkpoint_dir(manifest) is not None
 
 
 def _remote_key(settings: RemoteSettings) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from werk_host.plugin import DoctorCheck, HostConfig
 
-from .adapter import PLUGIN_NAME
+from .backend import PLUGIN_NAME
 from .executable import ENV_VAR, ExecutableIdentity, VllmNotFound, _read_disk, find_vllm
 
 #: Bound of the ``vllm --version`` run (vLLM imports torch first).
