@@ -24,7 +24,7 @@ arguments; the bare llama-server with its defaults. Medians, min and max; the la
 one ``RATIO name = X (target ...)`` per figure. The machine's other load makes single runs
 noisy: read the medians.
 
-    .venv/bin/python -m bench.cold_start [--runs 5] [--only serve|run] [--importtime]
+    .venv/bin/python -m bench.cold_start [--runs 5] [--only serve|run] [--importtime] [--checkout DIR]
 
 ``--importtime`` adds one ``werk serve`` run under ``python -X importtime`` and prints the
 slowest imports before the first child is spawned (the first answer is not timed then).
@@ -153,6 +153,9 @@ class Setup:
     gguf: Path
     work: Path
     runs: int = 0
+    #: another checkout of this repository whose host and plugins ``werk`` runs from (a
+    #: ``git archive`` of an earlier commit, for before/after figures); ``None``: the installed one
+    checkout: Path | None = None
 
     def log(self, name: str) -> Any:
         return open(self.work / f"{name}.log", "ab")
@@ -161,7 +164,9 @@ class Setup:
         with self.log(name) as log:
             log.write(f"\n== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n".encode())
             log.flush()
-            return subprocess.Popen(cmd, stdout=stdout or log, stderr=log, env=env, start_new_session=True)
+            return subprocess.Popen(
+                cmd, stdout=stdout or log, stderr=log, env=env, cwd=self.work, start_new_session=True
+            )
 
     def werk_env(self) -> dict[str, str]:
         self.runs += 1
@@ -173,6 +178,9 @@ class Setup:
         # module of the host at every start
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(bench_cache() / "pycache")
+        if self.checkout is not None:  # ahead of the editable installs (their entry points stay)
+            paths = [self.checkout, *sorted(self.checkout.glob("plugins/*/src"))]
+            env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
         return env
 
 
@@ -284,7 +292,9 @@ def import_profile(setup: Setup, top: int = 15) -> list[str]:
     cmd += ["--model", str(setup.gguf)]
     err = setup.work / "importtime.txt"
     with open(err, "wb") as stderr:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=setup.work, start_new_session=True
+        )
     try:
         first_answer(port, setup.gguf.stem, proc, "werk serve -X importtime")
     finally:
@@ -312,14 +322,22 @@ def main() -> int:
     parser.add_argument("--only", choices=("serve", "run"), help="measure one figure")
     parser.add_argument("--importtime", action="store_true", help="also one werk serve under -X importtime")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (homes, logs)")
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        metavar="DIR",
+        help="run werk from this copy of the repository (e.g. git archive REV | tar -x -C DIR) instead of the "
+        "installed one: before/after figures",
+    )
     args = parser.parse_args()
     server = llama_server_binary()
     gguf = smollm2_gguf()
     work = Path(tempfile.mkdtemp(prefix="werk-bench-cold-"))
-    setup = Setup(server, gguf, work)
+    setup = Setup(server, gguf, work, checkout=args.checkout.resolve() if args.checkout else None)
     say(f"work directory {work}")
     print(f"cold_start | {platform.node()} | {os.cpu_count()} CPUs | load {os.getloadavg()[0]:.2f}")
     print(f"llama-server {server}")
+    print(f"werk from {setup.checkout or 'the installed host'} ({sys.executable})")
     print(f"model SmolLM2-135M-Instruct Q4_1 ({gguf})")
     print(f"chat: non-streamed, {ANSWER_TOKENS} answer tokens, temperature 0 | runs {args.runs} each, alternating")
     ratios: list[tuple[str, float, str]] = []
