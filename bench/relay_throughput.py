@@ -1,11 +1,15 @@
 """Streamed relay throughput: tokens/s and TTFT straight to llama-server vs through ``werk serve``.
 
 One ``werk serve`` subprocess (``--model`` on a generated tiny GGUF, or ``--model smollm2``)
-manages one llama-server with ``--parallel 4``; the bench finds the child's port and key and
-sends the same streamed chat request (``--max-tokens`` output tokens, 32 by default, with
-``ignore_eos``, temperature 0, fixed seed) at n = 1, 4, 16 and 64 concurrent streams to
+manages one llama-server; beside it runs a bare llama-server with ``--parallel 4`` and Werk's
+child's own command line otherwise (its own port, no API key, no slot save path). Werk's child
+runs with ``--parallel 5``: Werk keeps the last slot for its states (prefill, decode; the
+llama.cpp plugin's ``ordinary_capacity``), so both serve chats on 4 slots of 1,024 tokens, and
+the difference is the relay's. The bench sends the same streamed chat request
+(``--max-tokens`` output tokens, 32 by default, with ``ignore_eos``, temperature 0, fixed seed)
+at n = 1, 4, 16 and 64 concurrent streams to
 
-* ``direct``    - ``POST {child}/v1/chat/completions`` on the managed llama-server itself;
+* ``direct``    - ``POST {bare}/v1/chat/completions`` on the bare llama-server;
 * ``werk``      - ``POST {werk}/v1/chat/completions``: auth, admission, gate, pooled relay;
 * ``anthropic`` - ``POST {werk}/v1/messages`` (the Anthropic translator; n = 4 and 16);
 * ``ollama``    - ``POST {werk}/api/chat`` (the Ollama translator; n = 4 and 16);
@@ -66,14 +70,14 @@ from bench.proxy_overhead import (  # noqa: E402
     KEY,
     MODEL,
     Target,
-    _child_key,
-    _listening_port,
     git_describe,
     llama_server,
     percentile,
 )
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
 
+#: llama-server's slots (and Werk's ordinary slots), and each slot's context.
+PARALLEL, SLOT_CTX = 4, 1024
 WERK_ARGS = "--threads 96 --inference-max 80 --inference-per-key 80 --inference-queue 80"
 PROMPT = "werk keeps the prompt cache warm for every model state"
 #: The first byte of a token event, per protocol (a non-empty text piece).
@@ -185,10 +189,8 @@ def run_load(kind: Kind, n: int, per: int) -> Run:
 
 
 @contextmanager
-def werk_serve(
-    src: Path, home: Path, server: Path, threads: int, extra: list[str]
-) -> Iterator[tuple[int, int, str, int]]:
-    """(werk port, child port, child key, werk pid) of ``werk serve`` run from the checkout ``src``."""
+def werk_serve(src: Path, home: Path, server: Path, threads: int, extra: list[str]) -> Iterator[tuple[int, int, int]]:
+    """(werk port, its llama-server's pid, werk pid) of ``werk serve`` run from the checkout ``src``."""
     env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server)}
     env["WERK_LLAMA_ARGS"] = f"-t {threads}"
     env["PYTHONPATH"] = os.pathsep.join([str(src), str(src / "plugins" / "llamacpp" / "src")])
@@ -209,7 +211,7 @@ def werk_serve(
         port = int(json.loads(line)["port"])
         obs = Target(port, "", {"Authorization": f"Bearer {KEY}"}).get("/werk/v1/observability")
         pid = obs["data"]["workers"][0]["pid"]
-        yield port, _listening_port(pid), _child_key(pid), proc.pid
+        yield port, pid, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -224,6 +226,52 @@ def cpu_s(pid: int) -> float:
         with suppress(OSError, ValueError, IndexError):
             total += int((task / "schedstat").read_text().split()[0])
     return total / 1e9
+
+
+@contextmanager
+def bare_llama_server(child_pid: int, log_path: Path) -> Iterator[int]:
+    """The port of a llama-server started with Werk's child's own command line (Linux
+    ``/proc``), but ``-np PARALLEL -c PARALLEL*SLOT_CTX``, its own port, no slot save path and no
+    API key: the server a user would run by hand (module docstring)."""
+    argv = Path(f"/proc/{child_pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    replaced = {b"--port": b"0", b"-np": str(PARALLEL).encode(), b"-c": str(PARALLEL * SLOT_CTX).encode()}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    replaced[b"--port"] = str(port).encode()
+    cmd: list[bytes] = [argv[0]]
+    i = 1
+    while i < len(argv):
+        flag = argv[i]
+        if flag == b"--slot-save-path":
+            i += 2
+            continue
+        cmd.append(flag)
+        if flag in replaced and i + 1 < len(argv):
+            cmd.append(replaced[flag])
+            i += 2
+            continue
+        i += 1
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bare llama-server did not start: {log_path.read_text()[-2000:]}")
+            try:
+                conn = Target(port, "", {})
+                conn.conn.request("GET", "/health")
+                if conn.conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def bodies(max_tokens: int) -> dict[str, bytes]:
@@ -263,8 +311,9 @@ def main() -> int:
         model, described = smollm2_gguf(), "SmolLM2-135M-Instruct Q4_1 (real)"
     else:
         model, described = generate_model(work / "bench.gguf", dim=64, layers=2), "64-dim 2-layer generated"
-    extra = [*shlex.split(args.werk_args), "--backend-option", "llamacpp.parallel=4"]
-    extra += ["--backend-option", "llamacpp.ctx=4096"]
+    # 4 ordinary slots and Werk's state slot, 1,024 tokens each (module docstring)
+    extra = [*shlex.split(args.werk_args), "--backend-option", f"llamacpp.parallel={PARALLEL + 1}"]
+    extra += ["--backend-option", f"llamacpp.ctx={(PARALLEL + 1) * SLOT_CTX}"]
     ns = [int(x) for x in args.ns.split(",")]
     compat_ns = {int(x) for x in args.compat_ns.split(",")}
     body = bodies(args.max_tokens)
@@ -276,26 +325,18 @@ def main() -> int:
             home.mkdir()
             ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [model], backend="llama.cpp"))
             homes[name] = home
-        werk_port, child_port, child_key, werk_pid = stack.enter_context(
+        werk_port, child_pid, werk_pid = stack.enter_context(
             werk_serve(ROOT, homes["werk"], server, args.threads, extra)
         )
+        direct_port = stack.enter_context(bare_llama_server(child_pid, work / "direct.log"))
         kinds = {
-            "direct": Kind("direct", child_port, "/v1/chat/completions", "openai", {}, body["openai"]),
+            "direct": Kind("direct", direct_port, "/v1/chat/completions", "openai", {}, body["openai"]),
             "werk": Kind("werk", werk_port, "/v1/chat/completions", "openai", auth, body["openai"]),
             "anthropic": Kind("anthropic", werk_port, "/v1/messages", "anthropic", auth, body["anthropic"]),
             "ollama": Kind("ollama", werk_port, "/api/chat", "ollama", auth, body["ollama"]),
         }
-        if child_key:
-            kinds["direct"] = Kind(
-                "direct",
-                child_port,
-                "/v1/chat/completions",
-                "openai",
-                {"Authorization": f"Bearer {child_key}"},
-                body["openai"],
-            )
         if args.baseline:
-            base_port, _, _, base_pid = stack.enter_context(
+            base_port, _, base_pid = stack.enter_context(
                 werk_serve(args.baseline.resolve(), homes["base"], server, args.threads, extra)
             )
             kinds["base"] = Kind("base", base_port, "/v1/chat/completions", "openai", auth, body["openai"])
@@ -333,7 +374,8 @@ def main() -> int:
         return statistics.median(a.tokens_per_s / b.tokens_per_s for a, b in pairs)
 
     print(
-        f"commit {git_describe()} | werk serve {args.werk_args} | llama-server {server} -np 4 -c 4096 "
+        f"commit {git_describe()} | werk serve {args.werk_args} | llama-server {server} -np {PARALLEL} "
+        f"-c {PARALLEL * SLOT_CTX} (werk's: -np {PARALLEL + 1}) "
         f"-t {args.threads} | model {described} | {args.max_tokens}-token streamed answers | {args.reps} reps "
         f"(ABBA) | {platform.machine()} {os.cpu_count()} CPUs | load {load:.2f}"
     )
