@@ -26,6 +26,8 @@ KEY_A = "sk-werk-prompt-cache-a-123456"
 KEY_B = "sk-werk-prompt-cache-b-654321"
 #: 1,200 words: above the 1,024-token threshold in the reference tokenizer (a token is a word).
 DOCUMENT = " ".join(f"w{i}" for i in range(1200))
+#: What one ``ask`` leaves in its entry: its 1,204 prompt tokens and the 4 answer tokens.
+PROMPT_CACHE_TOKENS = 1204 + 4
 
 
 @contextmanager
@@ -254,3 +256,113 @@ def test_a_new_process_is_warmed_with_the_most_recent_entry(tmp_path: Path) -> N
         counters = settled(host)
         assert counters.prompt_cache_hits == hits and counters.prompt_cache_prewarms == 1
         assert ask(b, document="older " + DOCUMENT) > 1  # B's own entry, restored over A's erased slot
+
+
+# -- /werk/v1/prompt-caches (werk_host/service/cacheentries.py; docs/prompt-cache.md, "Routes") --------
+
+ROUTE = "/werk/v1/prompt-caches"
+
+
+def listed(api: Api, **query: str) -> list[dict[str, object]]:
+    status, doc = api.get(ROUTE, **query)
+    assert status == 200, doc
+    assert doc["data"]["truncated"] is False
+    return list(doc["data"]["entries"])
+
+
+def act(api: Api, entry_id: object, action: str, dry_run: bool) -> tuple[int, dict[str, object]]:
+    return api.post(f"{ROUTE}/{entry_id}/actions", {"action": action, "dry_run": dry_run})
+
+
+def test_a_key_lists_and_acts_on_its_own_entries_only(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, b):
+        ask(a)
+        ask(b, document="b " + DOCUMENT)
+        settled(host)
+        (mine,) = listed(a)
+        (theirs,) = listed(b)
+        assert mine["id"] != theirs["id"] and mine["instance"] == theirs["instance"]
+        assert mine["prompt_tokens"] == PROMPT_CACHE_TOKENS
+        assert mine["pinned"] is False and mine["reusable"] is True
+        assert isinstance(mine["bytes"], int) and mine["bytes"] > 0
+        # another key's entry is not found, for every action, and nothing changed
+        for action in ("pin", "unpin", "evict"):
+            status, doc = act(b, mine["id"], action, dry_run=False)
+            assert status == 404, doc
+        status, doc = b.post(f"{ROUTE}/prune", {"selector": {"kind": "ids", "ids": [mine["id"]]}, "dry_run": False})
+        assert status == 200 and doc["data"]["matched"] == 0 and doc["data"]["removed"] == 0
+        assert listed(a) == [mine] and len(entries(tmp_path)) == 2
+
+
+def test_a_pin_is_previewed_then_kept_through_a_later_turn(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, _b):
+        ask(a)
+        settled(host)
+        (entry,) = listed(a)
+        status, doc = act(a, entry["id"], "pin", dry_run=True)
+        assert status == 200 and doc["data"] == {"entry": {**entry, "pinned": True}, "changed": True, "dry_run": True}
+        assert listed(a) == [entry]  # the preview changed nothing
+        status, doc = act(a, entry["id"], "pin", dry_run=False)
+        assert status == 200 and doc["data"]["entry"]["pinned"] is True and doc["data"]["changed"] is True
+        # a longer prompt over the same document supersedes an entry; a pinned one stays
+        ask(a, question="what now and what next " + " ".join(f"x{i}" for i in range(300)))
+        settled(host)
+        ids = {e["id"]: e["pinned"] for e in listed(a)}
+        assert len(ids) == 2 and ids[entry["id"]] is True
+        status, doc = act(a, entry["id"], "unpin", dry_run=False)
+        assert status == 200 and doc["data"]["entry"]["pinned"] is False
+
+
+def test_evict_and_prune_preview_first_then_remove(tmp_path: Path) -> None:
+    with serve(tmp_path, slots=2) as (host, plugin, a, _b):
+        ask(a)
+        ask(a, document="other " + DOCUMENT)
+        settled(host)
+        first, second = listed(a)
+        status, doc = act(a, first["id"], "evict", dry_run=True)
+        assert status == 200 and doc["data"]["dry_run"] is True and doc["data"]["changed"] is True
+        assert len(listed(a)) == 2
+        status, doc = act(a, first["id"], "evict", dry_run=False)
+        assert status == 200 and doc["data"]["changed"] is True
+        assert listed(a) == [second] and len(entries(tmp_path)) == 1
+        selector = {"kind": "all", "confirm": True}
+        status, doc = a.post(f"{ROUTE}/prune", {"selector": selector})  # a dry run unless told
+        assert status == 200 and doc["data"] == {
+            "matched": 1,
+            "removed": 0,
+            "bytes": second["bytes"],
+            "dry_run": True,
+        }
+        assert listed(a) == [second]
+        status, doc = a.post(f"{ROUTE}/prune", {"selector": selector, "dry_run": False})
+        assert status == 200 and doc["data"]["removed"] == 1
+        assert listed(a) == [] and entries(tmp_path) == []
+
+
+def test_bad_requests_are_typed_400s_and_nothing_is_touched(tmp_path: Path) -> None:
+    with serve(tmp_path) as (host, plugin, a, _b):
+        ask(a)
+        settled(host)
+        (entry,) = listed(a)
+        instance, sid = str(entry["id"]).split("/")
+        bad = [
+            (f"{ROUTE}/{instance}/not-an-entry/actions", {"action": "pin"}),
+            (f"{ROUTE}/{instance}/{sid}/actions", {"action": "promote"}),
+            (f"{ROUTE}/{instance}/{sid}/actions", {"action": "pin", "extra": 1}),
+            (f"{ROUTE}/prune", {"selector": {"kind": "all"}}),
+            (f"{ROUTE}/prune", {"selector": {"kind": "filter"}}),
+            (f"{ROUTE}/prune", {"selector": {"kind": "ids", "ids": ["../x"]}}),
+        ]
+        for path, body in bad:
+            status, doc = a.post(path, body)
+            assert status == 400, (path, body, doc)
+            assert doc["error"]["code"] == "invalid_request"
+        status, doc = a.get(ROUTE, limit="0")
+        assert status == 400, doc
+        status, doc = act(a, f"no-such-instance/{sid}", "evict", dry_run=False)
+        assert status == 404, doc
+        assert not (tmp_path / "prompt-cache" / "no-such-instance").exists()  # no store made
+        assert listed(a) == [entry]
+        status, doc = Api(a.base, "sk-not-a-key-000000").get(ROUTE)
+        assert status == 401, doc
+        assert KEY_A not in str(doc)

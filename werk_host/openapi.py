@@ -35,6 +35,23 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
     ("get", "/werk/v1/states", "One page of runtime states", None, p.StateListQuery, p.StatePage),
     ("post", "/werk/v1/states/{state_id}/actions", "Act on a state", p.StateActionRequest, None, p.StateActionResult),
     ("post", "/werk/v1/states/prune", "Prune states by explicit selector", p.PruneRequest, None, p.PruneResult),
+    ("get", "/werk/v1/prompt-caches", "This key's prompt caches", None, p.PromptCacheListQuery, p.PromptCacheList),
+    (
+        "post",
+        "/werk/v1/prompt-caches/{instance}/{entry}/actions",
+        "Pin, unpin or evict one of this key's prompt caches",
+        p.PromptCacheActionRequest,
+        None,
+        p.PromptCacheActionResult,
+    ),
+    (
+        "post",
+        "/werk/v1/prompt-caches/prune",
+        "Prune this key's prompt caches by explicit selector",
+        p.PromptCachePruneRequest,
+        None,
+        p.PruneResult,
+    ),
     ("get", "/werk/v1/experts", "One page of expert metadata", None, p.ExpertListQuery, p.ExpertPage),
     ("post", "/werk/v1/experts/actions", "Act on explicit experts", p.ExpertActionRequest, None, p.ExpertActionResult),
     ("post", "/werk/v1/prefill", "Prefill and issue a handoff", p.PrefillRequest, None, p.PrefillResult),
@@ -157,6 +174,13 @@ def build_openapi() -> dict[str, Any]:
             operation["parameters"].append(
                 {"name": "instance_id", "in": "path", "required": True, "schema": instance_id}
             )
+        if "{entry}" in path:
+            store = {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}
+            entry = {"type": "string", "pattern": "^st_[A-Za-z0-9_-]+$"}
+            operation["parameters"] += [
+                {"name": "instance", "in": "path", "required": True, "schema": store},
+                {"name": "entry", "in": "path", "required": True, "schema": entry},
+            ]
         if query is not None:
             # The model's own schema, so that every Field constraint (minLength, minimum, ...)
             # the server enforces is in the document too.

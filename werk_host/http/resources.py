@@ -20,6 +20,10 @@ from werk_host.protocol import (
     ExpertActionRequest,
     ExpertListQuery,
     PrefillRequest,
+    PromptCacheActionRequest,
+    PromptCacheEntryId,
+    PromptCacheListQuery,
+    PromptCachePruneRequest,
     PruneRequest,
     StateActionRequest,
     StateId,
@@ -76,6 +80,32 @@ class PruneResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         request = parse_body(req, PruneRequest)
         render_data(req, resp, self.control.prune_states(principal(req), request))
+
+
+class PromptCachesResource(_Resource):
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        query = parse_query(req, PromptCacheListQuery)
+        render_data(req, resp, self.control.list_prompt_caches(principal(req), query))
+
+
+_ENTRY_ID = TypeAdapter(PromptCacheEntryId)
+
+
+class PromptCacheActionsResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response, instance: str, entry: str) -> None:
+        entry_id = f"{instance}/{entry}"
+        try:
+            _ENTRY_ID.validate_python(entry_id)
+        except ValidationError as err:
+            raise WerkError(ErrorCode.INVALID_REQUEST, "the path does not name a prompt cache entry") from err
+        request = parse_body(req, PromptCacheActionRequest)
+        render_data(req, resp, self.control.prompt_cache_action(principal(req), entry_id, request))
+
+
+class PromptCachePruneResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        request = parse_body(req, PromptCachePruneRequest)
+        render_data(req, resp, self.control.prune_prompt_caches(principal(req), request))
 
 
 class ExpertsResource(_Resource):
@@ -186,6 +216,9 @@ ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
     ("/werk/v1/states", StatesResource),
     ("/werk/v1/states/prune", PruneResource),
     ("/werk/v1/states/{state_id}/actions", StateActionsResource),
+    ("/werk/v1/prompt-caches", PromptCachesResource),
+    ("/werk/v1/prompt-caches/prune", PromptCachePruneResource),
+    ("/werk/v1/prompt-caches/{instance}/{entry}/actions", PromptCacheActionsResource),
     ("/werk/v1/experts", ExpertsResource),
     ("/werk/v1/experts/actions", ExpertActionsResource),
     ("/werk/v1/prefill", PrefillResource),

@@ -73,6 +73,7 @@ from werk_host.seam import (
     StoredStateRef,
 )
 from werk_host.service.cache import Shared
+from werk_host.service.cacheentries import PromptCacheEntries, PromptCacheOperations
 from werk_host.service.capabilities import CapabilityResolver
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats, MetricsReading
 from werk_host.service.cursors import CursorCodec
@@ -111,7 +112,7 @@ def mismatch_fields(expected: dict[str, str], found: dict[str, str]) -> list[str
     return sorted(k for k in set(expected) | set(found) if expected.get(k) != found.get(k))
 
 
-class LocalControlService:
+class LocalControlService(PromptCacheOperations):
     """Transport-neutral implementation of every ``/werk/v1`` operation."""
 
     def __init__(
@@ -141,6 +142,7 @@ class LocalControlService:
             fleet.config.home, auth, self.hooks, self.chat_stats, prompt_cache_budget(fleet.config, fleet)
         )
         fleet.on_ready = self.prompt_caches.prewarm
+        self.prompt_cache_entries = PromptCacheEntries(self.prompt_caches, fleet)
         #: ``werk serve``'s inference gate, which prefill and decode run inside
         #: (docs/operations.md, "Inference concurrency"); ``None`` for in-process callers.
         self.inference_gate = gate

@@ -28,7 +28,8 @@ routes, which call them — through :meth:`PromptCaches.forward`. Contracts:
   slot is saved (the lease is held for that save only) and the payload committed by one
   background thread, unless a saved entry already holds the whole prompt (every block, and at
   least as many tokens). Entries of the same key whose blocks the new entry extends (or equals)
-  are deleted (it serves them all): a conversation keeps one entry, its latest turn. Before each
+  are deleted (it serves them all), pinned ones excepted: a conversation keeps one entry, its
+  latest turn. Before each
   commit, least-recently-used entries of the instance are evicted until the new one fits the
   budget (pinned or open ones never), so the budget is never exceeded; an entry larger than
   the budget is not saved. :meth:`PromptCaches.close` waits (bounded) for commits in flight.
@@ -175,12 +176,19 @@ class PromptCaches:
         self._served: dict[str, int] = {}
 
     # -- stores ---------------------------------------------------------------------------
+    @staticmethod
+    def store_name(label: str) -> str:
+        """The name of instance ``label``'s store: the label, or ``i-`` and a digest of it."""
+        if _SAFE_LABEL.fullmatch(label) and label not in (".", ".."):
+            return label
+        return "i-" + hashlib.sha256(label.encode()).hexdigest()[:16]
+
     def store(self, label: str) -> StateStore:
         """The prompt-cache store of instance ``label``."""
-        name = label if _SAFE_LABEL.fullmatch(label) and label not in (".", "..") else None
-        return self._store_at(name or "i-" + hashlib.sha256(label.encode()).hexdigest()[:16])
+        return self.store_named(self.store_name(label))
 
-    def _store_at(self, name: str) -> StateStore:
+    def store_named(self, name: str) -> StateStore:
+        """The store named ``name`` (:meth:`store_name`), one handle per name."""
         with self._lock:
             store = self._stores.get(name)
             if store is None:
@@ -199,7 +207,7 @@ class PromptCaches:
     def disk_bytes(self) -> dict[str, int]:
         """Payload bytes of the committed entries of every instance store on disk."""
         return {
-            name: sum(e.bytes or 0 for e in self._store_at(name).inventory() if e.kind == "state")
+            name: sum(e.bytes or 0 for e in self.store_named(name).inventory() if e.kind == "state")
             for name in store_names(self.home)
         }
 
@@ -465,7 +473,8 @@ class PromptCaches:
             )
             for older in self._entries(work):
                 old_blocks = older.adapter_meta.get("blocks")
-                if older.id != record.id and isinstance(old_blocks, list) and blocks[: len(old_blocks)] == old_blocks:
+                superseded = isinstance(old_blocks, list) and blocks[: len(old_blocks)] == old_blocks
+                if older.id != record.id and not older.pinned and superseded:
                     store.delete(work.principal.id, older.id)
             self.stats.add(instance=work.label, prompt_cache_saves=1)
         except WerkError as err:
