@@ -43,6 +43,7 @@ class Response:
     chunked = True
     chunk_left: int | None = None
     length: int | None = None
+    will_close = False
 
     def __init__(self, reads: list[bytes]) -> None:
         self.fp = Reads(reads)
@@ -93,13 +94,20 @@ def test_every_cut_short_body_is_a_backend_cut() -> None:
         b"zz\r\nabc\r\n0\r\n\r\n",  # not a size
         b"3\r\nabcXY0\r\n\r\n",  # no CRLF after the data
         b"-3\r\nabc\r\n0\r\n\r\n",  # a negative size
-        b"0\r\n\r\nHTTP/1.1 200 OK\r\n",  # bytes after the end: never a pipelined answer
         b"1" * (MAX_CHUNK_LINE + 10),  # a size line without end
     ],
 )
 def test_broken_framing_is_a_backend_cut(raw: bytes) -> None:
     with pytest.raises(BackendCut):
         dechunk([raw])
+
+
+def test_bytes_after_the_end_keep_the_payload_and_retire_the_connection() -> None:
+    out, response = dechunk([framed(PAYLOAD) + b"HTTP/1.1 200 OK\r\n"])
+    assert b"".join(out) == b"".join(PAYLOAD)
+    assert response.will_close  # never a pipelined answer: the connection is not reused
+    _, clean = dechunk([framed(PAYLOAD)])
+    assert not clean.will_close
 
 
 def test_a_read_failure_is_a_backend_cut() -> None:

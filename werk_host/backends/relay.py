@@ -382,7 +382,8 @@ def _dechunk(response: http.client.HTTPResponse, label: str) -> Iterator[bytes]:
     """The payload of ``response``'s chunked body, one piece per read of the socket (module
     docstring, "Streaming"); raises :class:`BackendCut` for a body that ends (or breaks its
     framing) before its last chunk and trailers. Returns after the body's last byte, with the
-    connection positioned for its next response; ``response`` is marked read to the end."""
+    connection positioned for its next response; ``response`` is marked read to the end (and
+    ``will_close`` when bytes followed the body, so that the connection is not reused)."""
     fp = response.fp
     assert fp is not None
     pending = b""
@@ -422,13 +423,13 @@ def _dechunk(response: http.client.HTTPResponse, label: str) -> Iterator[bytes]:
                 line = pending[pos:eol]
                 pos = eol + 2
                 if phase == _TRAILER:
-                    if not line:  # the body's end: nothing may follow (no request was pipelined)
-                        if pos != end:
-                            raise BackendCut(label)
-                        if pieces:
-                            yield b"".join(pieces)
+                    if not line:  # the body's end
+                        if pos != end:  # bytes nobody asked for (no request was pipelined)
+                            response.will_close = True  # so the connection is not reused
                         response.chunk_left = None
                         response.length = 0
+                        if pieces:
+                            yield b"".join(pieces)
                         return
                     continue
                 try:
