@@ -10,9 +10,10 @@ In a real headless browser (Debian's ``chromium`` and ``chromium-driver``, drive
 installed by ``scripts/setup-browser.sh``), against one real ``werk serve`` with a real
 llama-server and the generated tiny GGUF, shared by the module: an operator key signs in, sees
 the instances, loads and unloads one and reads its log; a client key previews a prune of its
-states, which removes nothing, then confirms it; a playground answer streams with its usage;
-the memory chart and the traffic table fill; a client key sees no operator controls and gets
-403 when it calls them anyway; a refused key is never in the URL. Each view is saved as a PNG
+states, which removes nothing, then confirms it; a long prompt of the same key leaves a
+prompt-cache entry, which the page pins and evicts, each previewed then confirmed; a playground
+answer streams with its usage; the memory chart and the traffic table fill; a client key sees
+no operator controls and gets 403 when it calls them anyway; a refused key is never in the URL. Each view is saved as a PNG
 (into ``WERK_UI_SCREENSHOTS`` when set: ``docs/ui/`` holds the ones docs/ui.md shows). Without
 the browser or llama-server those tests skip with the reason.
 """
@@ -208,7 +209,9 @@ def _llama_server() -> str | None:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One ``werk serve`` with two llama.cpp instances of the tiny GGUF: ``tiny`` (preloaded)
-    and ``spare`` (cold); a client key and an operator key."""
+    and ``spare`` (cold); a client key and an operator key. Each request gets the model's
+    trained context, 4,096 tokens (docs/deployments.md, "llama.cpp options"): room for the prompt-cache
+    test's prompt of over 1,024 tokens."""
     binary = _llama_server()
     if binary is None:
         pytest.skip("no llama-server binary: set WERK_LLAMA_SERVER or run scripts/build-llama-server.sh")
@@ -379,19 +382,72 @@ def test_a_prune_is_previewed_then_confirmed(browser: Any, live: str, shots: Pat
     _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-state]")) == 2, "two states listed")
     first = sorted(ids)[0]
     _click(browser, f'button[data-action="pin"][data-state="{first}"]')
-    _wait(browser, lambda d: f"pin {first} would change it" in _text(d, "#preview-text"), "the pin's dry run")
+    _wait(browser, lambda d: f"pin {first} would change it" in _text(d, "#states-preview-text"), "the pin's dry run")
     assert not any(s["pinned"] for s in api.get("/werk/v1/states")[1]["data"]["states"])  # a preview changes nothing
-    _click(browser, "#preview-confirm")
+    _click(browser, "#states-confirm")
     _wait(browser, lambda d: _text(d, f'tr[data-state="{first}"] td:nth-child(9)') == "yes", "the confirmed pin")
-    Select(browser.find_element(By.ID, "prune-kind")).select_by_value("all")
-    _click(browser, "#prune-preview")
-    _wait(browser, lambda d: "2 state(s) match" in _text(d, "#preview-text"), "the dry-run preview")
+    Select(browser.find_element(By.ID, "states-prune-kind")).select_by_value("all")
+    _click(browser, "#states-prune-preview")
+    _wait(browser, lambda d: "2 state(s) match" in _text(d, "#states-preview-text"), "the dry-run preview")
     assert {s["id"] for s in api.get("/werk/v1/states")[1]["data"]["states"]} == ids  # a preview removes nothing
     browser.save_screenshot(str(shots / "states.png"))
-    _click(browser, "#preview-confirm")
-    _wait(browser, lambda d: "Pruned: 2 of 2" in _text(d, "#preview-text"), "the confirmed prune")
+    _click(browser, "#states-confirm")
+    _wait(browser, lambda d: "Pruned: 2 of 2" in _text(d, "#states-preview-text"), "the confirmed prune")
     assert api.get("/werk/v1/states")[1]["data"]["states"] == []
     _wait(browser, lambda d: "no named states" in _text(d, "#states-table"), "the emptied list")
+    _no_page_errors(browser)
+
+
+#: About 1,300 tokens on the generated model (its vocabulary tokenises words): above the 1,024
+#: tokens under which no prompt cache is saved (docs/prompt-cache.md, "What happens").
+LONG_PROMPT = " ".join(f"box {i} holds {i * 7 % 13} red marbles and {i * 5 % 11} blue ones." for i in range(40))
+
+
+def _entries(api: Api) -> list[dict[str, Any]]:
+    status, doc = api.get("/werk/v1/prompt-caches")
+    assert status == 200, doc
+    return list(doc["data"]["entries"])
+
+
+def test_a_prompt_cache_entry_is_pinned_then_evicted(browser: Any, live: str, shots: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    api = Api(live, CLIENT, timeout=120)
+    question = {"role": "user", "content": f"{LONG_PROMPT}\n\nWhich box holds most?"}
+    status, answer = api.post("/v1/chat/completions", {"model": "tiny", "messages": [question], "max_tokens": 4})
+    assert status == 200, answer
+    assert answer["usage"]["prompt_tokens"] >= 1024, answer["usage"]
+    # saved after the answer, committed by a background thread (docs/prompt-cache.md): poll for it
+    (entry,) = _wait(browser, lambda _: _entries(api), "the prompt-cache entry committed")
+    assert (entry["instance"], entry["pinned"], entry["reusable"]) == ("tiny", False, True), entry
+    eid = entry["id"]
+    row = f'tr[data-entry="{eid}"]'
+    _sign_in(browser, live, CLIENT, "states")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), "the entry listed")
+    cells = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, f"{row} td")]
+    assert cells[0] == "tiny" and cells[2] == str(entry["prompt_tokens"]) and cells[6:8] == ["no", "yes"], cells
+    browser.execute_script("document.getElementById('prompt-caches').scrollIntoView()")
+    _click(browser, f'button[data-action="pin"][data-entry="{eid}"]')
+    _wait(browser, lambda d: f"pin {eid} would change it" in _text(d, "#caches-preview-text"), "the pin's dry run")
+    assert not _entries(api)[0]["pinned"]  # a preview changes nothing
+    browser.save_screenshot(str(shots / "prompt-caches.png"))
+    _click(browser, "#caches-confirm")
+    _wait(browser, lambda d: _text(d, f"{row} td:nth-child(7)") == "yes", "the confirmed pin")
+    assert _entries(api)[0]["pinned"]
+    Select(browser.find_element(By.ID, "caches-prune-kind")).select_by_value("instance")
+    browser.find_element(By.ID, "caches-prune-value").clear()
+    browser.find_element(By.ID, "caches-prune-value").send_keys("tiny")
+    _click(browser, "#caches-prune-preview")
+    _wait(browser, lambda d: "matches 1 entry" in _text(d, "#caches-preview-text"), "the prune's dry run")
+    _click(browser, "#caches-cancel")  # sends nothing
+    assert _text(browser, "#caches-preview") == "" and len(_entries(api)) == 1
+    _click(browser, f'button[data-action="evict"][data-entry="{eid}"]')
+    _wait(browser, lambda d: f"evict {eid} would change it" in _text(d, "#caches-preview-text"), "the evict's dry run")
+    assert [e["id"] for e in _entries(api)] == [eid]  # a preview removes nothing
+    _click(browser, "#caches-confirm")
+    _wait(browser, lambda d: "no prompt-cache entries" in _text(d, "#caches-table"), "the evicted entry gone")
+    assert "evict" in _text(browser, "#caches-preview-text") and _entries(api) == []
     _no_page_errors(browser)
 
 
