@@ -19,7 +19,7 @@ from werk_host.protocol.base import (
     StrictModel,
     present_schema,
 )
-from werk_host.protocol.states import AllSelector
+from werk_host.protocol.states import AllSelector, IdsSelector
 
 #: An instance's prompt-cache store name (the instance id, or ``i-`` and a digest of it).
 CacheStoreName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
@@ -71,17 +71,12 @@ class PromptCacheActionResult(DataModel):
     dry_run: bool
 
 
-class PromptCacheIdsSelector(StrictModel):
-    kind: Literal["ids"]
+class PromptCacheIdsSelector(IdsSelector):
+    """Explicit prompt-cache entry ids: 1 to 100, unique (as for states)."""
+
     ids: list[PromptCacheEntryId] = Field(
         min_length=1, max_length=MAX_STATE_IDS_PER_OPERATION, json_schema_extra={"uniqueItems": True}
     )
-
-    @model_validator(mode="after")
-    def _unique(self) -> Self:
-        if len(set(self.ids)) != len(self.ids):
-            raise ValueError("ids must be unique")
-        return self
 
 
 class PromptCacheFilterSelector(StrictModel):
