@@ -20,11 +20,15 @@ werk, ...; after one untimed warm-up run of each; the processes are stopped betw
   answered chat, SIGTERM and wait for its exit.
 
 Werk runs with the same llama-server (``WERK_LLAMA_SERVER``) and its own default child
-arguments; the bare llama-server with its defaults. Medians, min and max; the last lines are
+arguments (for SmolLM2: 2 slots of the trained 8,192-token context, no warm-up); the bare
+llama-server with its defaults (4 slots sharing 8,192 tokens, a warm-up). ``--child-args``
+adds, to the serve figure, llama-server started with werk's child arguments: what of the
+difference is the child's configuration rather than the host. Medians, min and max; the last lines are
 one ``RATIO name = X (target ...)`` per figure. The machine's other load makes single runs
 noisy: read the medians.
 
-    .venv/bin/python -m bench.cold_start [--runs 5] [--only serve|run] [--importtime] [--checkout DIR]
+    .venv/bin/python -m bench.cold_start [--runs 5] [--only serve|run] [--child-args] [--importtime]
+        [--checkout DIR]
 
 ``--importtime`` adds one ``werk serve`` run under ``python -X importtime`` and prints the
 slowest imports before the first child is spawned (the first answer is not timed then).
@@ -133,6 +137,29 @@ def own_figures(pid: int) -> dict[str, float]:
     return figures
 
 
+#: What werk's child arguments say about where and as what it serves, left out when the bench
+#: starts llama-server "with werk's child arguments" (its own port and model are given).
+NOT_CARRIED = {"--host": 1, "--port": 1, "-m": 1, "--model": 1, "--slot-save-path": 1, "--alias": 1, "-a": 1}
+
+
+def child_args(pid: int) -> list[str] | None:
+    """The arguments of the ``llama-server`` a running ``werk serve`` spawned (its first child),
+    less :data:`NOT_CARRIED`."""
+    try:
+        children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+        argv = Path(f"/proc/{min(children, key=int)}/cmdline").read_bytes().split(b"\0")[:-1]
+    except (OSError, ValueError):
+        return None
+    out: list[str] = []
+    words = iter(arg.decode() for arg in argv[1:])
+    for word in words:
+        if word in NOT_CARRIED:
+            next(words, None)
+        else:
+            out.append(word)
+    return out
+
+
 def stop(proc: subprocess.Popen[Any]) -> float:
     """SIGTERM and wait for the exit; ms it took."""
     start = time.perf_counter()
@@ -153,6 +180,8 @@ class Setup:
     gguf: Path
     work: Path
     runs: int = 0
+    #: the arguments werk gave its llama-server (:func:`child_args`), once a werk serve ran
+    werk_child_args: list[str] | None = None
     #: another checkout of this repository whose host and plugins ``werk`` runs from (a
     #: ``git archive`` of an earlier commit, for before/after figures); ``None``: the installed one
     checkout: Path | None = None
@@ -211,6 +240,8 @@ def werk_serve(setup: Setup) -> Sample:
         text = first_answer(port, setup.gguf.stem, proc, "werk serve")
         ms = (time.perf_counter() - start) * 1000
         detail = own_figures(proc.pid)
+        if setup.werk_child_args is None:
+            setup.werk_child_args = child_args(proc.pid)
     finally:
         stop(proc)
         reader.join(timeout=10)
@@ -219,9 +250,9 @@ def werk_serve(setup: Setup) -> Sample:
     return Sample(ms, detail, text)
 
 
-def llama_serve(setup: Setup, *, then_stop: bool = False) -> Sample:
+def llama_serve(setup: Setup, *, then_stop: bool = False, extra: list[str] | None = None) -> Sample:
     port = free_port()
-    cmd = [str(setup.server), "-m", str(setup.gguf), "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [str(setup.server), "-m", str(setup.gguf), "--host", "127.0.0.1", "--port", str(port), *(extra or [])]
     start = time.perf_counter()
     proc = setup.popen("llama-server", cmd)
     try:
@@ -234,6 +265,14 @@ def llama_serve(setup: Setup, *, then_stop: bool = False) -> Sample:
         ms += stopped
         detail["stop"] = stopped
     return Sample(ms, detail, text)
+
+
+def llama_serve_werk_args(setup: Setup) -> Sample:
+    """``llama-server -m GGUF`` with the arguments werk gives its child (context, slots, no
+    warm-up, ...): what of werk's figure is its child's configuration rather than the host."""
+    if setup.werk_child_args is None:
+        raise BenchError("werk's child arguments are not known (no werk serve run read them)")
+    return llama_serve(setup, extra=setup.werk_child_args)
 
 
 def werk_run(setup: Setup) -> Sample:
@@ -253,23 +292,23 @@ def llama_one_shot(setup: Setup) -> Sample:
     return llama_serve(setup, then_stop=True)
 
 
-def alternate(
-    setup: Setup, runs: int, a: Callable[[Setup], Sample], b: Callable[[Setup], Sample], names: tuple[str, str]
-) -> tuple[list[Sample], list[Sample]]:
-    """``runs`` samples of each, in the order a b b a a b b a ... (idle machine between runs),
-    after one untimed run of each (bytecode written, the model file in the page cache)."""
-    for which in (0, 1):
-        (a, b)[which](setup)
-        say(f"{names[which]}: warm-up run done")
-    got: tuple[list[Sample], list[Sample]] = ([], [])
+def alternate(setup: Setup, runs: int, systems: list[tuple[str, Callable[[Setup], Sample]]]) -> list[list[Sample]]:
+    """``runs`` samples of each system, in the order 1 2 3, 3 2 1, 1 2 3, ... (the processes
+    stopped between runs), after one untimed run of each (bytecode written, the model file in
+    the page cache)."""
+    for name, measure in systems:
+        measure(setup)
+        say(f"{name}: warm-up run done")
+    got: list[list[Sample]] = [[] for _ in systems]
     for i in range(runs):
-        order = (0, 1) if i % 2 == 0 else (1, 0)
-        for which in order:
+        order = list(range(len(systems)))
+        for which in order if i % 2 == 0 else reversed(order):
             quiesce(None, minimum=0.5)
-            sample = (a, b)[which](setup)
+            name, measure = systems[which]
+            sample = measure(setup)
             got[which].append(sample)
             extra = "".join(f", {k} {v:.0f} ms" for k, v in sample.detail.items())
-            say(f"{names[which]} run {i + 1}: {sample.ms:.0f} ms{extra}")
+            say(f"{name} run {i + 1}: {sample.ms:.0f} ms{extra}")
     return got
 
 
@@ -321,6 +360,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs of each system per figure (default 5)")
     parser.add_argument("--only", choices=("serve", "run"), help="measure one figure")
     parser.add_argument("--importtime", action="store_true", help="also one werk serve under -X importtime")
+    parser.add_argument(
+        "--child-args",
+        action="store_true",
+        help="serve figure: also llama-server with the arguments werk gives its child (informational)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (homes, logs)")
     parser.add_argument(
         "--checkout",
@@ -343,14 +387,29 @@ def main() -> int:
     ratios: list[tuple[str, float, str]] = []
     try:
         if args.only in (None, "serve"):
-            werk, llama = alternate(setup, args.runs, werk_serve, llama_serve, ("werk serve", "llama-server"))
+            systems: list[tuple[str, Callable[[Setup], Sample]]] = [
+                ("werk serve", werk_serve),
+                ("llama-server", llama_serve),
+            ]
+            if args.child_args:
+                systems.append(("llama-server with werk's child arguments", llama_serve_werk_args))
+            got = alternate(setup, args.runs, systems)
+            werk, llama = got[0], got[1]
             print("\nstart → first answered chat:")
             print(summary("werk serve --model GGUF", werk))
             print(summary("llama-server -m GGUF", llama))
+            if args.child_args:
+                print(summary("llama-server -m GGUF + werk's args", got[2]))
+                print(f"  werk's child arguments: {' '.join(setup.werk_child_args or [])}")
             ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in llama)
             ratios.append(("serve_first_answer_vs_llama_server", ratio, f"target <= {TARGET_SERVE}"))
+            if args.child_args:
+                ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in got[2])
+                ratios.append(("serve_first_answer_vs_llama_server_with_werks_child_args", ratio, "no target"))
         if args.only in (None, "run"):
-            werk, llama = alternate(setup, args.runs, werk_run, llama_one_shot, ("werk run", "llama-server one-shot"))
+            werk, llama = alternate(
+                setup, args.runs, [("werk run", werk_run), ("llama-server one-shot", llama_one_shot)]
+            )
             print("\none answer end to end (start, answer, stop):")
             print(summary("werk run GGUF PROMPT", werk))
             print(summary("llama-server one-shot", llama))
