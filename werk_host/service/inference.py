@@ -64,6 +64,7 @@ from werk_host.service.principals import Principal
 from werk_host.service.promptcache import PromptCaches
 from werk_host.service.reasoning import resolve_reasoning
 from werk_host.service.scope import no_backend
+from werk_host.service.tail import Tail
 
 log = logging.getLogger(__name__)
 
@@ -462,17 +463,10 @@ class InferenceService:
         state: dict[str, Any] = {"tail": b"", "failed": response.status >= 400, "closed": False}
 
         def body() -> Iterator[bytes]:
-            # the last chunks, by reference: joined only when they pass twice the tail's size, so
-            # a stream of small events costs no copy per event (at most 2 tails + 1 chunk held)
-            recent: list[bytes] = []
-            held = 0
+            tail = Tail(USAGE_TAIL_BYTES)
             try:
                 for chunk in response.body:
-                    recent.append(chunk)
-                    held += len(chunk)
-                    if held > 2 * USAGE_TAIL_BYTES:
-                        recent = [b"".join(recent)[-USAGE_TAIL_BYTES:]]
-                        held = len(recent[0])
+                    tail.add(chunk)
                     yield chunk
             except GeneratorExit:
                 raise
@@ -480,7 +474,7 @@ class InferenceService:
                 state["failed"] = True
                 raise
             finally:
-                state["tail"] = b"".join(recent)[-USAGE_TAIL_BYTES:]
+                state["tail"] = tail.value()
 
         def close() -> None:
             if state["closed"]:

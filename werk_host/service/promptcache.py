@@ -70,6 +70,7 @@ from werk_host.seam import (
 from werk_host.service.counters import ChatStats
 from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Authenticator, Principal
+from werk_host.service.tail import Tail
 from werk_host.store import StateStore
 from werk_host.store.records import StateRecord
 
@@ -390,11 +391,11 @@ class PromptCaches:
         state: dict[str, Any] = {"tail": b"", "complete": False, "closed": False}
 
         def body() -> Iterator[bytes]:
-            tail = b""
+            tail = Tail(_TAIL)
             for chunk in response.body:
-                tail = (tail + chunk[-_TAIL:])[-_TAIL:]
+                tail.add(chunk)
                 yield chunk
-            state["tail"], state["complete"] = tail, True
+            state["tail"], state["complete"] = tail.value(), True
 
         def close() -> None:
             if state["closed"]:
