@@ -14,7 +14,7 @@ dropped silently (docs/plugin-hooks.md, "Capability ids").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from werk_host import hookspecs
@@ -45,6 +45,7 @@ from werk_host.seam import (
 )
 
 T = TypeVar("T")
+_COUNT_TOKENS = hookspecs.werk_count_tokens.__name__
 
 
 def needed(result: T | None, what: str, adapter: Adapter | None) -> T:
@@ -69,11 +70,9 @@ class BackendHooks:
 
     def __init__(self, plugins: PluginHost) -> None:
         self._plugins = plugins
-
-    def operations(self) -> int:
-        """How many operation-hook calls that may change a backend's evidence have ended so far
-        (:meth:`werk_host.pluginhost.PluginHost.operations`)."""
-        return self._plugins.operations()
+        #: How many operation-hook calls that may change a backend's evidence have ended so far
+        #: (:meth:`werk_host.pluginhost.PluginHost.operations` itself: read on every gate).
+        self.operations: Callable[[], int] = plugins.operations
 
     def _one(self, adapter: Adapter, spec: object, kind: type[T], **kwargs: object) -> T | None:
         name = getattr(spec, "__name__", "")
@@ -146,10 +145,10 @@ class BackendHooks:
 
     # -- chat planning -----------------------------------------------------------------------
     def count_tokens(self, adapter: Adapter, request: ChatRequest) -> int | None:
-        count = self._one(adapter, hookspecs.werk_count_tokens, int, request=request)
-        if isinstance(count, bool) or (count is not None and count < 0):
-            raise _defect(self._plugins, adapter, hookspecs.werk_count_tokens.__name__, "a non-negative int")
-        return count
+        count = self._plugins.dispatch(_COUNT_TOKENS, adapter, request=request)
+        if count is None or (isinstance(count, int) and not isinstance(count, bool) and count >= 0):
+            return count
+        raise _defect(self._plugins, adapter, _COUNT_TOKENS, "a non-negative int" if isinstance(count, int) else "int")
 
     def request_options(self, adapter: Adapter, request: ChatRequest) -> dict[str, JsonObject]:
         """Every backend member ``werk.<name>`` of ``request``, as the adapter's own plugin

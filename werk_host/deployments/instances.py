@@ -238,6 +238,12 @@ class Instance:
         same lock), whether or not the start then succeeds; the caller calls :meth:`leave`.
         Waiting for a start (or a stop) and for room lasts at most the room's
         ``load_timeout_s``, then raises its retryable 503."""
+        with self._lock:  # ready: every request but the first (no clock read for a wait)
+            if self._state is InstanceStateName.READY and self._adapter is not None:
+                if enter:
+                    self._in_flight += 1
+                self._touch_locked()
+                return self._adapter
         began = time.monotonic()
         deadline = began + self._room.load_timeout_s
         with self._lock:
@@ -338,7 +344,7 @@ class Instance:
 
     # -- use accounting ------------------------------------------------------------------
     def _touch_locked(self) -> None:
-        self._last_used_ms = _now_ms()
+        self._last_used_ms = int(time.time() * 1000)  # _now_ms(), twice per request
         self._last_used_mono = time.monotonic()
 
     def enter(self) -> None:
@@ -351,7 +357,8 @@ class Instance:
             self._in_flight = max(self._in_flight - 1, 0)
             self._touch_locked()
             idle = self._in_flight == 0
-            idle_now = idle and self._keep_alive_locked() == 0
+            # _keep_alive_locked() == 0: neither None nor an infinite hold equals 0
+            idle_now = idle and (self.spec.keep_alive_s if self._held_s is None else self._held_s) == 0
         if idle_now:
             self.stop("keep_alive 0")
         elif idle:

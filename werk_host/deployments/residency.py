@@ -95,8 +95,12 @@ class Residency:
 
     # -- the Room protocol of instances ---------------------------------------------------
     def changed(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        """Wake the admissions waiting for room (:meth:`admit`); with none waiting, nothing to do.
+        ``_waiting`` is read without the lock: an admission counted after this read plans after
+        the change it was told of (the caller made it before calling), so it cannot miss it."""
+        if self._waiting:
+            with self._cond:
+                self._cond.notify_all()
 
     def settled(self, instance: Instance) -> None:
         with self._cond:

@@ -151,6 +151,11 @@ class CapabilityResolver:
 
     def one(self, adapter: Adapter | None, cap_id: CapabilityId, instance: Instance | None = None) -> CapabilityReport:
         """``reports(...)[cap_id]``; a gate on any other id never asks for the backend's plan."""
+        if adapter is not None and cap_id is not CapabilityId.PLACEMENT:  # a gate: the entry kept under its stamp
+            stamp = self.evidence_key(adapter)
+            hit = self._entries.get((stamp[0], instance.id if instance is not None else None), stamp)
+            if hit is not None:
+                return hit.reports[cap_id]
         entry, key = self._evidence(adapter, instance)
         if cap_id is CapabilityId.PLACEMENT:
             return self._placement_of(adapter, key, entry)

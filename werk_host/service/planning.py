@@ -66,17 +66,21 @@ class ChatPlanning:
         return replicas
 
     def _one(self, scope: RequestScope, model: str | None) -> RequestScope:
-        """The request on the one instance ``model`` names (without advancing an alias)."""
+        """The request on the one instance ``model`` names (without advancing an alias);
+        without ``model``, the scope itself (:meth:`_replicas` names only its instance)."""
+        if model is None:
+            return scope
         deployments = self.fleet.deployments
-        if model is None or deployments is None:
+        if deployments is None:
             return scope.on(self._replicas(scope, model)[0])
         return scope.on(deployments.route(model, advance=False))
 
     @staticmethod
     def _name(scope: RequestScope) -> str:
-        if scope.model is None:
+        manifest = scope.model
+        if manifest is None:
             raise WerkError(ErrorCode.NOT_FOUND, "no model is selected on this server")
-        return scope.model.name
+        return manifest.name
 
     def _using(self, scope: RequestScope, cap_id: CapabilityId, what: str) -> Adapter:
         """The scope's adapter for an operation (started), gated on ``cap_id``."""
@@ -118,7 +122,7 @@ class ChatPlanning:
         on = self._one(scope, request.model)
         adapter = self._using(on, CapabilityId.TOKEN_COUNT, "token counting")
         model = self._name(on)
-        resolved = self._resolved(adapter, model, request)
+        resolved = request if request.werk is None else self._resolved(adapter, model, request)
         count = needed(self.hooks.count_tokens(adapter, resolved), "token counting", adapter)
         return TokenCount(model=request.model or model, input_tokens=count)
 

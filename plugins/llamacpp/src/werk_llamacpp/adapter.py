@@ -214,8 +214,9 @@ class LlamaCppAdapter(StateOperations):
     def count_request(self, request: ChatRequest) -> int:
         """The exact count of the body the chat sends for ``request`` (:func:`.reasoning.counted_request`:
         a tier the host resolved becomes the thinking switch and budget; :func:`.tools.counted`:
-        tool turns and a forced tool choice as :mod:`.tools` sends them)."""
-        return self.count_tokens(reasoning.counted_request(request))
+        tool turns and a forced tool choice as :mod:`.tools` sends them). Without ``werk`` the
+        request is counted as it is (the common case: no call into :mod:`.reasoning`)."""
+        return self.count_tokens(request if request.werk is None else reasoning.counted_request(request))
 
     @hookimpl(specname="werk_reasoning_profile")
     def reasoning_profile(self, model: str | None, max_output_tokens: int) -> ReasoningProfile:

@@ -205,8 +205,8 @@ class LlamaServerCore:
         return proc if proc is not None and proc.generation not in self._exited else None
 
     def identity(self) -> str:
-        proc = self.current()
-        generation = proc.generation if proc else "none"
+        proc = self._process  # :meth:`current`, read here directly: every capability gate asks
+        generation = proc.generation if proc is not None and proc.generation not in self._exited else "none"
         named = self._identity  # (generation, identity): one string per child, not one per call
         if named[0] != generation:
             named = self._identity = (generation, f"{self.instance_id}#{generation}")
