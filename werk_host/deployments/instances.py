@@ -406,6 +406,13 @@ class Instance:
         keep = self.spec.keep_alive_s if self._held_s is None else self._held_s
         return None if keep is None or math.isinf(keep) else keep
 
+    @property
+    def last_used(self) -> float:
+        """The :func:`time.monotonic` reading of the last request's start or end (of the
+        instance's creation before any): orders uses a millisecond clock cannot tell apart."""
+        with self._lock:
+            return self._last_used_mono
+
     # -- stop ----------------------------------------------------------------------------
     def idle_for(self, now: float | None = None) -> float | None:
         """Seconds since the last request while ready and idle, else ``None``; ``now`` is a

@@ -331,8 +331,8 @@ def _short(need: Footprint, have: Footprint, now: Available) -> list[str]:
 
 
 def _lru(instances: list[Instance], views: Mapping[str, InstanceView]) -> list[Instance]:
-    """Least recently used first (never used: first of all)."""
-    return sorted(instances, key=lambda i: views[i.id].last_used_unix_ms or 0)
+    """Least recently used first (never used: first of all), by the monotonic clock."""
+    return sorted(instances, key=lambda i: (views[i.id].last_used_unix_ms is not None, i.last_used))
 
 
 def _prefer_idle(candidates: list[Instance], count: int, idle: Callable[[Instance], bool]) -> list[Instance]:
