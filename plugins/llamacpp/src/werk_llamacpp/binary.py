@@ -268,8 +268,8 @@ def inspect_executable(path: str | os.PathLike[str], *, timeout: float = 30.0) -
 
     ``--help`` and ``--version`` run while the executable is hashed, and all of it finishes
     before a caller spawns the server (docs/operations.md, "Start-up"); the file's status is
-    checked around the inspection. A repeated call for an
-    unchanged file (same status) returns the same :class:`BinaryInfo` without hashing again;
+    checked around the inspection. A repeated call for an unchanged file (same status) returns
+    the same :class:`BinaryInfo` without hashing again;
     :class:`~werk_llamacpp.process.LlamaServerProcess` still checks the full hash once the
     server is ready. Raises :class:`InspectionError` when ``--help`` fails, advertises no
     flags, or the file changes during inspection.
