@@ -117,6 +117,31 @@ def test_help_is_inspected_once_per_identity(tmp_path: Path) -> None:
     assert calls(fake) == ["--help", "--version", "--help", "--version"]
 
 
+def test_a_repeated_inspection_of_an_unchanged_executable_is_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each start asks for the inspection several times (its arguments, then the spawn): the
+    executable is hashed once while it is unchanged, and again once its status changes
+    (docs/operations.md, "Start-up")."""
+    binary.clear_inspection_cache()
+    fake = write_fake_server(tmp_path)
+    hashed: list[Path] = []
+
+    def counting(path: str | os.PathLike[str]) -> str:
+        hashed.append(Path(path))
+        return sha256_file(path)
+
+    monkeypatch.setattr(binary, "sha256_file", counting)
+    first = inspect_executable(fake)
+    assert all(inspect_executable(fake) is first for _ in range(4))
+    assert len(hashed) == 1
+    fake.write_text(fake.read_text() + "\n# changed\n")
+    changed = inspect_executable(fake)
+    assert changed is not first and changed.sha256 == sha256_file(fake)
+    assert len(hashed) == 2
+    assert calls(fake) == ["--help", "--version", "--help", "--version"]
+
+
 def test_inspection_fails_for_non_llama_executable(tmp_path: Path) -> None:
     exe = tmp_path / "true-ish"
     exe.write_text("#!/bin/sh\necho 'nothing here'\n")
