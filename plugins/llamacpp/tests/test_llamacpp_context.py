@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from werk_llamacpp import gguf_meta
 from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.gguf_meta import (
     KV_MEMORY_SHARE,
@@ -74,6 +75,31 @@ def test_default_context_is_the_trained_one_where_memory_allows(long_model: Path
     with pytest.raises(GgufError):
         read_metadata(garbage)
     assert default_context(garbage, 2, 64 * GIB) == MIN_SLOT_CONTEXT
+
+
+def test_a_header_is_read_once_per_file_status(
+    long_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory estimate, the default context and the partial-cache check each ask for the
+    header as an instance starts: an unchanged file is read once, a changed one again."""
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(long_model.read_bytes())
+    reads: list[str] = []
+    real = gguf_meta._read_header
+
+    def counting(path: str) -> dict[str, gguf_meta.Value]:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(gguf_meta, "_read_header", counting)
+    first = read_metadata(copy)
+    first["llama.context_length"] = 1  # a caller's copy: the reading it came from is unchanged
+    assert read_metadata(copy)["llama.context_length"] == 16384
+    assert default_context(copy, 2, 64 * GIB) == 16384
+    assert len(reads) == 1
+    generate_model(copy, dim=64, layers=4, heads=4, kv_heads=2, ctx=8192)
+    assert read_metadata(copy)["llama.context_length"] == 8192
+    assert len(reads) == 2
 
 
 @pytest.mark.llamaserver

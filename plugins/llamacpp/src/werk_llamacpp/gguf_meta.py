@@ -2,8 +2,12 @@
 
 :func:`read_metadata` reads the key/value section of a GGUF (version 2 or 3) file and stops
 before the tensor infos: numbers, booleans and strings are kept, arrays are skipped (the
-vocabulary is an array of tens of thousands of strings; nothing here needs it). It never loads
-``gguf``/numpy, so ``werk serve`` pays a few milliseconds for it, not an import.
+vocabulary is an array of tens of thousands of strings, skipped by walking their lengths in
+read-ahead blocks; nothing here needs it). It never loads ``gguf``/numpy, so ``werk serve`` pays
+a few milliseconds for it, not an import, and once per file: a process that asks again about an
+unchanged file (same device, inode, size, mtime and ctime; the memory estimate, the default
+context and the partial-cache check all read it) gets the first reading (docs/operations.md,
+"Start-up").
 
 :func:`default_context` is the per-slot context a llama.cpp instance gets when its profile
 names no ``ctx`` (docs/deployments.md, "llama.cpp options"): the model's trained context
@@ -21,7 +25,9 @@ only the window plus a micro-batch per slot, unless ``--swa-full``.
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -52,6 +58,13 @@ _STRING, _ARRAY = 8, 9
 #: Bounds against a corrupt header (a real one has a few dozen keys and short strings).
 _MAX_KEYS: Final = 100_000
 _MAX_STRING: Final = 1 << 26
+_U64: Final = struct.Struct("<Q")
+#: Bytes read ahead at a time while skipping an array of strings.
+_BLOCK: Final = 1 << 16
+#: Headers read in this process, by the file's status (:func:`read_metadata`); a few at most.
+_READ: dict[tuple[str, int, int, int, int, int], dict[str, Value]] = {}
+_READ_LOCK = threading.Lock()
+_READ_MAX: Final = 16
 
 
 class GgufError(ValueError):
@@ -83,12 +96,27 @@ def _string(f: BinaryIO) -> str:
     return _read(f, size).decode("utf-8", "replace")
 
 
+def _skip_strings(f: BinaryIO, count: int) -> None:
+    """Skip ``count`` length-prefixed strings: their lengths are walked in read-ahead blocks,
+    and what was read beyond the last one is given back (the file is left just after it)."""
+    block, at = b"", 0
+    for _ in range(count):
+        if len(block) - at < 8:
+            block = block[at:] + f.read(_BLOCK)
+            at = 0
+            if len(block) < 8:
+                raise GgufError("the file ends inside the GGUF header")
+        at += 8 + _U64.unpack_from(block, at)[0]
+        if at > len(block):  # a string longer than what was read ahead
+            f.seek(at - len(block), 1)
+            block, at = b"", 0
+    f.seek(at - len(block), 1)
+
+
 def _skip_array(f: BinaryIO) -> None:
     kind, count = struct.unpack("<IQ", _read(f, 12))
     if kind == _STRING:
-        for _ in range(count):
-            (size,) = struct.unpack("<Q", _read(f, 8))
-            f.seek(size, 1)
+        _skip_strings(f, count)
     elif kind == _ARRAY:
         for _ in range(count):
             _skip_array(f)
@@ -101,7 +129,23 @@ def _skip_array(f: BinaryIO) -> None:
 
 def read_metadata(path: Path) -> dict[str, Value]:
     """The header's key/value pairs (arrays as ``None``); :class:`GgufError` or :class:`OSError`
-    for a file that is not GGUF version 2 or 3."""
+    for a file that is not GGUF version 2 or 3. Read once per file status (module docstring)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    status = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _READ_LOCK:
+        known = _READ.get(status)
+    if known is not None:
+        return dict(known)
+    found = _read_header(real)
+    with _READ_LOCK:
+        if len(_READ) >= _READ_MAX:
+            _READ.pop(next(iter(_READ)))
+        _READ[status] = found
+    return dict(found)
+
+
+def _read_header(path: str) -> dict[str, Value]:
     with open(path, "rb", buffering=1 << 16) as f:
         if _read(f, 4) != _MAGIC:
             raise GgufError("not a GGUF file")
