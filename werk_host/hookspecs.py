@@ -96,7 +96,8 @@ def werk_cli_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     ``subparsers.add_parser(name, help=...)`` (name the command after the plugin) and give each
     leaf parser ``set_defaults(handler=fn)``, where ``fn(args: argparse.Namespace) -> int``
     returns the exit code. Called every time ``werk`` builds its parser, ``werk --help``
-    included, so it must be cheap: add arguments only and import the command's work inside
+    included (not for ``werk serve``, ``run`` and ``chat``: docs/operations.md, "Start-up"),
+    so it must be cheap: add arguments only and import the command's work inside
     ``fn``. To build the parser the host imports only the module the plugin names in the
     ``werk.cli`` entry-point group (keep it small: it decides how fast every ``werk`` command
     starts), and a plugin module implements the hook too by importing it from there. A hook
