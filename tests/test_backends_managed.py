@@ -294,6 +294,12 @@ OWNER = textwrap.dedent(
     from pathlib import Path
     from werk_host.backends.managed import ManagedProcess, install_signal_cleanup
     mode, marker, log = sys.argv[1:4]
+    # the dispositions a terminal gives, whatever this test was started under (a background
+    # job inherits SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if mode == "ignore":
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     if mode == "chain":
         signal.signal(signal.SIGTERM, lambda s, f: print("handled", flush=True))
     assert install_signal_cleanup()
@@ -351,6 +357,22 @@ def test_signal_cleanup_chains_to_the_previous_handler(tmp_path: Path) -> None:
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_an_ignored_signal_stays_ignored(tmp_path: Path) -> None:
+    owner, child, marker = run_owner(tmp_path, "ignore")  # started under nohup: SIGHUP ignored
+    try:
+        owner.send_signal(signal.SIGHUP)
+        with pytest.raises(subprocess.TimeoutExpired):
+            owner.wait(timeout=1)
+        assert owner.poll() is None and not gone(child, timeout=0.5)  # both serve on
+        assert not marker.exists()
+        owner.send_signal(signal.SIGTERM)
+        assert owner.wait(timeout=30) != 0 and gone(child) and marker.read_text() == "term\n"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
 
 
 def test_children_are_stopped_at_exit(tmp_path: Path) -> None:

@@ -311,8 +311,9 @@ def install_signal_cleanup(signals: Iterable[signal.Signals] | None = None) -> b
     """Stop all children on ``signals`` (default SIGINT, SIGTERM, SIGHUP), then chain to the previous handler;
     and at interpreter exit.
 
-    Idempotent. Returns False (installing nothing) when not called from the main thread, where
-    Python does not allow installing signal handlers.
+    A signal the process was started ignoring (``nohup``'s SIGHUP, SIGINT in a background job)
+    stays ignored: nothing is taken over for it. Idempotent. Returns False (installing nothing)
+    when not called from the main thread, where Python does not allow installing signal handlers.
     """
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -324,7 +325,7 @@ def install_signal_cleanup(signals: Iterable[signal.Signals] | None = None) -> b
             atexit.register(stop_all)
         for sig in wanted:
             current = signal.getsignal(sig)
-            if current is _on_signal:
+            if current is _on_signal or current is signal.SIG_IGN:
                 continue
             _PREVIOUS_HANDLERS[int(sig)] = current
             signal.signal(sig, _on_signal)
