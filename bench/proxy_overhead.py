@@ -147,11 +147,14 @@ def werk_in_process(config: HostConfig) -> Iterator[tuple[int, int, str]]:
 
 
 @contextmanager
-def werk_serve(home: Path, server: Path, threads: int, extra: Sequence[str] = ()) -> Iterator[tuple[int, int, str]]:
-    """(werk port, child port, child API key) of a ``werk serve`` subprocess (``extra``: more
-    ``werk serve`` arguments)."""
+def serve_werk(
+    home: Path, server: Path, threads: int, extra: Sequence[str] = (), src: Path = ROOT
+) -> Iterator[tuple[int, int, int]]:
+    """(werk port, its llama-server's pid, werk's pid) of a ``werk serve`` subprocess run from the
+    checkout ``src`` (``extra``: more ``werk serve`` arguments)."""
     env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server)}
     env["WERK_LLAMA_ARGS"] = f"-t {threads}"
+    env["PYTHONPATH"] = os.pathsep.join([str(src), str(src / "plugins" / "llamacpp" / "src")])
     log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL, *extra],
@@ -159,7 +162,7 @@ def werk_serve(home: Path, server: Path, threads: int, extra: Sequence[str] = ()
         stderr=log,
         env=env,
         text=True,
-        cwd=ROOT,
+        cwd=src,
     )
     try:
         assert proc.stdout is not None
@@ -168,12 +171,18 @@ def werk_serve(home: Path, server: Path, threads: int, extra: Sequence[str] = ()
             raise RuntimeError((home / "serve.log").read_text()[-3000:])
         port = int(json.loads(line)["port"])
         obs = Target(port, "", {"Authorization": f"Bearer {KEY}"}).get("/werk/v1/observability")
-        pid = obs["data"]["workers"][0]["pid"]
-        yield port, _listening_port(pid), _child_key(pid)
+        yield port, obs["data"]["workers"][0]["pid"], proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+@contextmanager
+def werk_serve(home: Path, server: Path, threads: int, extra: Sequence[str] = ()) -> Iterator[tuple[int, int, str]]:
+    """(werk port, child port, child API key) of :func:`serve_werk`."""
+    with serve_werk(home, server, threads, extra) as (port, pid, _):
+        yield port, _listening_port(pid), _child_key(pid)
 
 
 def _listening_port(pid: int) -> int:

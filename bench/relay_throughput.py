@@ -73,6 +73,7 @@ from bench.proxy_overhead import (  # noqa: E402
     git_describe,
     llama_server,
     percentile,
+    serve_werk,
 )
 from werk_host.models import ModelManifest, ModelRegistry  # noqa: E402
 
@@ -188,36 +189,6 @@ def run_load(kind: Kind, n: int, per: int) -> Run:
     return Run(time.perf_counter() - began, tokens, ttfts, failures)
 
 
-@contextmanager
-def werk_serve(src: Path, home: Path, server: Path, threads: int, extra: list[str]) -> Iterator[tuple[int, int, int]]:
-    """(werk port, its llama-server's pid, werk pid) of ``werk serve`` run from the checkout ``src``."""
-    env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server)}
-    env["WERK_LLAMA_ARGS"] = f"-t {threads}"
-    env["PYTHONPATH"] = os.pathsep.join([str(src), str(src / "plugins" / "llamacpp" / "src")])
-    log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL, *extra],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=env,
-        text=True,
-        cwd=src,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError((home / "serve.log").read_text()[-3000:])
-        port = int(json.loads(line)["port"])
-        obs = Target(port, "", {"Authorization": f"Bearer {KEY}"}).get("/werk/v1/observability")
-        pid = obs["data"]["workers"][0]["pid"]
-        yield port, pid, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-
-
 def cpu_s(pid: int) -> float:
     """CPU seconds the threads of process ``pid`` have run so far (Linux ``/proc/*/schedstat``,
     nanoseconds; a thread that has exited meanwhile drops out, and waitress's threads live on)."""
@@ -325,9 +296,7 @@ def main() -> int:
             home.mkdir()
             ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [model], backend="llama.cpp"))
             homes[name] = home
-        werk_port, child_pid, werk_pid = stack.enter_context(
-            werk_serve(ROOT, homes["werk"], server, args.threads, extra)
-        )
+        werk_port, child_pid, werk_pid = stack.enter_context(serve_werk(homes["werk"], server, args.threads, extra))
         direct_port = stack.enter_context(bare_llama_server(child_pid, work / "direct.log"))
         kinds = {
             "direct": Kind("direct", direct_port, "/v1/chat/completions", "openai", {}, body["openai"]),
@@ -337,7 +306,7 @@ def main() -> int:
         }
         if args.baseline:
             base_port, _, base_pid = stack.enter_context(
-                werk_serve(args.baseline.resolve(), homes["base"], server, args.threads, extra)
+                serve_werk(homes["base"], server, args.threads, extra, src=args.baseline.resolve())
             )
             kinds["base"] = Kind("base", base_port, "/v1/chat/completions", "openai", auth, body["openai"])
         for kind in kinds.values():  # warm-up: connections, slots, the fit bound's evidence
