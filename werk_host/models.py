@@ -17,20 +17,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from werk_host.digests import remembered_sha256
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.paths import ensure_private_dir
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: str | os.PathLike[str], *, chunk_size: int = _CHUNK) -> str:
-    """Hex SHA-256 of a file, streamed in ``chunk_size`` blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -87,7 +78,7 @@ class ModelManifest:
             resolved = path.expanduser().resolve()
             if not resolved.is_file():
                 raise WerkError(ErrorCode.NOT_FOUND, f"model file not found: {path.name}")
-            files.append(ModelFile(str(resolved), resolved.stat().st_size, sha256_file(resolved)))
+            files.append(ModelFile(str(resolved), resolved.stat().st_size, remembered_sha256(resolved)))
         return cls(name, tuple(files), backend, dict(params or {}))
 
     def output_ceiling(self) -> int | None:

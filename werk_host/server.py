@@ -12,21 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-import falcon
-
+from werk_host.backends.child import SPAWNS
 from werk_host.config import HostConfig, ServerLimits
 from werk_host.deployments.registry import profile_for
-from werk_host.http.app import create_app
 from werk_host.logs import WAITRESS_QUEUE_LOGGER, QueueDepthLog
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
-from werk_host.openapi import build_openapi
 from werk_host.paths import ensure_private_dir
 from werk_host.pluginhost import PluginHost
 from werk_host.service.fleet import Fleet
@@ -36,6 +35,9 @@ from werk_host.service.local import LocalControlService
 from werk_host.service.principals import Authenticator, load_or_create_namespace_secret
 from werk_host.serving import create_server, raise_descriptor_limit
 from werk_host.store import StateStore
+
+if TYPE_CHECKING:
+    import falcon
 
 log = logging.getLogger("werk_host.server")
 
@@ -52,8 +54,31 @@ class Host:
     app: falcon.App[Any, Any]
 
     def close(self) -> None:
-        self.fleet.close()
-        self.service.prompt_caches.close()  # commits in flight finish (bounded): docs/prompt-cache.md
+        _close(self.fleet, self.service)
+
+
+def _close(fleet: Fleet, service: LocalControlService) -> None:
+    fleet.close()
+    service.prompt_caches.close()  # commits in flight finish (bounded): docs/prompt-cache.md
+
+
+def _build_app(
+    service: LocalControlService,
+    auth: Authenticator,
+    inference: InferenceService,
+    fleet: Fleet,
+    *,
+    after: int,
+    deployed: threading.Event,
+) -> Any:
+    """The falcon app and its OpenAPI document: imported and built once a backend child was
+    spawned after the count ``after``, or once ``deployed`` is set: off the path to the first
+    backend's spawn (docs/operations.md, "Start-up")."""
+    SPAWNS.wait_past(after, deployed)
+    from werk_host.http.app import create_app
+    from werk_host.openapi import build_openapi
+
+    return create_app(service, auth, openapi=build_openapi(), inference=inference, fleet=fleet)
 
 
 def build_host(
@@ -63,8 +88,11 @@ def build_host(
     memory: MemoryManager | None = None,
     load_entry_points: bool = True,
 ) -> Host:
-    """Wire plugins → deployment fleet → service → app, then deploy the configured profile (or the
-    ``--model`` shorthand): preloaded instances start now, the others on first use."""
+    """Wire plugins → deployment fleet → service → app, and deploy the configured profile (or the
+    ``--model`` shorthand): preloaded instances start now, the others on first use. The app is
+    built on a second thread while the profile deploys, so that a preloaded backend is spawned
+    before the HTTP layer is imported and loads its model meanwhile (docs/operations.md,
+    "Start-up"); an error of either ends the build with nothing left running."""
     ensure_private_dir(config.home)
     if plugins is None:
         plugins = PluginHost()
@@ -85,19 +113,23 @@ def build_host(
     gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
     service = LocalControlService(fleet=fleet, auth=auth, store=store, memory=memory, cursor_secret=secret, gate=gate)
     inference = InferenceService(fleet, service.chat_stats, gate, service.prompt_caches)
-    app = create_app(service, auth, openapi=build_openapi(), inference=inference, fleet=fleet)
-    host = Host(config, plugins, fleet, service, auth, app)
-    try:
-        profile = profile_for(config)
-        if profile is not None:
-            fleet.deploy(profile)
+    deployed = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="werk-app") as builder:
+        app = builder.submit(_build_app, service, auth, inference, fleet, after=SPAWNS.count, deployed=deployed)
+        try:
+            try:
+                profile = profile_for(config)
+                if profile is not None:
+                    fleet.deploy(profile)
+            finally:
+                deployed.set()
             # preloaded instances start warm: their prompt caches' warm start finishes (bounded)
             # before the host serves (docs/prompt-cache.md, "Warm start")
             service.prompt_caches.wait()
-    except BaseException:
-        host.close()
-        raise
-    return host
+            return Host(config, plugins, fleet, service, auth, app.result())
+        except BaseException:
+            _close(fleet, service)
+            raise
 
 
 class _Stop(SystemExit):

@@ -55,8 +55,6 @@ from waitress.channel import HTTPChannel  # type: ignore[import-untyped]
 from waitress.server import MultiSocketServer, TcpWSGIServer  # type: ignore[import-untyped]
 from waitress.task import ErrorTask, ThreadedTaskDispatcher  # type: ignore[import-untyped]
 
-from werk_host.http import framing
-
 log = logging.getLogger("werk_host.server")
 
 #: The share of ``connection_limit`` closed at once when the limit is reached.
@@ -84,6 +82,8 @@ class ShapedErrorTask(ErrorTask):  # type: ignore[misc]
     """waitress's answer to a request its parser refused, in the API's error shape."""
 
     def execute(self) -> None:
+        from werk_host.http import framing  # with the app, built before anything is served
+
         error = self.request.error
         status, headers, body = framing.parse_error(_first_line(self.request), error.code, str(error.body))
         self.status = status
@@ -154,6 +154,8 @@ class Channel(HTTPChannel):  # type: ignore[misc]
     def expire(self, deadline: float) -> None:
         """Answer 408 (best effort: one non-blocking send) and close. Bytes already received are
         read first, so that the close is a FIN after the answer rather than a reset."""
+        from werk_host.http import framing  # with the app, built before anything is served
+
         answer = framing.read_timeout(_first_line(self.request) if self.request is not None else None, deadline)
         with contextlib.suppress(OSError):
             for _ in range(DRAIN_READS):

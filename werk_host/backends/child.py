@@ -210,6 +210,38 @@ class _Spawner:
 _SPAWNER = _Spawner()
 
 
+class SpawnCount:
+    """How many children :func:`spawn` has started in this process (:data:`SPAWNS`).
+
+    ``werk serve`` imports and builds its HTTP layer once the first backend child of its start
+    is spawned, not alongside the work before the spawn: both need the interpreter, and the
+    spawn is what the first answer waits for (docs/operations.md, "Start-up")."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        with self._cond:
+            return self._count
+
+    def add(self) -> None:
+        with self._cond:
+            self._count += 1
+            self._cond.notify_all()
+
+    def wait_past(self, seen: int, until: threading.Event, poll_s: float = 0.01) -> None:
+        """Return once a child was spawned after :attr:`count` read ``seen``, or ``until`` is set."""
+        with self._cond:
+            while self._count <= seen and not until.is_set():
+                self._cond.wait(poll_s)
+
+
+#: This process's children (:class:`SpawnCount`).
+SPAWNS = SpawnCount()
+
+
 # -- records --------------------------------------------------------------------------------
 
 
@@ -393,6 +425,7 @@ def spawn(
         finally:
             os.close(read_fd)
         child = ManagedChild(popen, chosen, None, write_fd)
+    SPAWNS.add()
     if record_dir is not None:
         try:
             child.record = ChildRecord.of(popen.pid)

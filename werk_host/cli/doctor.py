@@ -41,7 +41,8 @@ from werk_host.cli.output import add_json_flag, emit
 from werk_host.cli.plugins import load_plugins, missing_first_party, plugin_fix
 from werk_host.cli.serve import DEFAULT_HOST, DEFAULT_PORT, listen_address
 from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry, sha256_file
+from werk_host.digests import sha256_file
+from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.paths import werk_home
 from werk_host.pluginhost import PluginHost
 from werk_host.seam import AdapterFactory, DoctorCheck

@@ -28,9 +28,10 @@ from werk_host import hookimpl
 from werk_host.chat.seam import SessionSlot
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits
 from werk_host.deployments.durations import MAX_DURATION_S
+from werk_host.digests import sha256_file
 from werk_host.errors import REDACTED_MESSAGES, ErrorCode, WerkError
 from werk_host.experts import ExpertObservation, ExpertPolicy
-from werk_host.models import ModelFile, ModelManifest, sha256_file
+from werk_host.models import ModelFile, ModelManifest
 from werk_host.paths import PrivateDirError, ensure_private_dir, user_cache_dir
 from werk_host.protocol import (
     CapabilityId,
