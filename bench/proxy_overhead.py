@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -148,16 +148,25 @@ def werk_in_process(config: HostConfig) -> Iterator[tuple[int, int, str]]:
 
 @contextmanager
 def serve_werk(
-    home: Path, server: Path, threads: int, extra: Sequence[str] = (), src: Path = ROOT
+    home: Path,
+    server: Path,
+    threads: int,
+    extra: Sequence[str] = (),
+    src: Path = ROOT,
+    *,
+    serving: Sequence[str] = ("--model", MODEL),
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[int, int, int]]:
-    """(werk port, its llama-server's pid, werk's pid) of a ``werk serve`` subprocess run from the
-    checkout ``src`` (``extra``: more ``werk serve`` arguments)."""
-    env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server)}
+    """(werk port, the pid of its default instance's backend process, werk's pid) of a ``werk
+    serve`` subprocess run from the checkout ``src``: ``serving`` says what it serves (default
+    ``--model bench``), ``extra`` adds more ``werk serve`` arguments, ``env`` more environment.
+    The backend pid is 0 when the instance runs no local process (a remote endpoint)."""
+    env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server), **(env or {})}
     env["WERK_LLAMA_ARGS"] = f"-t {threads}"
-    env["PYTHONPATH"] = os.pathsep.join([str(src), str(src / "plugins" / "llamacpp" / "src")])
+    env["PYTHONPATH"] = os.pathsep.join([str(src), *(str(p) for p in sorted(src.glob("plugins/*/src")))])
     log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "werk_host", "serve", "--port", "0", "--model", MODEL, *extra],
+        [sys.executable, "-m", "werk_host", "serve", "--port", "0", *serving, *extra],
         stdout=subprocess.PIPE,
         stderr=log,
         env=env,
@@ -171,7 +180,8 @@ def serve_werk(
             raise RuntimeError((home / "serve.log").read_text()[-3000:])
         port = int(json.loads(line)["port"])
         obs = Target(port, "", {"Authorization": f"Bearer {KEY}"}).get("/werk/v1/observability")
-        yield port, obs["data"]["workers"][0]["pid"], proc.pid
+        workers = [w for w in obs["data"]["workers"] if w.get("pid")]
+        yield port, workers[0]["pid"] if workers else 0, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -199,11 +209,18 @@ def _listening_port(pid: int) -> int:
     raise RuntimeError(f"no listening socket for pid {pid}")
 
 
-def _child_key(pid: int) -> str:
-    """The per-process API key Werk gave its llama-server child (from its environment; Linux only)."""
-    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        if entry.startswith(b"LLAMA_API_KEY="):
-            return entry.split(b"=", 1)[1].decode()
+def _child_key(pid: int, variable: str = "LLAMA_API_KEY") -> str:
+    """The per-process API key Werk gave its backend child in ``variable`` (from its environment,
+    or its first descendant's that has it; Linux only): ``LLAMA_API_KEY`` for llama-server,
+    ``VLLM_API_KEY`` for ``vllm serve``."""
+    import psutil  # type: ignore[import-untyped]
+
+    prefix = f"{variable}=".encode()
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        with suppress(OSError):
+            for entry in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+                if entry.startswith(prefix):
+                    return entry.split(b"=", 1)[1].decode()
     return ""
 
 

@@ -29,6 +29,19 @@ from ``/proc``) per relayed token: less noisy than tokens/s on a shared machine.
 in alternating order (ABBA), ``--reps`` times per n; the table shows medians, the ratio is the
 median of the per-repetition ratios (less sensitive to drift on a shared machine).
 
+``--engine vllm`` measures the same in front of ``vllm serve`` on CPU (``WERK_VLLM``, else
+``scripts/setup-vllm.sh``; a generated tiny Hugging Face Llama, ``--max-model-len 1024``,
+``--gpu-memory-utilization 0.1`` of this host's memory, vLLM's defaults otherwise). One engine
+serves every target, one after the other:
+
+* ``direct``    - the ``vllm serve`` process itself, with the API key Werk gave it;
+* ``werk``      - the ``werk serve`` that manages it (a managed instance);
+* ``remote``    - a second ``werk serve`` whose profile has it as a remote instance
+                  (``endpoint``, ``api_key_env``; docs/deployments.md, "Remote instances");
+* ``anthropic``, ``ollama`` - the translators on the managing ``werk serve``.
+
+Its ``RATIO`` lines carry a ``vllm_`` prefix.
+
 Werk runs with ``--threads 96 --inference-max 80 --inference-per-key 80 --inference-queue 80``
 (override with ``--werk-args``): the default 32 threads admit 24 generation requests and one
 key 12, so 64 concurrent streams of one key would be refused, not relayed.
@@ -38,7 +51,8 @@ Ends with ``RATIO`` lines: ``relay_tokens_per_s_n{1,4,16,64}`` (target >= 0.95),
 ``relay_added_ttft_p50_ms_n{1,4,16,64}`` (target <= 1 ms at n <= 4, <= 5 ms at n = 16).
 
     .venv/bin/python bench/relay_throughput.py [--reps 3] [--per 64] [--max-tokens 32]
-        [--model generated|smollm2] [--threads 1] [--baseline DIR] [--ns 1,4,16,64]
+        [--engine llamacpp|vllm] [--model generated|smollm2] [--threads 1] [--baseline DIR]
+        [--ns 1,4,16,64] [--compat-ns 4,16]
 """
 
 from __future__ import annotations
@@ -70,6 +84,7 @@ from bench.proxy_overhead import (  # noqa: E402
     KEY,
     MODEL,
     Target,
+    _child_key,
     git_describe,
     llama_server,
     percentile,
@@ -261,21 +276,19 @@ def bodies(max_tokens: int) -> dict[str, bytes]:
     return {k: json.dumps(v).encode() for k, v in (("openai", openai), ("anthropic", anthropic), ("ollama", ollama))}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3, help="measurements per target and n")
-    parser.add_argument("--per", type=int, default=64, help="requests per stream at n=1 (per/n at n, at least 2)")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--ns", default="1,4,16,64", help="concurrent streams, comma-separated")
-    parser.add_argument("--compat-ns", default="4,16", help="n at which the translators are measured")
-    parser.add_argument("--model", choices=("generated", "smollm2"), default="generated")
-    parser.add_argument("--threads", type=int, default=1, help="llama-server compute threads")
-    parser.add_argument("--werk-args", default=WERK_ARGS, help="extra `werk serve` arguments")
-    parser.add_argument("--baseline", type=Path, help="a second checkout to measure as `base`")
-    args = parser.parse_args()
+@dataclass
+class Setup:
+    """The targets of one run, the process whose CPU each is measured on, and how it reads."""
 
+    kinds: dict[str, Kind]
+    pids: dict[str, int]
+    described: str
+
+
+def llamacpp_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body: dict[str, bytes]) -> Setup:
+    """``werk serve`` on llama.cpp (a generated GGUF or SmolLM2) beside a bare llama-server with
+    its child's command line (module docstring)."""
     server = llama_server()
-    work = Path(tempfile.mkdtemp(prefix="werk-bench-relay-"))
     if args.model == "smollm2":
         from werk_host.realmodel import smollm2_gguf
 
@@ -285,30 +298,124 @@ def main() -> int:
     # 4 ordinary slots and Werk's state slot, 1,024 tokens each (module docstring)
     extra = [*shlex.split(args.werk_args), "--backend-option", f"llamacpp.parallel={PARALLEL + 1}"]
     extra += ["--backend-option", f"llamacpp.ctx={(PARALLEL + 1) * SLOT_CTX}"]
-    ns = [int(x) for x in args.ns.split(",")]
-    compat_ns = {int(x) for x in args.compat_ns.split(",")}
-    body = bodies(args.max_tokens)
     auth = {"Authorization": f"Bearer {KEY}"}
+    homes = {}
+    for name in ("werk", "base") if args.baseline else ("werk",):
+        home = work / f"home-{name}"
+        home.mkdir()
+        ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [model], backend="llama.cpp"))
+        homes[name] = home
+    werk_port, child_pid, werk_pid = stack.enter_context(serve_werk(homes["werk"], server, args.threads, extra))
+    direct_port = stack.enter_context(bare_llama_server(child_pid, work / "direct.log"))
+    kinds = {
+        "direct": Kind("direct", direct_port, "/v1/chat/completions", "openai", {}, body["openai"]),
+        "werk": Kind("werk", werk_port, "/v1/chat/completions", "openai", auth, body["openai"]),
+        "anthropic": Kind("anthropic", werk_port, "/v1/messages", "anthropic", auth, body["anthropic"]),
+        "ollama": Kind("ollama", werk_port, "/api/chat", "ollama", auth, body["ollama"]),
+    }
+    pids = {name: werk_pid for name in kinds}
+    if args.baseline:
+        base_port, _, base_pid = stack.enter_context(
+            serve_werk(homes["base"], server, args.threads, extra, src=args.baseline.resolve())
+        )
+        kinds["base"] = Kind("base", base_port, "/v1/chat/completions", "openai", auth, body["openai"])
+        pids["base"] = base_pid
+    header = (
+        f"llama-server {server} -np {PARALLEL} -c {PARALLEL * SLOT_CTX} (werk's: -np {PARALLEL + 1}) "
+        f"-t {args.threads} | model {described}"
+    )
+    return Setup(kinds, pids, header)
+
+
+def _served_port(pid: int) -> int:
+    """The ``--port`` of the ``vllm serve`` command line of ``pid`` or a process it started (its
+    engine's processes listen on ports of their own)."""
+    import psutil  # type: ignore[import-untyped]
+
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        argv = proc.cmdline()
+        if "serve" in argv and "--port" in argv:
+            return int(argv[argv.index("--port") + 1])
+    raise RuntimeError(f"no vllm serve --port under pid {pid}")
+
+
+def vllm_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body: dict[str, bytes]) -> Setup:
+    """``vllm serve`` (CPU) on a generated tiny Hugging Face Llama, managed by one ``werk serve``
+    (``werk``) and, as a remote instance, fronted by a second (``remote``); ``direct`` is that same
+    ``vllm serve`` process, with the key Werk gave it (module docstring)."""
+    from werk_vllm.testing import testmodel
+
+    from bench.vllm_proxy_overhead import vllm_executable
+
+    executable = vllm_executable()
+    model_dir = work / "tiny-hf"
+    subprocess.run(
+        [str(executable.parent / "python"), testmodel.__file__, str(model_dir)], check=True, stdout=subprocess.DEVNULL
+    )
+    home = work / "home-werk"
+    home.mkdir()
+    files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    ModelRegistry(home).add(ModelManifest.from_paths(MODEL, files, backend="vllm"))
+    extra = [*shlex.split(args.werk_args), "--backend-option", f"vllm.max_model_len={SLOT_CTX}"]
+    extra += ["--backend-option", "vllm.gpu_memory_utilization=0.1"]  # of this host's memory on CPU
+    env = {"WERK_VLLM": str(executable)}
+    werk_port, _, werk_pid = stack.enter_context(serve_werk(home, Path(), 1, extra, env=env))
+    # the instance starts on its first use: one answer, then its process
+    auth = {"Authorization": f"Bearer {KEY}"}
+    plain = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2})
+    Target(werk_port, "/v1/chat/completions", auth).post(plain.encode())
+    workers = Target(werk_port, "", auth).get("/werk/v1/observability")["data"]["workers"]
+    child_pid = int(workers[0]["pid"])
+    child_port, key = _served_port(child_pid), _child_key(child_pid, "VLLM_API_KEY")
+    remote_home = work / "home-remote"
+    remote_home.mkdir()
+    profile = remote_home / "remote.toml"
+    profile.write_text(
+        f'[[instance]]\nid = "remote"\nmodel = "{MODEL}"\nbackend = "vllm"\n'
+        f'endpoint = "http://127.0.0.1:{child_port}"\napi_key_env = "BENCH_VLLM_KEY"\n'
+        "preload = true\n"
+    )
+    remote_port, _, remote_pid = stack.enter_context(
+        serve_werk(remote_home, Path(), 1, extra, serving=("--profile", str(profile)), env={"BENCH_VLLM_KEY": key})
+    )
+    kinds = {
+        "direct": Kind(
+            "direct", child_port, "/v1/chat/completions", "openai", {"Authorization": f"Bearer {key}"}, body["openai"]
+        ),
+        "werk": Kind("werk", werk_port, "/v1/chat/completions", "openai", auth, body["openai"]),
+        "remote": Kind("remote", remote_port, "/v1/chat/completions", "openai", auth, body["openai"]),
+        "anthropic": Kind("anthropic", werk_port, "/v1/messages", "anthropic", auth, body["anthropic"]),
+        "ollama": Kind("ollama", werk_port, "/api/chat", "ollama", auth, body["ollama"]),
+    }
+    pids = {name: werk_pid for name in kinds} | {"remote": remote_pid}
+    header = (
+        f"vllm serve (CPU) {executable} --max-model-len {SLOT_CTX} --gpu-memory-utilization 0.1 "
+        "| model tiny generated Llama (HF)"
+    )
+    return Setup(kinds, pids, header)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3, help="measurements per target and n")
+    parser.add_argument("--per", type=int, default=64, help="requests per stream at n=1 (per/n at n, at least 2)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--ns", default="1,4,16,64", help="concurrent streams, comma-separated")
+    parser.add_argument("--compat-ns", default="4,16", help="n at which the translators are measured")
+    parser.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
+    parser.add_argument("--model", choices=("generated", "smollm2"), default="generated", help="llama.cpp's model")
+    parser.add_argument("--threads", type=int, default=1, help="llama-server compute threads")
+    parser.add_argument("--werk-args", default=WERK_ARGS, help="extra `werk serve` arguments")
+    parser.add_argument("--baseline", type=Path, help="a second checkout to measure as `base` (llama.cpp)")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="werk-bench-relay-"))
+    ns = [int(x) for x in args.ns.split(",")]
+    compat_ns = {int(x) for x in args.compat_ns.split(",") if x}
+    body = bodies(args.max_tokens)
     with ExitStack() as stack:
-        homes = {}
-        for name in ("werk", "base") if args.baseline else ("werk",):
-            home = work / f"home-{name}"
-            home.mkdir()
-            ModelRegistry(home).add(ModelManifest.from_paths(MODEL, [model], backend="llama.cpp"))
-            homes[name] = home
-        werk_port, child_pid, werk_pid = stack.enter_context(serve_werk(homes["werk"], server, args.threads, extra))
-        direct_port = stack.enter_context(bare_llama_server(child_pid, work / "direct.log"))
-        kinds = {
-            "direct": Kind("direct", direct_port, "/v1/chat/completions", "openai", {}, body["openai"]),
-            "werk": Kind("werk", werk_port, "/v1/chat/completions", "openai", auth, body["openai"]),
-            "anthropic": Kind("anthropic", werk_port, "/v1/messages", "anthropic", auth, body["anthropic"]),
-            "ollama": Kind("ollama", werk_port, "/api/chat", "ollama", auth, body["ollama"]),
-        }
-        if args.baseline:
-            base_port, _, base_pid = stack.enter_context(
-                serve_werk(homes["base"], server, args.threads, extra, src=args.baseline.resolve())
-            )
-            kinds["base"] = Kind("base", base_port, "/v1/chat/completions", "openai", auth, body["openai"])
+        setup = (vllm_setup if args.engine == "vllm" else llamacpp_setup)(stack, work, args, body)
+        kinds = setup.kinds
         for kind in kinds.values():  # warm-up: connections, slots, the fit bound's evidence
             run_load(kind, 4, 2)
         runs: dict[tuple[str, int], list[Run]] = {}
@@ -317,10 +424,10 @@ def main() -> int:
             names = [k for k in kinds if k not in ("anthropic", "ollama") or n in compat_ns]
             for rep in range(args.reps):
                 for name in names if rep % 2 == 0 else names[::-1]:
-                    pid = base_pid if name == "base" else werk_pid
-                    before = cpu_s(pid)
+                    pid = setup.pids.get(name, 0)
+                    before = cpu_s(pid) if pid else 0.0
                     run = run_load(kinds[name], n, per)
-                    run.cpu_s = cpu_s(pid) - before
+                    run.cpu_s = cpu_s(pid) - before if pid else 0.0
                     if run.failures:
                         print(f"  {name} n={n}: {len(run.failures)} failed: {run.failures[0][:300]!r}", file=sys.stderr)
                     runs.setdefault((name, n), []).append(run)
@@ -343,9 +450,8 @@ def main() -> int:
         return statistics.median(a.tokens_per_s / b.tokens_per_s for a, b in pairs)
 
     print(
-        f"commit {git_describe()} | werk serve {args.werk_args} | llama-server {server} -np {PARALLEL} "
-        f"-c {PARALLEL * SLOT_CTX} (werk's: -np {PARALLEL + 1}) "
-        f"-t {args.threads} | model {described} | {args.max_tokens}-token streamed answers | {args.reps} reps "
+        f"commit {git_describe()} | werk serve {args.werk_args} | {setup.described} | "
+        f"{args.max_tokens}-token streamed answers | {args.reps} reps "
         f"(ABBA) | {platform.machine()} {os.cpu_count()} CPUs | load {load:.2f}"
     )
     print("| streams | target | tokens/s | ratio to direct | TTFT p50 (p90) ms | werk CPU µs/token | tokens/answer |")
@@ -362,15 +468,18 @@ def main() -> int:
                 f"| {n} | {name} | {tps(name, n):,.0f} | {shown} | {ttft(name, n):.2f} ({ttft90(name, n):.2f}) "
                 f"| {cpu(name, n):.1f} | {per_answer:.1f} |"
             )
+    prefix = "vllm_" if args.engine == "vllm" else ""
     for n in ns:
-        print(f"RATIO relay_tokens_per_s_n{n} = {ratio('werk', n):.3f} (target >= 0.95)")
+        print(f"RATIO {prefix}relay_tokens_per_s_n{n} = {ratio('werk', n):.3f} (target >= 0.95)")
+        if ("remote", n) in runs:
+            print(f"RATIO {prefix}remote_relay_tokens_per_s_n{n} = {ratio('remote', n):.3f} (target >= 0.95)")
     for name in ("anthropic", "ollama"):
         for n in sorted(compat_ns):
             if (name, n) in runs:
-                print(f"RATIO {name}_relay_tokens_per_s_n{n} = {ratio(name, n):.3f} (target >= 0.9)")
+                print(f"RATIO {prefix}{name}_relay_tokens_per_s_n{n} = {ratio(name, n):.3f} (target >= 0.9)")
     for n in ns:
         target = " (target <= 1 ms)" if n <= 4 else " (target <= 5 ms)" if n <= 16 else ""
-        print(f"RATIO relay_added_ttft_p50_ms_n{n} = {ttft('werk', n) - ttft('direct', n):+.2f}{target}")
+        print(f"RATIO {prefix}relay_added_ttft_p50_ms_n{n} = {ttft('werk', n) - ttft('direct', n):+.2f}{target}")
     if args.baseline:
         for n in ns:
             print(f"RATIO baseline_relay_tokens_per_s_n{n} = {ratio('base', n):.3f} (before this checkout)")
