@@ -225,7 +225,7 @@ def _child_key(pid: int, variable: str = "LLAMA_API_KEY") -> str:
 
 
 @contextmanager
-def floor_proxy(child_port: int) -> Iterator[int]:
+def floor_proxy(child_port: int, threads: int = 8) -> Iterator[int]:
     """A minimal waitress WSGI relay to the child (see the module docstring); yields its port.
     Streamed answers are relayed chunk by chunk as they arrive, like Werk's."""
     import threading
@@ -257,7 +257,7 @@ def floor_proxy(child_port: int) -> Iterator[int]:
         start_response(f"{resp.status} {resp.reason}", [("Content-Type", kind), ("Content-Length", str(len(data)))])
         return iter([data])
 
-    server = create_server(app, host="127.0.0.1", port=0, threads=8, channel_request_lookahead=1)
+    server = create_server(app, host="127.0.0.1", port=0, threads=threads, channel_request_lookahead=1)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -412,5 +412,16 @@ def main() -> int:
     return 1 if strict and ratio > TARGET else 0
 
 
+def _serve_floor() -> None:
+    """``python -m bench.proxy_overhead --floor-serve CHILD_PORT THREADS``: :func:`floor_proxy` in a
+    process of its own (its port on stdout), until it is terminated."""
+    with floor_proxy(int(sys.argv[2]), int(sys.argv[3])) as port:
+        print(port, flush=True)
+        while True:
+            time.sleep(3600)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--floor-serve"]:
+        _serve_floor()
     sys.exit(main())

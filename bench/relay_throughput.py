@@ -11,6 +11,12 @@ at n = 1, 4, 16 and 64 concurrent streams to
 
 * ``direct``    - ``POST {bare}/v1/chat/completions`` on the bare llama-server;
 * ``werk``      - ``POST {werk}/v1/chat/completions``: auth, admission, gate, pooled relay;
+* ``floor``     - the least relay this stack allows, in a process of its own: a bare waitress
+                  WSGI app (``bench.proxy_overhead.floor_proxy``; no framework, auth, admission,
+                  gate or accounting) with Werk's thread count, passing each request to the bare
+                  llama-server over ``http.client`` and its events back as they arrive. The
+                  ``RATIO`` lines print its figure beside the target: what any Python relay on
+                  waitress costs on this machine;
 * ``anthropic`` - ``POST {werk}/v1/messages`` (the Anthropic translator; n = 4 and 16);
 * ``ollama``    - ``POST {werk}/api/chat`` (the Ollama translator; n = 4 and 16);
 * ``base``      - with ``--baseline DIR``: ``/v1/chat/completions`` on a second ``werk serve``
@@ -276,6 +282,28 @@ def bodies(max_tokens: int) -> dict[str, bytes]:
     return {k: json.dumps(v).encode() for k, v in (("openai", openai), ("anthropic", anthropic), ("ollama", ollama))}
 
 
+@contextmanager
+def floor_relay(port: int, werk_args: str) -> Iterator[tuple[int, int]]:
+    """(port, pid) of the least relay this stack allows, in a process of its own: a bare waitress
+    WSGI app (``bench.proxy_overhead.floor_proxy``: no framework, auth, admission, gate or
+    accounting) passing each request to the bare llama-server at ``port`` and its stream back
+    as it arrives, with as many threads as Werk's ``--threads`` (module docstring)."""
+    words = shlex.split(werk_args)
+    threads = words[words.index("--threads") + 1] if "--threads" in words else "32"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.proxy_overhead", "--floor-serve", str(port), threads],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline()), proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @dataclass
 class Setup:
     """The targets of one run, the process whose CPU each is measured on, and how it reads."""
@@ -314,6 +342,8 @@ def llamacpp_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body:
         "ollama": Kind("ollama", werk_port, "/api/chat", "ollama", auth, body["ollama"]),
     }
     pids = {name: werk_pid for name in kinds}
+    floor_port, pids["floor"] = stack.enter_context(floor_relay(direct_port, args.werk_args))
+    kinds["floor"] = Kind("floor", floor_port, "/v1/chat/completions", "openai", {}, body["openai"])
     if args.baseline:
         base_port, _, base_pid = stack.enter_context(
             serve_werk(homes["base"], server, args.threads, extra, src=args.baseline.resolve())
@@ -470,7 +500,8 @@ def main() -> int:
             )
     prefix = "vllm_" if args.engine == "vllm" else ""
     for n in ns:
-        print(f"RATIO {prefix}relay_tokens_per_s_n{n} = {ratio('werk', n):.3f} (target >= 0.95)")
+        floor = f", floor {ratio('floor', n):.3f}" if ("floor", n) in runs else ""
+        print(f"RATIO {prefix}relay_tokens_per_s_n{n} = {ratio('werk', n):.3f} (target >= 0.95{floor})")
         if ("remote", n) in runs:
             print(f"RATIO {prefix}remote_relay_tokens_per_s_n{n} = {ratio('remote', n):.3f} (target >= 0.95)")
     for name in ("anthropic", "ollama"):
@@ -479,6 +510,8 @@ def main() -> int:
                 print(f"RATIO {prefix}{name}_relay_tokens_per_s_n{n} = {ratio(name, n):.3f} (target >= 0.9)")
     for n in ns:
         target = " (target <= 1 ms)" if n <= 4 else " (target <= 5 ms)" if n <= 16 else ""
+        if ("floor", n) in runs:
+            target = target[:-1] + f", floor {ttft('floor', n) - ttft('direct', n):+.2f} ms)" if target else ""
         print(f"RATIO {prefix}relay_added_ttft_p50_ms_n{n} = {ttft('werk', n) - ttft('direct', n):+.2f}{target}")
     if args.baseline:
         for n in ns:
