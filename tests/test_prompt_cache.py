@@ -19,7 +19,7 @@ from werk_host.cli import cache as cache_cli
 from werk_host.client import WerkProtocolClient
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host
-from werk_host.testing.hosts import backend_host, running
+from werk_host.testing.hosts import backend_host, running, settled
 from werk_host.testing.reference import MemoryBackendPlugin
 
 KEY_A = "sk-werk-prompt-cache-a-123456"
@@ -49,16 +49,6 @@ def ask(api: Api, document: str = DOCUMENT, question: str = "what now") -> int:
 
 def entries(home: Path) -> list[Path]:
     return sorted(home.glob("prompt-cache/*/p_*/st_*/payload.bin"))
-
-
-def settled(host: Host) -> Any:
-    """The counters once every answer is closed (the server closes an answer after sending it)
-    and the commits they started are written."""
-    deadline = time.monotonic() + 30
-    while host.service.chat_stats.read().requests_active and time.monotonic() < deadline:
-        time.sleep(0.01)
-    host.service.prompt_caches.wait()
-    return host.service.chat_stats.read()
 
 
 def test_a_restarted_backend_gets_the_prefix_back(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from werk_host.config import HostConfig
 from werk_host.memory import MemoryManager
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.pluginhost import PluginHost
+from werk_host.protocol.telemetry import ChatCounters
 from werk_host.server import Host, build_host, make_server
 from werk_host.testing.api import Api
 from werk_host.testing.reference import BACKEND_ID, PLUGIN_NAME, MemoryBackendPlugin
@@ -172,6 +174,18 @@ def running(host: Host) -> Iterator[str]:
         server.close()
         thread.join(timeout=5)
         host.close()
+
+
+def settled(host: Host, timeout: float = 30.0) -> ChatCounters:
+    """``host``'s chat counters once every answer is closed (at most ``timeout`` seconds) and the
+    prompt-cache commits they started are written. A client holds an answer whole before the
+    server has closed it, and an answer is counted when it closes, so counters read right after
+    a response may still miss that request."""
+    deadline = time.monotonic() + timeout
+    while host.service.chat_stats.read().requests_active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    host.service.prompt_caches.wait()
+    return host.service.chat_stats.read()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from werk_llamacpp.gguf_meta import partial_cache, read_metadata
 from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host, ModelRegistry, build_host
-from werk_host.testing.hosts import running
+from werk_host.testing.hosts import running, settled
 from werk_host.testing.markers import covers_hooks
 
 pytestmark = pytest.mark.llamaserver
@@ -78,7 +78,7 @@ def test_a_restart_restores_the_prompt_and_answers_as_cold(
     assert len(entries(tmp_path)) == 1  # saved after the answer, committed before the host closed
     with serve(tmp_path, llama_server_path, tiny_model) as (host, a, _b):
         warm = ask(a)
-        counters = host.service.chat_stats.read()
+        counters = settled(host)
         scrape = scraped(a)
     assert cached(warm) >= cold["usage"]["prompt_tokens"] - 1  # llama-server's own count
     assert 'werk_chat_prompt_cache_misses_total{instance="tiny"} 0.0' in scrape
@@ -123,7 +123,7 @@ def test_a_corrupt_entry_is_quarantined_and_the_request_runs_cold(
     payload.write_bytes(bytes(data))
     with serve(tmp_path, llama_server_path, tiny_model) as (host, a, _b):
         again = ask(a)
-        counters = host.service.chat_stats.read()
+        counters = settled(host)
     assert cached(again) == 0 and text(again) == text(cold)
     assert counters.prompt_cache_hits == 0 and counters.prompt_cache_misses == 1
     assert payload not in entries(tmp_path)  # quarantined (a fresh, intact entry replaced it)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from werk_llamacpp.testing.testmodel import THINK_END, THINK_START, generate_mod
 
 from werk_host.plugin import HostConfig, ModelManifest, ReasoningTierId
 from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host
-from werk_host.testing.hosts import running
+from werk_host.testing.hosts import running, settled
 
 pytestmark = pytest.mark.llamaserver
 KEY = "sk-werk-reasoning-test-3317"
@@ -352,10 +351,7 @@ def test_ollama_think_takes_the_same_path(env: Env) -> None:
         status, doc = env.call("POST", "/api/chat", body)
         assert status == 200, doc
         assert doc["prompt_eval_count"] > 0
-        deadline = time.monotonic() + 30
-        while env.host.service.chat_stats.read().requests_active and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return env.host.service.chat_stats.read().prompt_tokens_total - before
+        return settled(env.host).prompt_tokens_total - before
 
     assert prompt_tokens({**base, "think": "low", "options": {"num_predict": 1100}}) == env.count(
         "think", "low", max_tokens=1100
