@@ -149,7 +149,7 @@ def werk_in_process(config: HostConfig) -> Iterator[tuple[int, int, str]]:
 @contextmanager
 def serve_werk(
     home: Path,
-    server: Path,
+    server: Path | None,
     threads: int,
     extra: Sequence[str] = (),
     src: Path = ROOT,
@@ -159,10 +159,13 @@ def serve_werk(
 ) -> Iterator[tuple[int, int, int]]:
     """(werk port, the pid of its default instance's backend process, werk's pid) of a ``werk
     serve`` subprocess run from the checkout ``src``: ``serving`` says what it serves (default
-    ``--model bench``), ``extra`` adds more ``werk serve`` arguments, ``env`` more environment.
+    ``--model bench``), ``server`` is the llama-server it runs with ``-t threads`` (``None``: no
+    llama.cpp instance), ``extra`` adds more ``werk serve`` arguments, ``env`` more environment.
     The backend pid is 0 when the instance runs no local process (a remote endpoint)."""
-    env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, "WERK_LLAMA_SERVER": str(server), **(env or {})}
-    env["WERK_LLAMA_ARGS"] = f"-t {threads}"
+    env = {**os.environ, "WERK_HOME": str(home), "WERK_API_KEYS": KEY, **(env or {})}
+    if server is not None:  # a llama.cpp host: its llama-server and compute threads
+        env["WERK_LLAMA_SERVER"] = str(server)
+        env["WERK_LLAMA_ARGS"] = f"-t {threads}"
     env["PYTHONPATH"] = os.pathsep.join([str(src), *(str(p) for p in sorted(src.glob("plugins/*/src")))])
     log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(

@@ -389,7 +389,7 @@ def vllm_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body: dic
     extra = [*shlex.split(args.werk_args), "--backend-option", f"vllm.max_model_len={SLOT_CTX}"]
     extra += ["--backend-option", "vllm.gpu_memory_utilization=0.1"]  # of this host's memory on CPU
     env = {"WERK_VLLM": str(executable)}
-    werk_port, _, werk_pid = stack.enter_context(serve_werk(home, Path(), 1, extra, env=env))
+    werk_port, _, werk_pid = stack.enter_context(serve_werk(home, None, 1, extra, env=env))
     # the instance starts on its first use: one answer, then its process
     auth = {"Authorization": f"Bearer {KEY}"}
     plain = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2})
@@ -406,7 +406,7 @@ def vllm_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body: dic
         "preload = true\n"
     )
     remote_port, _, remote_pid = stack.enter_context(
-        serve_werk(remote_home, Path(), 1, extra, serving=("--profile", str(profile)), env={"BENCH_VLLM_KEY": key})
+        serve_werk(remote_home, None, 1, extra, serving=("--profile", str(profile)), env={"BENCH_VLLM_KEY": key})
     )
     kinds = {
         "direct": Kind(

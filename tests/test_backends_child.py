@@ -22,6 +22,7 @@ import pytest
 from werk_host.backend_caches import hold_owner_lock, try_owner_lock
 from werk_host.backends.child import (
     RECORD_NAME,
+    SPAWNS,
     ChildRecord,
     Guard,
     ManagedChild,
@@ -89,6 +90,31 @@ def children() -> Iterator[list[ManagedChild]]:
             kill_quietly(child.pid)
         child.popen.wait()
         child.release()
+
+
+# -- the spawn count (werk serve builds its HTTP layer after its first spawn) ----------------
+
+
+def test_a_waiter_for_the_next_spawn_returns_when_a_child_is_spawned(children: list[ManagedChild]) -> None:
+    seen, never = SPAWNS.count, threading.Event()
+    returned = threading.Event()
+    waiter = threading.Thread(target=lambda: (SPAWNS.wait_past(seen, never), returned.set()), daemon=True)
+    waiter.start()
+    assert not returned.wait(0.2), "returned before any spawn"
+    children.append(spawn(["sleep", "30"]))
+    assert returned.wait(10) and SPAWNS.count == seen + 1
+    waiter.join(5)
+
+
+def test_a_waiter_for_the_next_spawn_returns_when_told_to() -> None:
+    seen, until = SPAWNS.count, threading.Event()
+    waiter = threading.Thread(target=SPAWNS.wait_past, args=(seen, until), daemon=True)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive(), "returned with no spawn and nothing set"
+    until.set()
+    waiter.join(5)
+    assert not waiter.is_alive() and SPAWNS.count == seen
 
 
 # -- dying with the parent ------------------------------------------------------------------

@@ -70,7 +70,7 @@ def _build_app(
     *,
     after: int,
     deployed: threading.Event,
-) -> Any:
+) -> falcon.App[Any, Any]:
     """The falcon app and its OpenAPI document: imported and built once a backend child was
     spawned after the count ``after``, or once ``deployed`` is set: off the path to the first
     backend's spawn (docs/operations.md, "Start-up")."""

@@ -96,6 +96,11 @@ def read_document(chunks: Iterable[bytes]) -> JsonObject:
         raw += chunk
         if len(raw) > MAX_DOCUMENT_BYTES:
             raise unreadable()
+    return _json_object(raw)
+
+
+def _json_object(raw: bytes | bytearray) -> JsonObject:
+    """``raw`` parsed as one JSON object, else :func:`unreadable`."""
     try:
         doc = json.loads(raw)
     except ValueError as err:
@@ -160,12 +165,7 @@ class SseEvents:
                 if kind == "data" and data.strip() == b"[DONE]":
                     self._done = True
                     break
-                try:
-                    doc = json.loads(data)
-                except ValueError as err:
-                    raise unreadable() from err
-                if not isinstance(doc, dict):
-                    raise unreadable()
+                doc = _json_object(data)
                 return {"error": doc} if kind == "error" else doc
             if len(pending) > MAX_EVENT_BYTES:
                 raise unreadable()

@@ -66,12 +66,19 @@ class StatesResource(_Resource):
 _STATE_ID = TypeAdapter(StateId)
 
 
+def _path_id(adapter: TypeAdapter[str], value: str, problem: str) -> str:
+    """``value``, an id taken from the request path, checked by ``adapter`` (else a 400 saying
+    ``problem``) before anything reads it."""
+    try:
+        adapter.validate_python(value)
+    except ValidationError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, problem) from err
+    return value
+
+
 class StateActionsResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response, state_id: str) -> None:
-        try:
-            _STATE_ID.validate_python(state_id)
-        except ValidationError as err:
-            raise WerkError(ErrorCode.INVALID_REQUEST, "state_id is not a state id") from err
+        _path_id(_STATE_ID, state_id, "state_id is not a state id")
         request = parse_body(req, StateActionRequest)
         render_data(req, resp, self.control.state_action(scope(req), state_id, request))
 
@@ -93,11 +100,7 @@ _ENTRY_ID = TypeAdapter(PromptCacheEntryId)
 
 class PromptCacheActionsResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response, instance: str, entry: str) -> None:
-        entry_id = f"{instance}/{entry}"
-        try:
-            _ENTRY_ID.validate_python(entry_id)
-        except ValidationError as err:
-            raise WerkError(ErrorCode.INVALID_REQUEST, "the path does not name a prompt cache entry") from err
+        entry_id = _path_id(_ENTRY_ID, f"{instance}/{entry}", "the path does not name a prompt cache entry")
         request = parse_body(req, PromptCacheActionRequest)
         render_data(req, resp, self.control.prompt_cache_action(principal(req), entry_id, request))
 
