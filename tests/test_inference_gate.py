@@ -45,7 +45,9 @@ class HeldAdapter(MemoryAdapter):
     @hookimpl(specname="werk_chat_limits")
     def chat_limits(self, model: str | None) -> ChatLimits:
         limits = super().chat_limits(model)
-        return limits.model_copy(update={"max_concurrent_requests": self.plugin.capacity})
+        return limits.model_copy(
+            update={"max_concurrent_requests": self.plugin.capacity, "engine_queues": self.plugin.engine_queues}
+        )
 
     @hookimpl(specname="werk_chat_completion")
     def chat_completion(self, request: JsonObject) -> InferenceResponse:
@@ -78,9 +80,10 @@ class HeldStreams(MemoryBackendPlugin):
 
     adapter_class = HeldAdapter
 
-    def __init__(self, capacity: int | None) -> None:
+    def __init__(self, capacity: int | None, engine_queues: bool = False) -> None:
         super().__init__()
         self.capacity = capacity
+        self.engine_queues = engine_queues
         self.release = threading.Event()
         self.open = 0
         self.lock = threading.Lock()
@@ -138,8 +141,10 @@ _HI: JsonObject = {"role": "user", "content": "hello there"}
 
 
 @contextmanager
-def live_host(home: Path, *, capacity: int | None = 64, **limits: Any) -> Iterator[Live]:
-    plugin = HeldStreams(capacity)
+def live_host(
+    home: Path, *, capacity: int | None = 64, engine_queues: bool = False, **limits: Any
+) -> Iterator[Live]:
+    plugin = HeldStreams(capacity, engine_queues)
     host = make_host(
         home, api_keys=KEYS, plugin=plugin, plugin_name=PLUGIN_NAME, limits=ServerLimits(threads=8, **limits)
     )
@@ -255,6 +260,23 @@ def test_by_default_one_keys_whole_allowance_waits_on_a_one_slot_instance(home: 
         assert [s.answer(timeout=0.5) for s in streams[1:]] == [None, None]  # both queued
         live.plugin.release.set()
         assert [s.answer() for s in streams[1:]] == [200, 200]
+
+
+@pytest.mark.parametrize("engine_queues", [False, True])
+def test_an_unknown_capacity_is_the_slots_bound_unless_the_engine_queues(home: Path, engine_queues: bool) -> None:
+    """A backend that reports no capacity runs ``--inference-slots`` (2 here) at once and the
+    others wait in Werk's queue; one whose engine queues the excess itself (vLLM, a remote
+    server: ``engine_queues``) gets all five at once, the host-wide bound (6) still above them."""
+    with live_host(
+        home, capacity=None, engine_queues=engine_queues, inference_slots=2, inference_wait_s=HOLD_S
+    ) as live:
+        streams = [live.chat(KEYS[i % 2]) for i in range(5)]
+        running = 5 if engine_queues else 2
+        statuses = [s.answer(timeout=0.5 if i >= running else TIMEOUT_S) for i, s in enumerate(streams)]
+        assert sorted(statuses, key=str) == [200] * running + [None] * (5 - running), statuses
+        assert live.plugin.open == running
+        live.plugin.release.set()
+        assert [s.answer() if s.status is None else s.status for s in streams] == [200] * 5
 
 
 def test_a_queued_request_is_refused_when_its_wait_runs_out(home: Path) -> None:

@@ -15,8 +15,10 @@ concurrency"):
   waiting), so one key cannot take every inference thread. Without configured keys every
   request is the shared local principal: one key.
 * **per instance**: at most its capacity run at once (the backend's
-  ``ChatLimits.max_concurrent_requests``, e.g. llama.cpp's ordinary slots, else
-  :attr:`GateLimits.slots`); up to :attr:`GateLimits.queue` more (default: the per-key bound,
+  ``ChatLimits.max_concurrent_requests``, e.g. llama.cpp's ordinary slots; unknown,
+  :attr:`GateLimits.slots`, unless the backend queues beyond its capacity itself,
+  ``ChatLimits.engine_queues``, e.g. vLLM's scheduler or a remote server: then the instance has no
+  bound of its own below the host-wide one); up to :attr:`GateLimits.queue` more (default: the per-key bound,
   so that one key's whole allowance waits on an instance rather than being refused, while an
   instance still holds well under the host-wide bound) wait, first come first served, at most
   :attr:`GateLimits.wait_s` seconds each. Prefill and decode are seated apart from chats, on
@@ -131,9 +133,12 @@ class InferenceGate:
             self._per_key[principal_id] = held + 1
         return Ticket(self, principal_id)
 
-    def _seat(self, ticket: Ticket, instance: str, capacity: int | None, gone: Callable[[], bool] | None) -> None:
+    def _seat(
+        self, ticket: Ticket, instance: str, capacity: int | None, gone: Callable[[], bool] | None, engine_queues: bool
+    ) -> None:
         limits = self.limits
-        capacity = capacity if capacity is not None and capacity > 0 else limits.slots
+        if capacity is None or capacity < 1:
+            capacity = limits.host if engine_queues else limits.slots
         deadline = time.monotonic() + limits.wait_s
         with self._cond:
             seats = self._seats.get(instance)
@@ -190,10 +195,13 @@ class Ticket:
         self._instance: str | None = None
         self._released = False
 
-    def seat(self, instance: str, capacity: int | None, gone: Callable[[], bool] | None = None) -> None:
-        """Run on ``instance`` (``capacity`` concurrent requests), queueing when it is full;
-        raises the refusal when the queue is full or the wait ran out."""
-        self.gate._seat(self, instance, capacity, gone)
+    def seat(
+        self, instance: str, capacity: int | None, gone: Callable[[], bool] | None = None, *, engine_queues: bool = False
+    ) -> None:
+        """Run on ``instance`` (``capacity`` concurrent requests; ``None``: unknown, see the module
+        docstring for ``engine_queues``), queueing when it is full; raises the refusal when the
+        queue is full or the wait ran out."""
+        self.gate._seat(self, instance, capacity, gone, engine_queues)
         self._instance = instance
 
     def release(self) -> None:

@@ -325,9 +325,12 @@ class InferenceService:
             return
         limits = self.fleet.hooks.chat_limits(adapter, None)
         try:
-            ticket.seat(
-                label, limits.max_concurrent_requests if limits is not None else None, client_disconnected.get()
-            )
+            if limits is None:
+                ticket.seat(label, None, client_disconnected.get())
+            else:
+                ticket.seat(
+                    label, limits.max_concurrent_requests, client_disconnected.get(), engine_queues=limits.engine_queues
+                )
         except WerkError:
             self.stats.add(instance=label, requests_rejected=1)
             raise

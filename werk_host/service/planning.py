@@ -170,6 +170,7 @@ class ChatPlanning:
             context_tokens=_minimum([f.context_tokens for f in found]),
             max_output_tokens=_minimum([f.max_output_tokens for f in found]),
             max_concurrent_requests=_minimum([f.max_concurrent_requests for f in found]),
+            engine_queues=all(f.engine_queues for f in found),
         )
 
     def reasoning(self, scope: RequestScope, model: str | None, max_output_tokens: int) -> ReasoningProfile:

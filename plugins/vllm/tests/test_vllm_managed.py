@@ -176,12 +176,13 @@ def test_the_started_process_argv_environment_and_capabilities(
     }
 
     limits = adapter.chat_limits(None)
-    assert (limits.model, limits.context_tokens, limits.max_output_tokens, limits.max_concurrent_requests) == (
-        "tiny",
-        512,
-        100,
-        3,
-    )
+    assert (
+        limits.model,
+        limits.context_tokens,
+        limits.max_output_tokens,
+        limits.max_concurrent_requests,
+        limits.engine_queues,
+    ) == ("tiny", 512, 100, 3, True)
     plan = adapter.plan()
     assert plan is not None and plan.endpoint is EndpointKind.LOCAL
     assert plan.arguments[:2] == ["serve", "<path>"] and str(fake_model) not in plan.arguments

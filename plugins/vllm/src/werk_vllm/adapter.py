@@ -211,6 +211,8 @@ class VllmAdapter:
             context_tokens=context,
             max_output_tokens=min(ceilings) if ceilings else None,
             max_concurrent_requests=self.max_num_seqs(),
+            # vLLM's scheduler queues what its batch cannot take (and so does a remote server).
+            engine_queues=True,
         )
 
     def tokenize_body(self, request: ChatRequest) -> dict[str, Any]:
