@@ -141,9 +141,7 @@ _HI: JsonObject = {"role": "user", "content": "hello there"}
 
 
 @contextmanager
-def live_host(
-    home: Path, *, capacity: int | None = 64, engine_queues: bool = False, **limits: Any
-) -> Iterator[Live]:
+def live_host(home: Path, *, capacity: int | None = 64, engine_queues: bool = False, **limits: Any) -> Iterator[Live]:
     plugin = HeldStreams(capacity, engine_queues)
     host = make_host(
         home, api_keys=KEYS, plugin=plugin, plugin_name=PLUGIN_NAME, limits=ServerLimits(threads=8, **limits)
@@ -277,6 +275,19 @@ def test_an_unknown_capacity_is_the_slots_bound_unless_the_engine_queues(home: P
         assert live.plugin.open == running
         live.plugin.release.set()
         assert [s.answer() if s.status is None else s.status for s in streams] == [200] * 5
+        # the host's own member: never on the wire (GET /werk/v1/chat/limits has the protocol's fields)
+        conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=TIMEOUT_S)
+        conn.request("GET", "/werk/v1/chat/limits", headers={"Authorization": f"Bearer {KEYS[0]}"})
+        limits = json.loads(conn.getresponse().read())["data"]
+        conn.close()
+        assert set(limits) == {
+            "schema_version",
+            "model",
+            "context_tokens",
+            "max_output_tokens",
+            "max_concurrent_requests",
+        }
+        assert limits["max_concurrent_requests"] is None
 
 
 def test_a_queued_request_is_refused_when_its_wait_runs_out(home: Path) -> None:
