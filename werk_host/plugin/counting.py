@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from werk_host.service.admission import calibrate, plain_shape
+from werk_host.service.admission import CALIBRATE_AFTER, calibrate, plain_shape
 
-__all__ = ["calibrate", "plain_shape"]
+__all__ = ["CALIBRATE_AFTER", "calibrate", "plain_shape"]

@@ -325,21 +325,16 @@ class Admission(DataModel):
 
 
 class ChatLimits(DataModel):
-    """What one instance accepts (docs/plugin-hooks.md, ``werk_chat_limits``).
-
-    ``max_concurrent_requests``: the requests it runs at once (``None``: unknown). ``engine_queues``
-    is for the host alone, never serialized (``GET /werk/v1/chat/limits`` carries the protocol's
-    fields only): a request beyond the capacity waits in the backend's own scheduler (a
-    continuously batching engine such as vLLM, a remote server with its own admission), so an
-    unknown capacity does not hold the instance to ``werk serve --inference-slots``
-    (docs/operations.md, "Inference concurrency").
-    """
-
     schema_version: Literal[1] = 1
     model: str
     context_tokens: int | None
     max_output_tokens: int | None
     max_concurrent_requests: int | None
+    #: The host's alone, never serialized (``GET /werk/v1/chat/limits`` has the protocol's fields
+    #: only): a request beyond the capacity waits in the backend's own scheduler (a continuously
+    #: batching engine such as vLLM, a remote server with its own admission), so an unknown
+    #: capacity does not hold the instance to ``werk serve --inference-slots``
+    #: (docs/operations.md, "Inference concurrency").
     engine_queues: SkipJsonSchema[bool] = Field(default=False, exclude=True)
 
 

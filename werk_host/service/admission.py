@@ -19,7 +19,9 @@ Where the bound's evidence comes from
 -------------------------------------
 Only from the backend's own exact counts (``werk_count_tokens``), taken once per adapter
 identity (:meth:`werk_host.seam.Adapter.identity`, so a restarted or replaced backend
-process is calibrated afresh) on short *template-only* requests whose message contents are one
+process is calibrated afresh), in its :data:`CALIBRATE_AFTER`-th plain admission (the earlier
+ones are counted exactly: a process that answers a few requests never pays for the
+calibration), on short *template-only* requests whose message contents are one
 sentinel byte. They give, for the roles of the conversations admission accepts (an optional
 leading ``system`` message, then ``user``/``assistant`` alternating from ``user``):
 
@@ -124,6 +126,10 @@ RENDER_NEUTRAL = frozenset(
     }
 )
 MAX_IDENTITIES = 64
+#: The plain requests of one adapter identity counted exactly before it is calibrated: the
+#: calibration's ~26 counts pay off over a stream of requests, not for a process that answers a
+#: few (``werk run``, the first answer after a start; docs/operations.md, "Start-up").
+CALIBRATE_AFTER = 4
 
 _SYSTEM, _USER, _ASSISTANT = ChatRole.SYSTEM, ChatRole.USER, ChatRole.ASSISTANT
 
@@ -260,12 +266,14 @@ def calibrate(adapter: Adapter, count: Count) -> TemplateEvidence | None:
 class FitBounds:
     """Per adapter identity, calibrated evidence and the bound it gives (module docstring).
 
-    Thread-safe. Calibration runs once per identity in the first admission that needs it;
-    requests admitted meanwhile by other threads are counted exactly."""
+    Thread-safe. Calibration runs once per identity, in its :data:`CALIBRATE_AFTER`-th plain
+    admission (the ones before are counted exactly); requests admitted meanwhile by other
+    threads are counted exactly."""
 
     def __init__(self, count: Count) -> None:
         self._count = count
         self._evidence: OrderedDict[str, TemplateEvidence | None] = OrderedDict()
+        self._asked: OrderedDict[str, int] = OrderedDict()  # plain admissions before calibration
         self._lock = threading.Lock()
         self._calibrating = threading.Lock()
 
@@ -278,7 +286,13 @@ class FitBounds:
         with self._lock:
             known = key in self._evidence
             evidence = self._evidence.get(key)
+            if not known:
+                asked = self._asked[key] = self._asked.pop(key, 0) + 1
+                while len(self._asked) > MAX_IDENTITIES:
+                    self._asked.popitem(last=False)
         if not known:
+            if asked < CALIBRATE_AFTER:
+                return None
             evidence = self._calibrate(adapter, key)
         return evidence.bound(shape) if evidence is not None else None
 
@@ -317,6 +331,7 @@ class FitBounds:
                 return None  # the process changed under the calibration
             with self._lock:
                 self._evidence[key] = evidence
+                self._asked.pop(key, None)
                 while len(self._evidence) > MAX_IDENTITIES:
                     self._evidence.popitem(last=False)
             return evidence

@@ -7,7 +7,9 @@ of the adapter's ``count_tokens`` (recorded as ``"count"``; it may answer from i
 ``/apply-template`` and ``/tokenize`` call it sends to the child, recorded by wrapping the
 method and the module's ``post_json`` (the real calls still run). They show that
 
-* a request far below the limit is admitted and answered with no count call;
+* a process's first plain requests are counted exactly, and the bound is calibrated in the
+  ``CALIBRATE_AFTER``-th; after it, a request far below the limit is admitted and answered
+  with no count call;
 * requests just under and just over the limit get exactly the answers the exact count gives
   (admitted, or ``context_length_exceeded`` with the same numbers; ``output_limit_exceeded``
   unchanged), and those do pay the count;
@@ -33,7 +35,7 @@ from werk_llamacpp.adapter import LlamaCppAdapter
 from werk_llamacpp.process import ENV_ARGS
 
 from werk_host.plugin import ChatRequest, HostConfig, ModelManifest
-from werk_host.plugin.counting import calibrate, plain_shape
+from werk_host.plugin.counting import CALIBRATE_AFTER, calibrate, plain_shape
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
@@ -164,10 +166,22 @@ def _near(env: Env, target: int) -> tuple[list[dict[str, Any]], int]:
         n += max((target - 24 - counted) // 3, 1)
 
 
+def _calibrated(env: Env) -> None:
+    """Send the plain requests in whose last Werk calibrates the bound; forget their calls."""
+    for i in range(CALIBRATE_AFTER):
+        status, body = env.chat(_fresh(f"calibrate {i}"), 2)
+        assert status == 200, body
+    env.take()
+
+
 def test_far_below_the_limit_is_admitted_without_a_count(env: Env) -> None:
-    status, body = env.chat(_fresh("first request: calibrates"), 4)
+    for i in range(CALIBRATE_AFTER - 1):  # a process that answers a few requests never calibrates
+        status, body = env.chat(_fresh(f"before the calibration {i}"), 4)
+        assert status == 200, body
+        assert env.take() == COUNTED, "the first plain requests of a process are counted exactly"
+    status, body = env.chat(_fresh("this one calibrates"), 4)
     assert status == 200, body
-    assert env.take(), "the first admission calibrates the bound from exact counts"
+    assert len(env.take()) > len(COUNTED), "this admission calibrates the bound from exact counts"
     for _ in range(3):
         messages = _fresh("hello there, how are you today?")
         status, body = env.chat(messages, 4)
@@ -182,7 +196,7 @@ def test_far_below_the_limit_is_admitted_without_a_count(env: Env) -> None:
 
 
 def test_near_the_limit_answers_are_the_exact_ones(env: Env) -> None:
-    env.chat(_fresh("calibrate"), 2)
+    _calibrated(env)
     messages, prompt = _near(env, CONTEXT - 8)
     env.take()
 
@@ -214,7 +228,7 @@ def test_near_the_limit_answers_are_the_exact_ones(env: Env) -> None:
 
 
 def test_every_admission_around_the_limit_matches_the_exact_rule(env: Env) -> None:
-    env.chat(_fresh("calibrate"), 2)
+    _calibrated(env)
     for target in (CONTEXT - 40, CONTEXT - 4):  # outputs up to 64 tokens: cheap on the real model
         messages, prompt = _near(env, target)
         for output in (CONTEXT - prompt - 1, CONTEXT - prompt, CONTEXT - prompt + 1):
@@ -253,8 +267,7 @@ def test_the_bound_is_above_the_exact_count_for_varied_requests(env: Env) -> Non
 
 
 def test_requests_outside_the_calibrated_shape_are_counted(env: Env) -> None:
-    env.chat(_fresh("calibrate"), 2)
-    env.take()
+    _calibrated(env)
     parts = [{"role": "user", "content": [{"type": "text", "text": "hello in parts"}]}]
     status, body = env.chat(parts, 4)
     assert status == 200, body
@@ -269,7 +282,7 @@ def test_a_template_that_repeats_content_gets_no_bound(
 ) -> None:
     with serving(tmp_path, llama_server_path, tiny_model, recorded, TWICE_TEMPLATE) as env:
         assert calibrate(env.adapter, env.host.fleet.hooks.count_tokens) is None
-        env.chat(_fresh("the first admission calibrates, and finds no bound"), 2)
+        _calibrated(env)  # and finds no bound
         for _ in range(2):
             messages = _fresh("far below the limit")
             env.take()
@@ -283,9 +296,7 @@ def test_reported_prompt_tokens_above_the_bound_withdraw_it(
     tmp_path: Path, llama_server_path: Path, tiny_model: Path, recorded: list[str]
 ) -> None:
     with serving(tmp_path, llama_server_path, tiny_model, recorded, MAGIC_TEMPLATE) as env:
-        status, body = env.chat(_fresh("calibrate"), 2)
-        assert status == 200, body
-        env.take()
+        _calibrated(env)
         status, body = env.chat(_fresh("plain"), 2)
         assert status == 200 and env.take() == [], body  # calibrated: the probes saw no repetition
 
