@@ -229,7 +229,8 @@ def werk_count_tokens(adapter: Adapter, request: ChatRequest) -> int | None:
     estimate: raise ``unsupported`` instead; ``unavailable`` (retryable) on a temporary
     native failure; ``invalid_request`` for content the model cannot take. Besides
     count_tokens and near-limit admission, the host calls it for about 25 short sentinel
-    requests once per adapter identity to calibrate its admission upper bound
+    requests once per adapter identity, in its fourth plain admission (``CALIBRATE_AFTER``;
+    the first three are counted exactly), to calibrate its admission upper bound
     (:mod:`werk_host.service.admission`), and checks that bound against the usage the backend
     later reports, so the count must equal that usage exactly.
 
@@ -252,6 +253,13 @@ def werk_request_options(adapter: Adapter, name: str, options: JsonObject) -> Js
 def werk_chat_limits(adapter: Adapter, model: str | None) -> ChatLimits | None:
     """Context, output ceiling and configured concurrency for ``model`` (default when
     ``None``), read from manifests and launch arguments only; never loads a model.
+    ``max_concurrent_requests`` is what the instance runs at once (``None``: unknown; the
+    host's gate then holds it to ``werk serve --inference-slots``). Set ``engine_queues=True``
+    when a request beyond that capacity waits in the backend's own scheduler at no harm (a
+    continuously batching engine, a remote server with its own admission): an unknown capacity
+    then leaves the instance to the host-wide and per-key bounds alone (docs/operations.md,
+    "Inference concurrency"). It is the host's alone: ``GET /werk/v1/chat/limits`` never
+    carries it.
 
     Adapter method: ``@hookimpl(specname="werk_chat_limits") def chat_limits(self, model)``."""
 
