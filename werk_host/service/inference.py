@@ -324,13 +324,10 @@ class InferenceService:
         if ticket is None:
             return
         limits = self.fleet.hooks.chat_limits(adapter, None)
+        capacity = limits.max_concurrent_requests if limits is not None else None
+        queues = limits is not None and limits.engine_queues
         try:
-            if limits is None:
-                ticket.seat(label, None, client_disconnected.get())
-            else:
-                ticket.seat(
-                    label, limits.max_concurrent_requests, client_disconnected.get(), engine_queues=limits.engine_queues
-                )
+            ticket.seat(label, capacity, client_disconnected.get(), engine_queues=queues)
         except WerkError:
             self.stats.add(instance=label, requests_rejected=1)
             raise
