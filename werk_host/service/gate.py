@@ -196,7 +196,12 @@ class Ticket:
         self._released = False
 
     def seat(
-        self, instance: str, capacity: int | None, gone: Callable[[], bool] | None = None, *, engine_queues: bool = False
+        self,
+        instance: str,
+        capacity: int | None,
+        gone: Callable[[], bool] | None = None,
+        *,
+        engine_queues: bool = False,
     ) -> None:
         """Run on ``instance`` (``capacity`` concurrent requests; ``None``: unknown, see the module
         docstring for ``engine_queues``), queueing when it is full; raises the refusal when the
