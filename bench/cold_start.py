@@ -15,6 +15,9 @@ werk, ...; after one untimed warm-up run of each; the processes are stopped betw
 
 * ``serve``: ``werk serve --model GGUF --port P`` vs ``llama-server -m GGUF --port P``: time
   to the first answered chat. Werk's run also records when it printed its ``listening`` line.
+  ``werk serve`` runs twice per round: in the one home of all such runs, where the command
+  started before (the warm-up run remembered its launch: docs/operations.md, "Remembered
+  launches"), and in a new home of its own (a first start there). One ``RATIO`` line each.
 * ``run``: ``werk run GGUF "PROMPT" --max-tokens 8`` end to end (process start to exit: it
   starts the model, answers, stops it) vs a ``llama-server`` one-shot: start it, the first
   answered chat, SIGTERM and wait for its exit.
@@ -197,10 +200,12 @@ class Setup:
                 cmd, stdout=stdout or log, stderr=log, env=env, cwd=self.work, start_new_session=True
             )
 
-    def werk_env(self) -> dict[str, str]:
-        self.runs += 1
-        home = self.work / f"home-{self.runs}"
-        home.mkdir(mode=0o700)
+    def werk_env(self, *, home: Path | None = None) -> dict[str, str]:
+        """``werk``'s environment: ``home`` as ``WERK_HOME``, else a new home of its own."""
+        if home is None:
+            self.runs += 1
+            home = self.work / f"home-{self.runs}"
+            home.mkdir(mode=0o700)
         env = {**os.environ, "WERK_HOME": str(home), "WERK_LLAMA_SERVER": str(self.server)}
         # bytecode cached as an installed package has it (pip compiles on install), kept out of
         # the checkout: a PYTHONDONTWRITEBYTECODE environment would otherwise compile every
@@ -220,9 +225,9 @@ class Sample:
     text: str = ""
 
 
-def werk_serve(setup: Setup) -> Sample:
+def werk_serve(setup: Setup, *, home: Path | None = None) -> Sample:
     port = free_port()
-    env = setup.werk_env()
+    env = setup.werk_env(home=home)
     cmd = [sys.executable, "-m", "werk_host", "serve", "--port", str(port), "--model", str(setup.gguf)]
     start = time.perf_counter()
     proc = setup.popen("werk-serve", cmd, env=env, stdout=subprocess.PIPE)
@@ -248,6 +253,14 @@ def werk_serve(setup: Setup) -> Sample:
     if listening:
         detail["listening"] = listening[0]
     return Sample(ms, detail, text)
+
+
+def werk_serve_again(setup: Setup) -> Sample:
+    """``werk serve`` in the one home of every such run: from the second on, a start of a command
+    that started there before (its remembered launch; docs/operations.md, "Remembered launches")."""
+    home = setup.work / "home-again"
+    home.mkdir(mode=0o700, exist_ok=True)
+    return werk_serve(setup, home=home)
 
 
 def llama_serve(setup: Setup, *, then_stop: bool = False, extra: list[str] | None = None) -> Sample:
@@ -388,23 +401,28 @@ def main() -> int:
     try:
         if args.only in (None, "serve"):
             systems: list[tuple[str, Callable[[Setup], Sample]]] = [
-                ("werk serve", werk_serve),
+                ("werk serve", werk_serve_again),
                 ("llama-server", llama_serve),
+                ("werk serve in a new home", werk_serve),
             ]
             if args.child_args:
                 systems.append(("llama-server with werk's child arguments", llama_serve_werk_args))
             got = alternate(setup, args.runs, systems)
-            werk, llama = got[0], got[1]
+            werk, llama, new_home = got[0], got[1], got[2]
             print("\nstart → first answered chat:")
             print(summary("werk serve --model GGUF", werk))
             print(summary("llama-server -m GGUF", llama))
+            print(summary("werk serve, in a new home", new_home))
             if args.child_args:
-                print(summary("llama-server -m GGUF + werk's args", got[2]))
+                print(summary("llama-server -m GGUF + werk's args", got[3]))
                 print(f"  werk's child arguments: {' '.join(setup.werk_child_args or [])}")
-            ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in llama)
+            llama_ms = statistics.median(s.ms for s in llama)
+            ratio = statistics.median(s.ms for s in werk) / llama_ms
             ratios.append(("serve_first_answer_vs_llama_server", ratio, f"target <= {TARGET_SERVE}"))
+            ratio = statistics.median(s.ms for s in new_home) / llama_ms
+            ratios.append(("serve_first_answer_in_a_new_home_vs_llama_server", ratio, f"target <= {TARGET_SERVE}"))
             if args.child_args:
-                ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in got[2])
+                ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in got[3])
                 ratios.append(("serve_first_answer_vs_llama_server_with_werks_child_args", ratio, "no target"))
         if args.only in (None, "run"):
             werk, llama = alternate(

@@ -279,7 +279,7 @@ def test_idle_connections_do_not_block_requests(home: Path) -> None:
 
 
 def test_connection_limit_is_a_serve_option() -> None:
-    from werk_host.cli import build_parser
+    from werk_host.cli.commands import build_parser
 
     args = build_parser().parse_args(
         ["serve", "--connection-limit", "50", "--channel-timeout", "3", "--cleanup-interval", "2", "--threads", "4"]

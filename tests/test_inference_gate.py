@@ -348,7 +348,7 @@ def test_serve_refuses_a_config_without_inference_room(
 
 
 def test_serve_options_reach_the_limits() -> None:
-    from werk_host.cli import build_parser
+    from werk_host.cli.commands import build_parser
 
     args = build_parser().parse_args(
         ["serve", "--inference-max", "5", "--inference-per-key", "2", "--inference-queue", "0"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from werk_host.cli import build_parser
+from werk_host.cli.commands import build_parser
 from werk_host.deployments.durations import MAX_DURATION_S
 from werk_host.deployments.instances import Instance, InstanceView
 from werk_host.deployments.profile import ProfileError, parse_profile

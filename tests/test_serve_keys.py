@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from werk_host.cli import build_parser
+from werk_host.cli.commands import build_parser
 from werk_host.cli.serve import collect_api_keys, collect_operator_keys
 from werk_host.testing.api import Api
 

@@ -285,7 +285,7 @@ def test_a_control_byte_in_a_header_is_400_in_the_api_shape(home: Path, path: st
 
 
 def test_request_read_timeout_is_a_serve_option() -> None:
-    from werk_host.cli import build_parser
+    from werk_host.cli.commands import build_parser
 
     args = build_parser().parse_args(["serve", "--request-read-timeout", "7"])
     assert args.request_read_timeout == 7

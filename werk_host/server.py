@@ -21,6 +21,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
+from werk_host.backends import launch
 from werk_host.backends.child import SPAWNS
 from werk_host.config import HostConfig, ServerLimits
 from werk_host.deployments.registry import profile_for
@@ -71,14 +72,19 @@ def _build_app(
     after: int,
     deployed: threading.Event,
 ) -> falcon.App[Any, Any]:
-    """The falcon app and its OpenAPI document: imported and built once a backend child was
-    spawned after the count ``after``, or once ``deployed`` is set: off the path to the first
-    backend's spawn (docs/operations.md, "Start-up")."""
+    """The falcon app: imported and built once a backend child was spawned after the count
+    ``after``, or once ``deployed`` is set: off the path to the first backend's spawn
+    (docs/operations.md, "Start-up"). Its OpenAPI document is made when first asked for."""
     SPAWNS.wait_past(after, deployed)
     from werk_host.http.app import create_app
+
+    return create_app(service, auth, openapi=_openapi, inference=inference, fleet=fleet)
+
+
+def _openapi() -> dict[str, Any]:
     from werk_host.openapi import build_openapi
 
-    return create_app(service, auth, openapi=build_openapi(), inference=inference, fleet=fleet)
+    return build_openapi()
 
 
 def build_host(
@@ -115,13 +121,16 @@ def build_host(
     inference = InferenceService(fleet, service.chat_stats, gate, service.prompt_caches)
     deployed = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="werk-app") as builder:
-        app = builder.submit(_build_app, service, auth, inference, fleet, after=SPAWNS.count, deployed=deployed)
+        # a child prestarted from the remembered launch is already loading its model
+        after = SPAWNS.count - launch.loading()
+        app = builder.submit(_build_app, service, auth, inference, fleet, after=after, deployed=deployed)
         try:
             try:
                 profile = profile_for(config)
                 if profile is not None:
                     fleet.deploy(profile)
             finally:
+                launch.settle()
                 deployed.set()
             # preloaded instances start warm: their prompt caches' warm start finishes (bounded)
             # before the host serves (docs/prompt-cache.md, "Warm start")

@@ -241,7 +241,7 @@ def test_a_key_whose_states_expired_is_admitted_again(tmp_path: Path) -> None:
 
 def test_serve_options_reach_the_store_bounds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import werk_host.server
-    from werk_host.cli import build_parser
+    from werk_host.cli.commands import build_parser
     from werk_host.config import HostConfig
 
     seen: list[HostConfig] = []

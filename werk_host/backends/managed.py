@@ -41,7 +41,6 @@ import http.client
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import threading
@@ -53,6 +52,7 @@ from types import FrameType
 from typing import Any
 
 from werk_host.backends.child import Guard, ManagedChild, spawn
+from werk_host.backends.launch import Reservation, free_port
 
 __all__ = [
     "LOG_TAIL_LINES",
@@ -112,10 +112,10 @@ LOG_TAIL_MAX_BYTES = 256 * 1024
 REDACTED = "[redacted]"
 KILL_WAIT_S = 30.0
 FINALIZE_GRACE_S = 2.0
-_POLL_FIRST_S = 0.02
+_POLL_FIRST_S = 0.005
 #: A loaded child is noticed within this (a readiness check is one loopback request):
 #: docs/operations.md, "Start-up".
-_POLL_MAX_S = 0.05
+_POLL_MAX_S = 0.01
 
 
 class BackendProcessError(RuntimeError):
@@ -138,14 +138,6 @@ class BackendStartupError(BackendProcessError):
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """An ephemeral TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -353,6 +345,7 @@ class ManagedProcess:
         owner_fd: int | None = None,
         error_type: type[BackendStartupError] = BackendStartupError,
         guard: Guard | None = None,
+        launch: Reservation | None = None,
     ) -> None:
         """Configure (nothing runs until :meth:`start`).
 
@@ -360,7 +353,10 @@ class ManagedProcess:
         environment (``None``: inherit). ``record_dir`` receives the child's record
         (:func:`~werk_host.backends.child.spawn`). ``secrets`` are redacted from every log tail.
         ``cleanup_dir`` (removed) and ``owner_fd`` (closed) become this object's: they are released
-        once the child is reaped, or by :meth:`stop`/a failed :meth:`start`.
+        once the child is reaped, or by :meth:`stop`/a failed :meth:`start`. With ``launch`` (the
+        :func:`~werk_host.backends.launch.reserve` whose values ``argv`` and ``env`` use), a child
+        prestarted from the remembered launch is adopted when it is exactly this one, and the
+        child is remembered once ready (:mod:`werk_host.backends.launch`).
         """
         self.argv = [str(a) for a in argv]
         self.name = name
@@ -372,6 +368,7 @@ class ManagedProcess:
         self.stop_timeout = stop_timeout
         self.error_type = error_type
         self.guard = guard
+        self.launch = launch
         self.started_at: float | None = None
         self._cleanup_dir = os.fspath(cleanup_dir) if cleanup_dir is not None else None
         self._owner_fd = owner_fd
@@ -416,6 +413,10 @@ class ManagedProcess:
         with self._lock:
             if self._child is not None or self._stopped:
                 raise BackendProcessError(f"{self.name} process already started")
+            adopted = self._adopt()
+            if adopted is not None:
+                self._started(*adopted)
+                return self
             try:
                 fd = os.open(
                     self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
@@ -447,12 +448,23 @@ class ManagedProcess:
                 self._stopped = True
                 self._release()
                 raise
-            self._child = child
-            self.started_at = time.monotonic()
-            self._finalizer = weakref.finalize(self, _finalize, child, self._cleanup_dir, self._owner_fd)
-            with _REGISTRY_LOCK:
-                _REGISTRY.add(self)
+            self._started(child, time.monotonic())
         return self
+
+    def _cwd(self) -> str:
+        return os.fspath(self.cwd) if self.cwd is not None else os.getcwd()
+
+    def _adopt(self) -> tuple[ManagedChild, float] | None:
+        if self.launch is None:
+            return None
+        return self.launch.adopt(self.argv, self.env, self._cwd(), str(self.log_path), self.guard)
+
+    def _started(self, child: ManagedChild, started_at: float) -> None:
+        self._child = child
+        self.started_at = started_at
+        self._finalizer = weakref.finalize(self, _finalize, child, self._cleanup_dir, self._owner_fd)
+        with _REGISTRY_LOCK:
+            _REGISTRY.add(self)
 
     def wait_ready(self, ready: Callable[[], bool], *, timeout: float, what: str = "become healthy") -> None:
         """Poll ``ready()`` until it returns True; on any failure stop the child and raise the startup error.
@@ -472,7 +484,7 @@ class ManagedProcess:
                     raise self.startup_error(f"{self.name} exited with status {rc} during startup", returncode=rc)
                 try:
                     if ready():
-                        return
+                        break
                 except Exception as exc:
                     raise self.startup_error(f"{self.name} readiness check failed: {exc}") from exc
                 if time.monotonic() >= deadline:
@@ -482,6 +494,9 @@ class ManagedProcess:
         except BaseException:
             self.stop()
             raise
+        if self.launch is not None:
+            args = (self.argv, self.env, self._cwd(), str(self.log_path), self.guard, self._child.pid)
+            self.launch.remember(*args)
 
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM the group, SIGKILL after ``timeout`` (default ``stop_timeout``) s, reap, release files.

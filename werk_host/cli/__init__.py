@@ -1,77 +1,45 @@
-"""The ``werk`` command: serve, run, chat, plugins, models, cache and runtime sub-commands."""
+"""The ``werk`` command (:mod:`werk_host.cli.commands`): serve, run, chat, plugins, models, cache
+and runtime sub-commands.
+
+:func:`main` first lets a ``werk serve`` start its remembered backend child
+(:func:`werk_host.backends.launch.prestart`), then imports the commands: the child loads its
+model while the host is imported (docs/operations.md, "Remembered launches"). Nothing else is
+imported before that.
+"""
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 
-from werk_host import __version__
-from werk_host.cli import cache, chat, deployments, doctor, models, output, plugins, run, runtime, serve
-from werk_host.deployments.profile import ProfileError
-from werk_host.errors import WerkError
-
-Handler = Callable[[argparse.Namespace], int]
-
-#: The host's commands whose start is on the way to a first answer: their parser is built
-#: without the plugins' command modules (docs/operations.md, "Start-up").
-SERVING_COMMANDS = frozenset({"serve", "run", "chat"})
-
-
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """``werk``'s parser for ``argv`` (default: ``sys.argv[1:]``): every command, the plugins'
-    own included, unless ``argv`` names one of :data:`SERVING_COMMANDS`."""
-    parser = argparse.ArgumentParser(prog="werk", description="Werk host")
-    parser.add_argument("--version", action="version", version=f"werk-host {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve.register(sub)
-    run.register(sub)
-    chat.register(sub)
-    plugins.register(sub)
-    doctor.register(sub)
-    models.register(sub)
-    cache.register(sub)
-    runtime.register(sub)
-    deployments.register(sub)
-    if _command(sys.argv[1:] if argv is None else argv) not in SERVING_COMMANDS:
-        plugin_commands(sub)
-    return parser
-
-
-def _command(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names: its first word that is not an option (``werk`` itself has
-    only ``--version`` and ``--help``)."""
-    return next((word for word in argv if not word.startswith("-")), None)
-
-
-def plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Each plugin's own ``werk <name> ...`` commands (docs/plugin-kit.md, "Commands"). Only the
-    plugins' small ``werk.cli`` modules are imported; a broken one adds nothing and is named in
-    one line on stderr."""
-    from werk_host.pluginhost import PluginHost
-
-    host = PluginHost()
-    problems = host.load_cli_entry_points()
-    problems += host.add_cli_commands(sub)
-    for name, problem in problems:
-        fix = f"see `werk plugins`; WERK_DISABLE_PLUGINS={name} turns the plugin off"
-        print(f"werk: plugin {name} {problem} ({fix})", file=sys.stderr, flush=True)
+#: The environment ``werk serve`` reads its listen address from when the flags are absent.
+PORT_ENV, HOST_ENV = "WERK_PORT", "WERK_HOST"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
-    handler: Handler = args.handler
-    try:
-        return handler(args)
-    except WerkError as err:  # one line `werk: ...` (docs/cli.md, "Output and exit codes")
-        output.fail(args, err.message, code=err.code.value)
-        return 2
-    except ProfileError as err:  # nothing started: the message names the file, line and field
-        output.fail(args, f"invalid profile: {err}", code="invalid_profile")
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    """Run ``werk`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    from werk_host.backends.launch import prestart
+
+    words = sys.argv[1:] if argv is None else argv
+    prestart(words, listen=_listen_address(words, os.environ))
+    from werk_host.cli.commands import main as run
+
+    return run(argv)
+
+
+def _listen_address(words: Sequence[str], environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """Where ``werk serve words`` will listen (``werk_host.cli.serve.listen_address`` decides it
+    once the command is parsed); ``None`` when the words do not say it plainly."""
+    given: dict[str, str] = {}
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in ("--host", "--port"):
+            given[name] = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+    host = given.get("--host") or environ.get(HOST_ENV, "").strip() or DEFAULT_HOST
+    port = given.get("--port") or environ.get(PORT_ENV, "").strip() or str(DEFAULT_PORT)
+    return (host, int(port)) if port.isdigit() and int(port) <= 65535 else None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,9 +37,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from werk_host.cli import DEFAULT_HOST, DEFAULT_PORT, PORT_ENV
 from werk_host.cli.output import add_json_flag, emit
 from werk_host.cli.plugins import load_plugins, missing_first_party, plugin_fix
-from werk_host.cli.serve import DEFAULT_HOST, DEFAULT_PORT, listen_address
+from werk_host.cli.serve import listen_address
 from werk_host.config import HostConfig
 from werk_host.digests import sha256_file
 from werk_host.models import ModelManifest, ModelRegistry
@@ -47,7 +48,6 @@ from werk_host.paths import werk_home
 from werk_host.pluginhost import PluginHost
 from werk_host.seam import AdapterFactory, DoctorCheck
 
-PORT_ENV = "WERK_PORT"
 #: Who usually listens on a port, named when the system does not say.
 KNOWN_PORTS = {11434: "Ollama", 8080: "llama-server", 8000: "vLLM"}
 DISK_WARN_BYTES = 10 * 2**30

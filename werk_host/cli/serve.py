@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from werk_host.cli import run, runtime
+from werk_host.cli import DEFAULT_HOST, DEFAULT_PORT, HOST_ENV, PORT_ENV, run, runtime
 from werk_host.cli.output import fail
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits, StoreBounds
 from werk_host.deployments.durations import MAX_DURATION_S
@@ -34,9 +34,6 @@ if TYPE_CHECKING:
     from werk_host.deployments.instances import Instance
     from werk_host.server import Host
 
-#: The environment ``werk serve`` reads its listen address from when the flags are absent.
-PORT_ENV, HOST_ENV = "WERK_PORT", "WERK_HOST"
-DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434
 #: The levels ``--log-level`` takes (any case).
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from werk_host.http.middleware import (
     is_openai_path,
     protocol_headers,
 )
-from werk_host.http.resources import ROUTES, OpenApiResource, RawOpenApiResource
+from werk_host.http.resources import ROUTES, OpenApiDocument, OpenApiResource, RawOpenApiResource
 from werk_host.logs import TracebackThrottle
 from werk_host.protocol.envelope import error_json
 from werk_host.service.fleet import Fleet
@@ -95,14 +96,15 @@ def create_app(
     control: WerkControl,
     auth: Authenticator,
     *,
-    openapi: dict[str, Any],
+    openapi: Callable[[], dict[str, Any]],
     inference: Any | None = None,
     fleet: Fleet | None = None,
 ) -> falcon.App[Any, Any]:
     """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given) and
-    ``openapi``, the document :func:`werk_host.openapi.build_openapi` makes (the document module
-    sits above this layer: it reads the routes). With ``fleet``, ``/werk/v1`` requests select
-    their deployment instance (``X-Werk-Deployment``)."""
+    the document ``openapi()`` makes (:func:`werk_host.openapi.build_openapi`; the document module
+    sits above this layer: it reads the routes), made once, when it is first asked for: most
+    starts never serve it (docs/operations.md, "Where the start-up time goes"). With ``fleet``,
+    ``/werk/v1`` requests select their deployment instance (``X-Werk-Deployment``)."""
     metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
         metrics.middleware,  # first, so that it sees every response (401s included)
@@ -114,8 +116,9 @@ def create_app(
     app.resp_options.default_media_type = "application/json"
     for path, resource_class in ROUTES:
         app.add_route(path, resource_class(control))
-    app.add_route("/werk/v1/openapi.json", OpenApiResource(openapi))
-    app.add_route("/openapi.json", RawOpenApiResource(openapi))
+    document = OpenApiDocument(openapi)
+    app.add_route("/werk/v1/openapi.json", OpenApiResource(document))
+    app.add_route("/openapi.json", RawOpenApiResource(document))
     if inference is not None:
         openai.add_routes(app, inference)
         anthropic.add_routes(app, control, inference)  # docs/compat.md

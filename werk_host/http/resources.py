@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -185,25 +187,52 @@ class DeploymentLogsResource(_Resource):
         render_data(req, resp, self.control.deployment_logs(principal(req), instance_id, query.lines))
 
 
+class OpenApiDocument:
+    """The OpenAPI document and its JSON text, made by ``make()`` once, on first use."""
+
+    def __init__(self, make: Callable[[], dict[str, Any]]) -> None:
+        self._make: Callable[[], dict[str, Any]] | None = make
+        self._lock = threading.Lock()
+        self._document: dict[str, Any] = {}
+        self._text = ""
+
+    def _made(self) -> None:
+        with self._lock:
+            if self._make is not None:
+                self._document = self._make()
+                self._text = json.dumps(self._document, separators=(",", ":"))
+                self._make = None
+
+    @property
+    def document(self) -> dict[str, Any]:
+        self._made()
+        return self._document
+
+    @property
+    def text(self) -> str:
+        self._made()
+        return self._text
+
+
 class OpenApiResource:
     """``GET /werk/v1/openapi.json``: the document inside the protocol envelope."""
 
-    def __init__(self, document: dict[str, Any]) -> None:
+    def __init__(self, document: OpenApiDocument) -> None:
         self.document = document
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        render_data(req, resp, self.document)
+        render_data(req, resp, self.document.document)
 
 
 class RawOpenApiResource:
     """``GET /openapi.json``: the bare document, for standard OpenAPI tools (no key needed)."""
 
-    def __init__(self, document: dict[str, Any]) -> None:
-        self.body = json.dumps(document, separators=(",", ":"))
+    def __init__(self, document: OpenApiDocument) -> None:
+        self.document = document
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = "application/json"
-        resp.text = self.body
+        resp.text = self.document.text
 
 
 #: (path, resource class) for every ``/werk/v1`` route.

@@ -55,7 +55,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shlex
 import shutil
 import tempfile
@@ -69,10 +68,9 @@ from werk_host.plugin.process import (
     BackendProcessError,
     BackendStartupError,
     ManagedProcess,
-    create_run_dir,
-    free_port,
     public_log_lines,
     reap_stale_run_dirs,
+    reserve,
 )
 
 from .binary import BinaryInfo, ExecutableIdentity, find_llama_server, inspect_executable, parse_help_flags
@@ -408,8 +406,6 @@ class LlamaServerProcess:
             path = find_llama_server(self._binary_arg)
             info = inspect_executable(path)
             self.binary = info
-            self.generation = secrets.token_hex(16)
-            self._api_key = secrets.token_urlsafe(32)
 
             cleanup_dir: str | None = None
             owner_fd: int | None = None
@@ -421,14 +417,14 @@ class LlamaServerProcess:
                     work = ensure_private_dir(self._work_dir_arg)
                     reap_stale_run_dirs(work, prefix=_RUN_DIR_PREFIX, grace=self.stop_timeout)
                 # Locked from the start: `werk cache` and other owners see the directory as active.
-                run_dir, owner_fd = create_run_dir(work, f"{_RUN_DIR_PREFIX}{self.generation}")
+                reservation = reserve(NAME, work, prefix=_RUN_DIR_PREFIX, host=self.host)
+                run_dir, owner_fd = reservation.run_dir, reservation.owner_fd
+                self.generation, self._api_key, self.port = reservation.generation, reservation.secret, reservation.port
                 if cleanup_dir is None:
                     cleanup_dir = str(run_dir)
                 self.run_dir = run_dir
                 self.slot_dir = ensure_private_dir(run_dir / "slots") if self.slot_save else None
                 self.log_path = run_dir / "llama-server.log"
-
-                self.port = free_port(self.host)
                 self.generated_args = self.build_generated_args(info, self.port, self.slot_dir)
                 info.verify_flags(self.generated_args)
                 if advertised_env(info.help_text, _API_KEY_FLAG) != _API_KEY_ENV:
@@ -462,6 +458,7 @@ class LlamaServerProcess:
                 cleanup_dir=None if self.keep_files else cleanup_dir,
                 owner_fd=owner_fd,
                 error_type=LlamaServerStartupError,
+                launch=reservation,
             )
             self.managed.start()
             self.started_at = self.managed.started_at

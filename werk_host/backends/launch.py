@@ -1,0 +1,507 @@
+"""Remembered launches: ``werk serve`` spawns its first backend child before the host is imported.
+
+Most of a small model's start is Python importing the host before the plugin's plan spawns the
+child (docs/operations.md, "Where the start-up time goes"). A start of the same serving command
+in the same home plans the same child again, so the plan of the last start is remembered and
+spawned at once; the plugin's own plan, made as always, then adopts that child only if it plans
+exactly the same process. The contract:
+
+* **What is remembered.** During the start-up deploy of ``werk serve`` (between :func:`prestart`
+  and :func:`settle`), the first child that a plugin starts through a :class:`Reservation`
+  (:func:`reserve`, then :class:`~werk_host.backends.managed.ManagedProcess` with ``launch=``)
+  and that becomes ready is remembered in ``WERK_HOME/launches/v1.json`` (0600, in a private
+  directory) under the command's key: the command's words without the ``--port`` value, the
+  working directory and every ``WERK_*`` variable but ``WERK_HOME``. The entry holds the child's
+  arguments, environment changes, working directory and log file as templates of the
+  reservation's generation, port, secret and run directory (never the secret itself), the
+  status (device, inode, size, times) of every file its arguments name, the directories its run
+  directory held, and its resident size once ready. At most :data:`MAX_ENTRIES` entries are
+  kept; an entry is rewritten only when its template changes.
+* **When it is spawned.** :func:`prestart`, the first thing ``werk serve`` does, spawns the
+  remembered child under fresh values (a new generation, secret and free port; its run
+  directory created and locked as :func:`~werk_host.backends.child.create_run_dir` does) only
+  when all of these hold: the parent-death guard is available (Linux), the memo file is ours
+  and not writable by others, every remembered file has its remembered status (a rebuilt
+  executable or changed model is never started from memory), the remembered resident size is at
+  most an eighth of the memory available now, and no accelerator device is present (the host's
+  admission must see the accelerators as they are). Anything unreadable is a miss, never an
+  error.
+* **Adoption.** :func:`reserve` hands the plugin the prestarted values when its backend name,
+  work directory, run-directory prefix and listen host are the remembered ones and the child
+  still runs; else fresh ones (and the prestarted child is discarded). ``ManagedProcess.start``
+  adopts the child only if the arguments, environment, working directory, log file and guard
+  it was about to use are exactly the prestarted child's; otherwise it kills that child's group,
+  reaps it and spawns its own in the same run directory.
+* **Nothing is left.** :func:`settle`, called once the start-up deploy ended however it ended,
+  and interpreter exit discard an unclaimed child: its group is killed and reaped, its run
+  directory removed. Like every managed child it dies with this process (SIGKILL included).
+
+This module is imported before the host: it imports only the standard library and the host's
+process primitives.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from werk_host.backends.child import ManagedChild, available_guard, create_run_dir, spawn
+from werk_host.paths import PrivateDirError, ensure_private_dir, werk_home
+
+__all__ = [
+    "MAX_ENTRIES",
+    "Prestarted",
+    "Reservation",
+    "free_port",
+    "loading",
+    "prestart",
+    "reserve",
+    "settle",
+]
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+MAX_ENTRIES = 16
+MAX_MEMO_BYTES = 1 << 20
+#: Devices whose memory the host's admission reads: with one present nothing is prestarted.
+ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
+#: The remembered child's resident size may be at most this share of the memory available now.
+MEMORY_SHARE = 8
+_SERVE = "serve"
+_VALUES = ("run_dir", "generation", "secret", "port")
+
+Parts = list[Any]
+"""A template: literal strings and ``{"$": name}`` for one of the reservation's values."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _secret() -> str:
+    return base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
+
+
+# -- templates ------------------------------------------------------------------------------
+
+
+def _template(text: str, values: Mapping[str, str]) -> Parts:
+    """``text`` with each occurrence of a value (longest first) replaced by its name."""
+    parts: Parts = [text]
+    for name in sorted(values, key=lambda n: -len(values[n])):
+        value = values[name]
+        if not value:
+            continue
+        split: Parts = []
+        for part in parts:
+            if not isinstance(part, str) or value not in part:
+                split.append(part)
+                continue
+            pieces = part.split(value)
+            for i, piece in enumerate(pieces):
+                if i:
+                    split.append({"$": name})
+                if piece:
+                    split.append(piece)
+        parts = split
+    return parts
+
+
+def _fill(parts: object, values: Mapping[str, str]) -> str:
+    if not isinstance(parts, list):
+        raise ValueError("not a template")
+    out = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, dict) and part.get("$") in values:
+            out.append(values[part["$"]])
+        else:
+            raise ValueError("not a template part")
+    return "".join(out)
+
+
+# -- the memo -------------------------------------------------------------------------------
+
+
+def _memo_path(home: Path) -> Path:
+    return home / "launches" / f"v{VERSION}.json"
+
+
+def _read_memo(home: Path) -> dict[str, Any]:
+    """The remembered launches of ``home`` by key; empty when missing, foreign, shared or malformed."""
+    try:
+        fd = os.open(_memo_path(home), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as source:
+        st = os.fstat(source.fileno())
+        if st.st_uid != os.getuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+            return {}
+        raw = source.read(MAX_MEMO_BYTES + 1)
+    try:
+        data = json.loads(raw) if len(raw) <= MAX_MEMO_BYTES else None
+    except ValueError:
+        return {}
+    if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("launches"), dict):
+        return {}
+    launches: dict[str, Any] = data["launches"]
+    return launches
+
+
+def _write_memo(home: Path, launches: Mapping[str, Any]) -> None:
+    directory = ensure_private_dir(home / "launches")
+    path = _memo_path(home)
+    tmp = directory / f".v{VERSION}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump({"version": VERSION, "launches": launches}, out, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _status(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo``; ``None`` where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _resident_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# -- the serving command --------------------------------------------------------------------
+
+
+def _command(words: Sequence[str]) -> str | None:
+    return next((word for word in words if not word.startswith("-")), None)
+
+
+def _home(words: Sequence[str]) -> Path | None:
+    """The home ``werk serve words`` uses; ``None`` when an abbreviated ``--home`` makes it unsure."""
+    home: str | None = None
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name == "--home":
+            home = value if eq else (words[i + 1] if i + 1 < len(words) else None)
+        elif len(name) > 4 and "--home".startswith(name):
+            return None
+    return werk_home(home)
+
+
+def _key(words: Sequence[str]) -> str:
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--port":
+            skip = True
+        elif not word.startswith("--port="):
+            kept.append(word)
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("WERK_") and k != "WERK_HOME")
+    return json.dumps([kept, os.getcwd(), env], separators=(",", ":"))
+
+
+@dataclass
+class Prestarted:
+    """A child spawned from memory, and exactly what it was spawned with."""
+
+    child: ManagedChild
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log_path: str
+    started_at: float
+
+
+@dataclass
+class Reservation:
+    """A backend child's generation, secret, port and run directory (held by ``owner_fd``)."""
+
+    name: str
+    work_dir: Path
+    prefix: str
+    host: str
+    generation: str
+    secret: str
+    port: int
+    run_dir: Path
+    owner_fd: int
+    prestarted: Prestarted | None = None
+    #: Where to remember the child once ready: the home and the command's key.
+    memo: tuple[Path, str] | None = None
+
+    def values(self) -> dict[str, str]:
+        return {
+            "run_dir": str(self.run_dir),
+            "generation": self.generation,
+            "secret": self.secret,
+            "port": str(self.port),
+        }
+
+    def adopt(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str, log_path: str, guard: str | None
+    ) -> tuple[ManagedChild, float] | None:
+        """The prestarted child and its start time if it is exactly this process; else ``None``
+        (and that child, if any, is killed and reaped)."""
+        pre, self.prestarted = self.prestarted, None
+        if pre is None:
+            return None
+        same = (
+            list(argv) == pre.argv
+            and dict(os.environ if env is None else env) == pre.env
+            and cwd == pre.cwd
+            and log_path == pre.log_path
+            and (guard or available_guard()) == pre.child.guard
+            and pre.child.popen.poll() is None
+        )
+        if same:
+            log.info("%s: adopted the child started from the remembered launch", self.name)
+            return pre.child, pre.started_at
+        log.info("%s: the remembered launch differs from this start's plan; starting anew", self.name)
+        _kill(pre.child)
+        return None
+
+    def remember(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str, log_path: str, guard: str | None, pid: int
+    ) -> None:
+        """Remember this ready child for the command's next start (see the module docstring)."""
+        memo, self.memo = self.memo, None
+        if memo is None or guard not in (None, "pdeathsig"):
+            return
+        home, key = memo
+        values = self.values()
+        child_env = dict(os.environ if env is None else env)
+        try:
+            entry: dict[str, Any] = {
+                "name": self.name,
+                "work_dir": _template(str(self.work_dir), {"home": str(home)}),
+                "prefix": self.prefix,
+                "host": self.host,
+                "argv": [_template(arg, values) for arg in argv],
+                "env_unset": sorted(k for k in os.environ if k not in child_env),
+                "env_set": {k: _template(v, values) for k, v in child_env.items() if os.environ.get(k) != v},
+                "cwd": _template(cwd, values),
+                "log": _template(log_path, values),
+                "dirs": sorted(
+                    str(p.relative_to(self.run_dir))
+                    for p in self.run_dir.rglob("*")
+                    if p.is_dir() and not p.is_symlink()
+                ),
+                "files": {arg: st for arg in argv if (st := _status(arg)) is not None},
+            }
+            launches = _read_memo(home)
+            old = launches.pop(key, None)
+            rss = _resident_bytes(pid)
+            same = isinstance(old, dict) and {k: v for k, v in old.items() if k != "rss"} == entry
+            if same and isinstance(old.get("rss"), int) and (rss or 0) <= old["rss"]:
+                return
+            entry["rss"] = rss
+            launches[key] = entry
+            _write_memo(home, dict(list(launches.items())[-MAX_ENTRIES:]))
+        except (OSError, PrivateDirError) as err:
+            log.info("cannot remember the launch of %s: %s", self.name, err)
+
+
+# -- this process's start -------------------------------------------------------------------
+
+
+@dataclass
+class _Start:
+    """A ``werk serve`` start between :func:`prestart` and its first reservation or :func:`settle`."""
+
+    home: Path
+    key: str
+    reservation: Reservation | None
+
+
+_lock = threading.Lock()
+_start: _Start | None = None
+
+
+def _kill(child: ManagedChild) -> None:
+    if child.popen.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+    child.popen.wait()
+    child.release()
+
+
+def _discard(reservation: Reservation) -> None:
+    """Kill a prestarted child nobody adopted and remove its run directory."""
+    if reservation.prestarted is not None:
+        _kill(reservation.prestarted.child)
+        reservation.prestarted = None
+    shutil.rmtree(reservation.run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.close(reservation.owner_fd)
+
+
+def _take() -> _Start | None:
+    global _start
+    with _lock:
+        start, _start = _start, None
+    return start
+
+
+def _spawn_remembered(home: Path, entry: Mapping[str, Any]) -> Reservation | None:
+    """Spawn ``entry`` under fresh values when every condition of the module docstring holds."""
+    files = entry["files"]
+    if not isinstance(files, dict) or any(_status(path) != st for path, st in files.items()):
+        return None
+    rss, available = entry.get("rss"), _available_bytes()
+    if not isinstance(rss, int) or available is None or rss * MEMORY_SHARE > available:
+        return None
+    work_dir = Path(_fill(entry["work_dir"], {"home": str(home)}))
+    prefix, host = str(entry["prefix"]), str(entry["host"])
+    ensure_private_dir(work_dir)
+    generation = os.urandom(16).hex()
+    run_dir, owner_fd = create_run_dir(work_dir, f"{prefix}{generation}")
+    reservation = Reservation(str(entry["name"]), work_dir, prefix, host, generation, _secret(), 0, run_dir, owner_fd)
+    try:
+        reservation.port = free_port(host)
+        values = reservation.values()
+        for sub in entry["dirs"]:
+            ensure_private_dir(run_dir / str(sub))
+        argv = [_fill(arg, values) for arg in entry["argv"]]
+        unset = {str(name) for name in entry["env_unset"]}
+        env = {k: v for k, v in os.environ.items() if k not in unset}
+        env.update({str(k): _fill(v, values) for k, v in entry["env_set"].items()})
+        cwd, log_path = _fill(entry["cwd"], values), _fill(entry["log"], values)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            child = spawn(argv, env=env, cwd=cwd, stdout=fd, stderr=subprocess.STDOUT, record_dir=run_dir)
+        finally:
+            os.close(fd)
+        reservation.prestarted = Prestarted(child, argv, env, cwd, log_path, time.monotonic())
+    except BaseException:
+        _discard(reservation)
+        raise
+    return reservation
+
+
+def _may_listen(address: tuple[str, int] | None) -> bool:
+    """Whether the host could listen on ``address`` now (port 0: any port can be had)."""
+    if address is None:
+        return False
+    host, port = address
+    if port == 0:
+        return True
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the host's listener
+            probe.bind(where)
+    except OSError:
+        return False
+    return True
+
+
+def prestart(words: Sequence[str], *, listen: tuple[str, int] | None) -> None:
+    """Begin a ``werk serve`` start (see the module docstring): spawn its remembered child, if any
+    may be. Other commands, and every failure, leave nothing behind. ``listen`` is the address
+    the command will listen on: nothing is started when it is taken (the host then ends before
+    any backend starts: docs/operations.md, "Start-up")."""
+    global _start
+    settle()
+    if _command(words) != _SERVE or available_guard() != "pdeathsig":
+        return
+    home = _home(words)
+    if home is None:
+        return
+    start = _Start(home, _key(words), None)
+    entry = _read_memo(home).get(start.key)
+    accelerated = any(os.path.exists(dev) for dev in ACCELERATOR_DEVICES)
+    if isinstance(entry, dict) and not accelerated and _may_listen(listen):
+        try:
+            start.reservation = _spawn_remembered(home, entry)
+        except (OSError, PrivateDirError, ValueError, KeyError, TypeError, AttributeError) as err:
+            log.debug("the remembered launch was not started: %s", err)
+    with _lock:
+        _start = start
+
+
+def loading() -> int:
+    """How many prestarted children are loading their model, unclaimed (0 or 1)."""
+    with _lock:
+        return int(_start is not None and _start.reservation is not None)
+
+
+def reserve(name: str, work_dir: Path, *, prefix: str, host: str) -> Reservation:
+    """The generation, secret, free port and locked run directory ``work_dir/<prefix><generation>``
+    for a backend child: the prestarted child's when it is this one's (see the module docstring).
+    Only the first reservation of a ``werk serve`` start is remembered."""
+    start = _take()
+    memo = None if start is None else (start.home, start.key)
+    pre = None if start is None else start.reservation
+    if pre is not None:
+        running = pre.prestarted is not None and pre.prestarted.child.popen.poll() is None
+        if running and (pre.name, pre.work_dir, pre.prefix, pre.host) == (name, Path(work_dir), prefix, host):
+            pre.memo = memo
+            return pre
+        _discard(pre)
+    generation = os.urandom(16).hex()
+    run_dir, owner_fd = create_run_dir(Path(work_dir), f"{prefix}{generation}")
+    try:
+        port = free_port(host)
+    except BaseException:
+        os.close(owner_fd)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return Reservation(name, Path(work_dir), prefix, host, generation, _secret(), port, run_dir, owner_fd, memo=memo)
+
+
+def settle() -> None:
+    """End the start-up deploy: an unclaimed prestarted child is discarded, and no later
+    reservation of this process is remembered."""
+    start = _take()
+    if start is not None and start.reservation is not None:
+        _discard(start.reservation)
+
+
+atexit.register(settle)

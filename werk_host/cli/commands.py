@@ -1,0 +1,78 @@
+"""The ``werk`` command's parser and sub-commands: serve, run, chat, plugins, models, cache and runtime."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from werk_host import __version__
+from werk_host.cli import cache, chat, deployments, doctor, models, output, plugins, run, runtime, serve
+from werk_host.deployments.profile import ProfileError
+from werk_host.errors import WerkError
+
+Handler = Callable[[argparse.Namespace], int]
+
+#: The host's commands whose start is on the way to a first answer: their parser is built
+#: without the plugins' command modules (docs/operations.md, "Start-up").
+SERVING_COMMANDS = frozenset({"serve", "run", "chat"})
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """``werk``'s parser for ``argv`` (default: ``sys.argv[1:]``): every command, the plugins'
+    own included, unless ``argv`` names one of :data:`SERVING_COMMANDS`."""
+    parser = argparse.ArgumentParser(prog="werk", description="Werk host")
+    parser.add_argument("--version", action="version", version=f"werk-host {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve.register(sub)
+    run.register(sub)
+    chat.register(sub)
+    plugins.register(sub)
+    doctor.register(sub)
+    models.register(sub)
+    cache.register(sub)
+    runtime.register(sub)
+    deployments.register(sub)
+    if _command(sys.argv[1:] if argv is None else argv) not in SERVING_COMMANDS:
+        plugin_commands(sub)
+    return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (``werk`` itself has
+    only ``--version`` and ``--help``)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each plugin's own ``werk <name> ...`` commands (docs/plugin-kit.md, "Commands"). Only the
+    plugins' small ``werk.cli`` modules are imported; a broken one adds nothing and is named in
+    one line on stderr."""
+    from werk_host.pluginhost import PluginHost
+
+    host = PluginHost()
+    problems = host.load_cli_entry_points()
+    problems += host.add_cli_commands(sub)
+    for name, problem in problems:
+        fix = f"see `werk plugins`; WERK_DISABLE_PLUGINS={name} turns the plugin off"
+        print(f"werk: plugin {name} {problem} ({fix})", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except WerkError as err:  # one line `werk: ...` (docs/cli.md, "Output and exit codes")
+        output.fail(args, err.message, code=err.code.value)
+        return 2
+    except ProfileError as err:  # nothing started: the message names the file, line and field
+        output.fail(args, f"invalid profile: {err}", code="invalid_profile")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
