@@ -272,3 +272,19 @@ def test_a_prestarted_child_dies_with_the_host_killed_before_its_plan(home: Path
     record = read_record(run_dir)
     assert record is not None
     assert gone(record.pid, timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("4262", [{"$": "port"}]),
+        ("127.0.0.1:4262", ["127.0.0.1:", {"$": "port"}]),
+        ("/models/m-42621.gguf", ["/models/m-42621.gguf"]),  # digits in a path are not the port
+        ("/h/gen-ab/slots", [{"$": "run_dir"}, "/slots"]),  # the run directory before its generation
+        ("key=S3cret", ["key=", {"$": "secret"}]),
+    ],
+)
+def test_a_template_names_each_value_and_the_port_only_where_it_stands_alone(text: str, parts: list[object]) -> None:
+    values = {"port": "4262", "run_dir": "/h/gen-ab", "generation": "ab", "secret": "S3cret"}
+    assert launch._template(text, values) == parts
+    assert launch._fill(parts, values) == text

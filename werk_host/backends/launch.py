@@ -1,7 +1,7 @@
 """Remembered launches: ``werk serve`` spawns its first backend child before the host is imported.
 
 Most of a small model's start is Python importing the host before the plugin's plan spawns the
-child (docs/operations.md, "Where the start-up time goes"). A start of the same serving command
+child (docs/operations.md, "Remembered launches"). A start of the same serving command
 in the same home plans the same child again, so the plan of the last start is remembered and
 spawned at once; the plugin's own plan, made as always, then adopts that child only if it plans
 exactly the same process. The contract:
@@ -22,10 +22,10 @@ exactly the same process. The contract:
   directory created and locked as :func:`~werk_host.backends.child.create_run_dir` does) only
   when all of these hold: the parent-death guard is available (Linux), the memo file is ours
   and not writable by others, every remembered file has its remembered status (a rebuilt
-  executable or changed model is never started from memory), the remembered resident size is at
-  most an eighth of the memory available now, and no accelerator device is present (the host's
-  admission must see the accelerators as they are). Anything unreadable is a miss, never an
-  error.
+  executable or changed model is never started from memory), the command's listen address is
+  free, the remembered resident size is at most an eighth of the memory available now, and no
+  accelerator device is present (the host's admission must see the accelerators as they are).
+  Anything unreadable is a miss, never an error.
 * **Adoption.** :func:`reserve` hands the plugin the prestarted values when its backend name,
   work directory, run-directory prefix and listen host are the remembered ones and the child
   still runs; else fresh ones (and the prestarted child is discarded). ``ManagedProcess.start``
@@ -84,7 +84,6 @@ ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
 #: The remembered child's resident size may be at most this share of the memory available now.
 MEMORY_SHARE = 8
 _SERVE = "serve"
-_VALUES = ("run_dir", "generation", "secret", "port")
 
 Parts = list[Any]
 """A template: literal strings and ``{"$": name}`` for one of the reservation's values."""
@@ -106,7 +105,8 @@ def _secret() -> str:
 
 
 def _template(text: str, values: Mapping[str, str]) -> Parts:
-    """``text`` with each occurrence of a value (longest first) replaced by its name."""
+    """``text`` with each occurrence of a value (longest first) replaced by its name; the
+    ``port``, a short number, only as the whole text or after its last ``:`` or ``=``."""
     parts: Parts = [text]
     for name in sorted(values, key=lambda n: -len(values[n])):
         value = values[name]
@@ -116,13 +116,18 @@ def _template(text: str, values: Mapping[str, str]) -> Parts:
         for part in parts:
             if not isinstance(part, str) or value not in part:
                 split.append(part)
-                continue
-            pieces = part.split(value)
-            for i, piece in enumerate(pieces):
-                if i:
-                    split.append({"$": name})
-                if piece:
-                    split.append(piece)
+            elif name == "port":
+                head = part.removesuffix(value)
+                if part.endswith(value) and (not head or head.endswith((":", "="))):
+                    split += [head, {"$": name}] if head else [{"$": name}]
+                else:
+                    split.append(part)
+            else:
+                for i, piece in enumerate(part.split(value)):
+                    if i:
+                        split.append({"$": name})
+                    if piece:
+                        split.append(piece)
         parts = split
     return parts
 
@@ -406,9 +411,13 @@ def _spawn_remembered(home: Path, entry: Mapping[str, Any]) -> Reservation | Non
     try:
         reservation.port = free_port(host)
         values = reservation.values()
-        for sub in entry["dirs"]:
-            ensure_private_dir(run_dir / str(sub))
+        for sub in map(Path, entry["dirs"]):
+            if sub.is_absolute() or ".." in sub.parts:
+                raise ValueError("a run directory's subdirectory outside it")
+            ensure_private_dir(run_dir / sub)
         argv = [_fill(arg, values) for arg in entry["argv"]]
+        if argv[0] not in files:
+            raise ValueError("the program's status is not remembered")
         unset = {str(name) for name in entry["env_unset"]}
         env = {k: v for k, v in os.environ.items() if k not in unset}
         env.update({str(k): _fill(v, values) for k, v in entry["env_set"].items()})
