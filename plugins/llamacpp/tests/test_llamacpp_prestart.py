@@ -38,15 +38,21 @@ def stop(serve: subprocess.Popen[str]) -> None:
     assert serve.wait(timeout=60) == 0
 
 
-def test_the_second_start_adopts_the_child_spawned_from_the_first_starts_plan(
-    tmp_path: Path, llama_server_path: Path, tiny_model: Path
-) -> None:
+@pytest.fixture
+def home(tmp_path: Path, llama_server_path: Path, tiny_model: Path) -> Path:
+    """A home whose ``werk serve --model tiny`` started once: its launch is remembered."""
     home = tmp_path / "home"
     home.mkdir()
     install(home, tiny_model)
     with werk_serve(home, llama_server_path) as (serve, api):
         answers(api)
         stop(serve)
+    return home
+
+
+def test_the_second_start_adopts_the_child_spawned_from_the_first_starts_plan(
+    tmp_path: Path, home: Path, llama_server_path: Path
+) -> None:
     memo = json.loads((home / "launches" / "v1.json").read_text())
     (entry,) = memo["launches"].values()
     assert entry["name"] == "llama-server" and entry["env_set"] == {"LLAMA_API_KEY": [{"$": "secret"}]}
@@ -56,7 +62,7 @@ def test_the_second_start_adopts_the_child_spawned_from_the_first_starts_plan(
         (child,) = llama_children(serve.pid)
         (run_dir,) = (home / "backends" / "llamacpp").glob("gen-*")
         record = json.loads((run_dir / "child.json").read_text())
-        assert record["pid"] == child.pid  # the child the plan adopted is the one it found running
+        assert record["pid"] == child.pid  # one child, the one its run directory records
         answers(api)
         assert logged(tmp_path).count(ADOPTED) == 1
         stop(serve)
@@ -65,13 +71,8 @@ def test_the_second_start_adopts_the_child_spawned_from_the_first_starts_plan(
 
 
 def test_a_plan_that_changed_kills_the_prestarted_child_and_starts_its_own(
-    tmp_path: Path, llama_server_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, home: Path, llama_server_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    install(home, tiny_model)
-    with werk_serve(home, llama_server_path) as (serve, api):
-        stop(serve)
     # llama-server reads LLAMA_ARG_* itself; Werk's plan strips them from the child's
     # environment, the remembered launch (spawned before the plan) keeps them.
     monkeypatch.setenv("LLAMA_ARG_N_PREDICT", "4")
