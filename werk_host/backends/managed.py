@@ -112,10 +112,12 @@ LOG_TAIL_MAX_BYTES = 256 * 1024
 REDACTED = "[redacted]"
 KILL_WAIT_S = 30.0
 FINALIZE_GRACE_S = 2.0
-_POLL_FIRST_S = 0.005
-#: A loaded child is noticed within this (a readiness check is one loopback request):
+#: A loaded child is noticed within this share of the time it has been loading, at least
+#: ``_POLL_MIN_S`` and at most ``_POLL_MAX_S`` (a readiness check is one loopback request):
 #: docs/operations.md, "Start-up".
-_POLL_MAX_S = 0.01
+_POLL_SHARE = 0.05
+_POLL_MIN_S = 0.005
+_POLL_MAX_S = 0.05
 
 
 class BackendProcessError(RuntimeError):
@@ -476,7 +478,7 @@ class ManagedProcess:
         if self._child is None:
             raise BackendProcessError(f"{self.name} process not started")
         deadline = time.monotonic() + timeout
-        delay = _POLL_FIRST_S
+        loading_since = self.started_at if self.started_at is not None else time.monotonic()
         try:
             while True:
                 rc = self.returncode
@@ -489,8 +491,9 @@ class ManagedProcess:
                     raise self.startup_error(f"{self.name} readiness check failed: {exc}") from exc
                 if time.monotonic() >= deadline:
                     raise self.startup_error(f"{self.name} did not {what} within {timeout:g}s")
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 1.5, _POLL_MAX_S)
+                now = time.monotonic()
+                delay = min(_POLL_MAX_S, max(_POLL_MIN_S, (now - loading_since) * _POLL_SHARE))
+                time.sleep(min(delay, max(0.0, deadline - now)))
         except BaseException:
             self.stop()
             raise
