@@ -72,6 +72,7 @@ __all__ = [
     "prestart",
     "reserve",
     "settle",
+    "unavailable",
 ]
 
 log = logging.getLogger(__name__)
@@ -451,6 +452,16 @@ def _may_listen(address: tuple[str, int] | None) -> bool:
     return True
 
 
+def unavailable() -> str | None:
+    """Why nothing is prestarted on this machine, or ``None`` when a remembered launch may be."""
+    if available_guard() != "pdeathsig":
+        return "a prestarted child needs the Linux parent-death guard"
+    present = [dev for dev in ACCELERATOR_DEVICES if os.path.exists(dev)]
+    if present:
+        return f"an accelerator device is present ({present[0]}): the host's admission must find it as it is"
+    return None
+
+
 def prestart(words: Sequence[str], *, listen: tuple[str, int] | None) -> None:
     """Begin a ``werk serve`` start (see the module docstring): spawn its remembered child, if any
     may be. Other commands, and every failure, leave nothing behind. ``listen`` is the address
@@ -458,15 +469,14 @@ def prestart(words: Sequence[str], *, listen: tuple[str, int] | None) -> None:
     any backend starts: docs/operations.md, "Start-up")."""
     global _start
     settle()
-    if _command(words) != _SERVE or available_guard() != "pdeathsig":
+    if _command(words) != _SERVE or unavailable() is not None:
         return
     home = _home(words)
     if home is None:
         return
     start = _Start(home, _key(words), None)
     entry = _read_memo(home).get(start.key)
-    accelerated = any(os.path.exists(dev) for dev in ACCELERATOR_DEVICES)
-    if isinstance(entry, dict) and not accelerated and _may_listen(listen):
+    if isinstance(entry, dict) and _may_listen(listen):
         try:
             start.reservation = _spawn_remembered(home, entry)
         except (OSError, PrivateDirError, ValueError, KeyError, TypeError, AttributeError) as err:

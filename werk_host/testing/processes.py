@@ -1,10 +1,15 @@
-"""Process helpers for tests that kill servers and watch their children."""
+"""Process helpers for tests that kill servers and watch their children, and whether this
+machine prestarts remembered launches (docs/operations.md, "Remembered launches")."""
 
 from __future__ import annotations
 
 import time
 
 import psutil  # type: ignore[import-untyped]
+
+from werk_host.backends.launch import unavailable as prestart_unavailable
+
+__all__ = ["gone", "prestart_unavailable"]
 
 
 def gone(pid: int, timeout: float = 5.0) -> bool:
@@ -19,6 +24,3 @@ def gone(pid: int, timeout: float = 5.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
-
-
-__all__ = ["gone"]

@@ -16,9 +16,12 @@ from test_llamacpp_orphans import llama_children, werk_serve
 from test_llamacpp_werk import install
 
 from werk_host.testing.api import Api
-from werk_host.testing.processes import gone
+from werk_host.testing.processes import gone, prestart_unavailable
 
-pytestmark = pytest.mark.llamaserver
+pytestmark = [
+    pytest.mark.llamaserver,
+    pytest.mark.skipif(prestart_unavailable() is not None, reason=str(prestart_unavailable())),
+]
 
 ADOPTED = "adopted the child started from the remembered launch"
 DIFFERS = "the remembered launch differs from this start's plan"
