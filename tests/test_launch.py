@@ -282,3 +282,19 @@ def test_a_template_names_each_value_and_the_port_only_where_it_stands_alone(tex
     values = {"port": "4262", "run_dir": "/h/gen-ab", "generation": "ab", "secret": "S3cret"}
     assert launch._template(text, values) == parts
     assert launch._fill(parts, values) == text
+
+
+@pytest.mark.parametrize(
+    ("words", "kept"),
+    [
+        (["run", "m.gguf", "hello there"], ["run", "m.gguf"]),
+        (["run", "m.gguf", "--seed", "42", "hi"], ["run", "m.gguf", "--seed", "42"]),
+        (["run", "m.gguf", "hi", "--max-tokens=8"], ["run", "m.gguf", "--max-tokens=8"]),
+        (["run", "m.gguf", "-"], ["run", "m.gguf"]),
+        (["run", "m.gguf", "--seed", "42"], ["run", "m.gguf", "--seed", "42"]),  # the prompt on stdin
+        (["run", "-v", "m.gguf", "hi"], ["run", "-v", "m.gguf", "hi"]),  # unsure: kept, a miss
+    ],
+)
+def test_werk_run_is_remembered_without_its_prompt(words: list[str], kept: list[str]) -> None:
+    assert launch._without_prompt(words) == kept
+    assert launch._key(words) == launch._key(kept) or kept == words

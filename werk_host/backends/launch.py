@@ -84,7 +84,8 @@ MAX_MEMO_BYTES = 1 << 20
 ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
 #: The remembered child's resident size may be at most this share of the memory available now.
 MEMORY_SHARE = 8
-_SERVE = "serve"
+#: The commands that start a backend at once: ``werk serve``'s deploy, ``werk run``'s and ``werk chat``'s model.
+COMMANDS = frozenset({"serve", "run", "chat"})
 
 Parts = list[Any]
 """A template: literal strings and ``{"$": name}`` for one of the reservation's values."""
@@ -249,8 +250,28 @@ def _key(words: Sequence[str]) -> str:
             skip = True
         elif not word.startswith("--port="):
             kept.append(word)
+    if _command(kept) == "run":
+        kept = _without_prompt(kept)
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("WERK_") and k != "WERK_HOME")
     return json.dumps([kept, os.getcwd(), env], separators=(",", ":"))
+
+
+def _without_prompt(words: list[str]) -> list[str]:
+    """``werk run``'s words without its PROMPT: the last of two or more words after ``run`` that
+    are neither an option nor the word after one (its value, as far as the words tell). A guess
+    that keeps the prompt only makes every such start a miss."""
+    plain: list[int] = []
+    command, value = False, False
+    for i, word in enumerate(words):
+        if not command:
+            command = word == "run"
+        elif word.startswith("-") and word != "-":
+            value = "=" not in word
+        elif value:
+            value = False
+        else:
+            plain.append(i)
+    return [w for i, w in enumerate(words) if len(plain) < 2 or i != plain[-1]]
 
 
 @dataclass
@@ -435,10 +456,8 @@ def _spawn_remembered(home: Path, entry: Mapping[str, Any]) -> Reservation | Non
     return reservation
 
 
-def _may_listen(address: tuple[str, int] | None) -> bool:
+def _may_listen(address: tuple[str, int]) -> bool:
     """Whether the host could listen on ``address`` now (port 0: any port can be had)."""
-    if address is None:
-        return False
     host, port = address
     if port == 0:
         return True
@@ -462,21 +481,21 @@ def unavailable() -> str | None:
     return None
 
 
-def prestart(words: Sequence[str], *, listen: tuple[str, int] | None) -> None:
-    """Begin a ``werk serve`` start (see the module docstring): spawn its remembered child, if any
-    may be. Other commands, and every failure, leave nothing behind. ``listen`` is the address
-    the command will listen on: nothing is started when it is taken (the host then ends before
-    any backend starts: docs/operations.md, "Start-up")."""
+def prestart(words: Sequence[str], *, listen: tuple[str, int] | None = None) -> None:
+    """Begin the start of a command of :data:`COMMANDS` (see the module docstring): spawn its
+    remembered child, if any may be. Other commands, and every failure, leave nothing behind.
+    ``listen`` is the address ``werk serve`` will listen on: nothing is started when it is taken
+    (the host then ends before any backend starts: docs/operations.md, "Start-up")."""
     global _start
     settle()
-    if _command(words) != _SERVE or unavailable() is not None:
+    if _command(words) not in COMMANDS or unavailable() is not None:
         return
     home = _home(words)
     if home is None:
         return
     start = _Start(home, _key(words), None)
     entry = _read_memo(home).get(start.key)
-    if isinstance(entry, dict) and _may_listen(listen):
+    if isinstance(entry, dict) and (listen is None or _may_listen(listen)):
         try:
             start.reservation = _spawn_remembered(home, entry)
         except (OSError, PrivateDirError, ValueError, KeyError, TypeError, AttributeError) as err:

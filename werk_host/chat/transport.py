@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final, Protocol
 
+from werk_host.backends import launch
 from werk_host.backends.relay import ClientGone
 from werk_host.chat.seam import SessionSlot
 from werk_host.chat.stream import error_message, one_line
@@ -150,7 +151,10 @@ class LocalTransport:
         self.model_sha256 = tuple(f.sha256 for f in self.manifest.files)
         started = time.monotonic()
         try:
-            self.adapter: Adapter = instance.use()
+            try:
+                self.adapter: Adapter = instance.use()
+            finally:
+                launch.settle()  # the command's one start: its remembered launch is claimed or gone
         except WerkError as err:
             self.fleet.close()
             cause = err.__cause__

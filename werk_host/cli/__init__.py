@@ -1,10 +1,10 @@
 """The ``werk`` command (:mod:`werk_host.cli.commands`): serve, run, chat, plugins, models, cache
 and runtime sub-commands.
 
-:func:`main` first lets a ``werk serve`` start its remembered backend child
-(:func:`werk_host.backends.launch.prestart`), then imports the commands: the child loads its
-model while the host is imported (docs/operations.md, "Remembered launches"). Nothing else is
-imported before that.
+:func:`main` first lets ``werk serve``, ``werk run`` and ``werk chat`` start their remembered
+backend child (:func:`werk_host.backends.launch.prestart`), then imports the commands: the child
+loads its model while the host is imported (docs/operations.md, "Remembered launches"). Nothing
+else is imported before that.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from werk_host.backends.launch import prestart
 
     words = sys.argv[1:] if argv is None else argv
-    prestart(words, listen=_listen_address(words, os.environ))
+    if next((word for word in words if not word.startswith("-")), None) != "serve":
+        prestart(words)
+    elif (listen := _listen_address(words, os.environ)) is not None:  # else: the start ends at once
+        prestart(words, listen=listen)
     from werk_host.cli.commands import main as run
 
     return run(argv)

@@ -6,8 +6,10 @@ before the host is imported, and the plugin adopts it only when its own plan is 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
@@ -88,3 +90,24 @@ def test_a_plan_that_changed_kills_the_prestarted_child_and_starts_its_own(
     assert not list((home / "backends" / "llamacpp").glob("gen-*"))
     left = [p for p in psutil.process_iter(["cmdline"]) if str(home) in " ".join(p.info["cmdline"] or ())]
     assert not left, "neither the discarded nor the planned child may outlive werk serve"
+
+
+def test_werk_run_adopts_the_child_its_last_run_planned_whatever_the_prompt(
+    tmp_path: Path, llama_server_path: Path, tiny_model: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    install(home, tiny_model)
+    env = {**os.environ, "WERK_HOME": str(home), "WERK_LLAMA_SERVER": str(llama_server_path)}
+
+    def run(prompt: str) -> str:
+        argv = [sys.executable, "-m", "werk_host", "run", "tiny", prompt, "--max-tokens", "2", "-v"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    assert ADOPTED not in run("hello")
+    assert ADOPTED in run("a prompt of another length")
+    assert not list((home / "backends" / "llamacpp").glob("gen-*"))
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(home) in " ".join(p.info["cmdline"] or ())]
+    assert not left
