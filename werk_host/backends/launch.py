@@ -1,4 +1,4 @@
-"""Remembered launches: ``werk serve`` spawns its first backend child before the host is imported.
+"""Remembered launches: ``werk serve`` (``run``, ``chat``) spawns its backend child before the host is imported.
 
 Most of a small model's start is Python importing the host before the plugin's plan spawns the
 child (docs/operations.md, "Remembered launches"). A start of the same serving command
@@ -6,23 +6,25 @@ in the same home plans the same child again, so the plan of the last start is re
 spawned at once; the plugin's own plan, made as always, then adopts that child only if it plans
 exactly the same process. The contract:
 
-* **What is remembered.** During the start-up deploy of ``werk serve`` (between :func:`prestart`
-  and :func:`settle`), the first child that a plugin starts through a :class:`Reservation`
+* **What is remembered.** During the start of a command of :data:`COMMANDS` (``werk serve``'s
+  deploy, the model of ``werk run`` or ``werk chat``; between :func:`prestart` and
+  :func:`settle`), the first child that a plugin starts through a :class:`Reservation`
   (:func:`reserve`, then :class:`~werk_host.backends.managed.ManagedProcess` with ``launch=``)
   and that becomes ready is remembered in ``WERK_HOME/launches/v1.json`` (0600, in a private
-  directory) under the command's key: the command's words without the ``--port`` value, the
-  working directory and every ``WERK_*`` variable but ``WERK_HOME``. The entry holds the child's
+  directory) under the command's key: the command's words without the ``--port`` value (and
+  ``werk run``'s PROMPT, :func:`_without_prompt`), the working directory and every ``WERK_*``
+  variable but ``WERK_HOME``. The entry holds the child's
   arguments, environment changes, working directory and log file as templates of the
   reservation's generation, port, secret and run directory (never the secret itself), the
   status (device, inode, size, times) of every file its arguments name, the directories its run
   directory held, and its resident size once ready. At most :data:`MAX_ENTRIES` entries are
   kept; an entry is rewritten only when its template changes.
-* **When it is spawned.** :func:`prestart`, the first thing ``werk serve`` does, spawns the
+* **When it is spawned.** :func:`prestart`, the first thing such a command does, spawns the
   remembered child under fresh values (a new generation, secret and free port; its run
   directory created and locked as :func:`~werk_host.backends.child.create_run_dir` does) only
   when all of these hold: the parent-death guard is available (Linux), the memo file is ours
   and not writable by others, every remembered file has its remembered status (a rebuilt
-  executable or changed model is never started from memory), the command's listen address is
+  executable or changed model is never started from memory), ``werk serve``'s listen address is
   free, the remembered resident size is at most an eighth of the memory available now, and no
   accelerator device is present (the host's admission must see the accelerators as they are).
   Anything unreadable is a miss, never an error.
@@ -32,7 +34,7 @@ exactly the same process. The contract:
   adopts the child only if the arguments, environment, working directory, log file and guard
   it was about to use are exactly the prestarted child's; otherwise it kills that child's group,
   reaps it and spawns its own in the same run directory.
-* **Nothing is left.** :func:`settle`, called once the start-up deploy ended however it ended,
+* **Nothing is left.** :func:`settle`, called once the start ended however it ended,
   and interpreter exit discard an unclaimed child: its group is killed and reaped, its run
   directory removed. Like every managed child it dies with this process (SIGKILL included).
 
