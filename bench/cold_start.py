@@ -17,7 +17,8 @@ werk, ...; after one untimed warm-up run of each; the processes are stopped betw
   to the first answered chat. Werk's run also records when it printed its ``listening`` line.
   ``werk serve`` runs twice per round: in the one home of all such runs, where the command
   started before (the warm-up run remembered its launch: docs/operations.md, "Remembered
-  launches"), and in a new home of its own (a first start there). One ``RATIO`` line each.
+  launches"), and in a new home of its own (a first start there). One ``RATIO`` line each;
+  ``werk run`` likewise.
 * ``run``: ``werk run GGUF "PROMPT" --max-tokens 8`` end to end (process start to exit: it
   starts the model, answers, stops it) vs a ``llama-server`` one-shot: start it, the first
   answered chat, SIGTERM and wait for its exit.
@@ -288,8 +289,8 @@ def llama_serve_werk_args(setup: Setup) -> Sample:
     return llama_serve(setup, extra=setup.werk_child_args)
 
 
-def werk_run(setup: Setup) -> Sample:
-    env = setup.werk_env()
+def werk_run(setup: Setup, *, home: Path | None = None) -> Sample:
+    env = setup.werk_env(home=home)
     cmd = [sys.executable, "-m", "werk_host", "run", str(setup.gguf), PROMPT, "--max-tokens", str(ANSWER_TOKENS)]
     cmd += ["--temperature", "0", "--seed", "42"]
     start = time.perf_counter()
@@ -299,6 +300,13 @@ def werk_run(setup: Setup) -> Sample:
     if proc.returncode != 0:
         raise BenchError(f"werk run exited with code {proc.returncode} (see {setup.work}/werk-run.log)")
     return Sample(ms, {}, out.decode().strip())
+
+
+def werk_run_again(setup: Setup) -> Sample:
+    """``werk run`` in the one home of every such run (a remembered launch, as :func:`werk_serve_again`)."""
+    home = setup.work / "home-run-again"
+    home.mkdir(mode=0o700, exist_ok=True)
+    return werk_run(setup, home=home)
 
 
 def llama_one_shot(setup: Setup) -> Sample:
@@ -425,15 +433,22 @@ def main() -> int:
                 ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in got[3])
                 ratios.append(("serve_first_answer_vs_llama_server_with_werks_child_args", ratio, "no target"))
         if args.only in (None, "run"):
-            werk, llama = alternate(
-                setup, args.runs, [("werk run", werk_run), ("llama-server one-shot", llama_one_shot)]
-            )
+            runs: list[tuple[str, Callable[[Setup], Sample]]] = [
+                ("werk run", werk_run_again),
+                ("llama-server one-shot", llama_one_shot),
+                ("werk run in a new home", werk_run),
+            ]
+            werk, llama, new_home = alternate(setup, args.runs, runs)
             print("\none answer end to end (start, answer, stop):")
             print(summary("werk run GGUF PROMPT", werk))
             print(summary("llama-server one-shot", llama))
+            print(summary("werk run, in a new home", new_home))
             print(f"  werk run answered: {werk[0].text!r}")
-            ratio = statistics.median(s.ms for s in werk) / statistics.median(s.ms for s in llama)
+            llama_ms = statistics.median(s.ms for s in llama)
+            ratio = statistics.median(s.ms for s in werk) / llama_ms
             ratios.append(("run_end_to_end_vs_llama_server_one_shot", ratio, "no target"))
+            ratio = statistics.median(s.ms for s in new_home) / llama_ms
+            ratios.append(("run_end_to_end_in_a_new_home_vs_llama_server_one_shot", ratio, "no target"))
         if args.importtime:
             print("\nwerk serve imports (one run under -X importtime):")
             for line in import_profile(setup):
