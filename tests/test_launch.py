@@ -298,3 +298,17 @@ def test_a_template_names_each_value_and_the_port_only_where_it_stands_alone(tex
 def test_werk_run_is_remembered_without_its_prompt(words: list[str], kept: list[str]) -> None:
     assert launch._without_prompt(words) == kept
     assert launch._key(words) == launch._key(kept) or kept == words
+
+
+def test_the_memo_never_holds_an_api_key_the_command_was_started_with(
+    home: Path, script: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-werk-launch-key-0123456789"
+    monkeypatch.setenv("WERK_API_KEYS", key)
+    start(home, script).process.stop()
+    assert key not in (home / "launches" / "v1.json").read_text()
+    prestart(serve_words(home))
+    assert launch.loading() == 1  # remembered under the key's hash all the same
+    monkeypatch.setenv("WERK_API_KEYS", key + "-other")
+    prestart(serve_words(home))
+    assert launch.loading() == 0  # another environment, another command

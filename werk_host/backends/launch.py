@@ -11,9 +11,9 @@ exactly the same process. The contract:
   :func:`settle`), the first child that a plugin starts through a :class:`Reservation`
   (:func:`reserve`, then :class:`~werk_host.backends.managed.ManagedProcess` with ``launch=``)
   and that becomes ready is remembered in ``WERK_HOME/launches/v1.json`` (0600, in a private
-  directory) under the command's key: the command's words without the ``--port`` value (and
-  ``werk run``'s PROMPT, :func:`_without_prompt`), the working directory and every ``WERK_*``
-  variable but ``WERK_HOME``. The entry holds the child's
+  directory) under the command's key: the SHA-256 of the command's words without the ``--port``
+  value (and ``werk run``'s PROMPT, :func:`_without_prompt`), the working directory and every
+  ``WERK_*`` variable but ``WERK_HOME`` (hashed: ``WERK_API_KEYS`` holds keys). The entry holds the child's
   arguments, environment changes, working directory and log file as templates of the
   reservation's generation, port, secret and run directory (never the secret itself), the
   status (device, inode, size, times) of every file its arguments name, the directories its run
@@ -47,6 +47,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -255,7 +256,8 @@ def _key(words: Sequence[str]) -> str:
     if _command(kept) == "run":
         kept = _without_prompt(kept)
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("WERK_") and k != "WERK_HOME")
-    return json.dumps([kept, os.getcwd(), env], separators=(",", ":"))
+    # hashed: the variables may hold API keys (WERK_API_KEYS), which no file of Werk's repeats
+    return hashlib.sha256(json.dumps([kept, os.getcwd(), env]).encode()).hexdigest()
 
 
 def _without_prompt(words: list[str]) -> list[str]:
@@ -382,7 +384,8 @@ class Reservation:
 
 @dataclass
 class _Start:
-    """A ``werk serve`` start between :func:`prestart` and its first reservation or :func:`settle`."""
+    """A start of a command of :data:`COMMANDS` between :func:`prestart` and its first reservation
+    or :func:`settle`."""
 
     home: Path
     key: str
