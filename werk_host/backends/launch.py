@@ -421,6 +421,20 @@ def _take() -> _Start | None:
     return start
 
 
+def _fresh(name: str, work_dir: Path, prefix: str, host: str) -> Reservation:
+    """A new generation, secret and free port, and the run directory ``work_dir/<prefix><generation>``
+    created and locked (:func:`~werk_host.backends.child.create_run_dir`)."""
+    generation = os.urandom(16).hex()
+    run_dir, owner_fd = create_run_dir(work_dir, f"{prefix}{generation}")
+    try:
+        port = free_port(host)
+    except BaseException:
+        os.close(owner_fd)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return Reservation(name, work_dir, prefix, host, generation, _secret(), port, run_dir, owner_fd)
+
+
 def _spawn_remembered(home: Path, entry: Mapping[str, Any]) -> Reservation | None:
     """Spawn ``entry`` under fresh values when every condition of the module docstring holds."""
     files = entry["files"]
@@ -429,14 +443,10 @@ def _spawn_remembered(home: Path, entry: Mapping[str, Any]) -> Reservation | Non
     rss, available = entry.get("rss"), _available_bytes()
     if not isinstance(rss, int) or available is None or rss * MEMORY_SHARE > available:
         return None
-    work_dir = Path(_fill(entry["work_dir"], {"home": str(home)}))
-    prefix, host = str(entry["prefix"]), str(entry["host"])
-    ensure_private_dir(work_dir)
-    generation = os.urandom(16).hex()
-    run_dir, owner_fd = create_run_dir(work_dir, f"{prefix}{generation}")
-    reservation = Reservation(str(entry["name"]), work_dir, prefix, host, generation, _secret(), 0, run_dir, owner_fd)
+    work_dir = ensure_private_dir(_fill(entry["work_dir"], {"home": str(home)}))
+    reservation = _fresh(str(entry["name"]), work_dir, str(entry["prefix"]), str(entry["host"]))
+    run_dir = reservation.run_dir
     try:
-        reservation.port = free_port(host)
         values = reservation.values()
         for sub in map(Path, entry["dirs"]):
             if sub.is_absolute() or ".." in sub.parts:
@@ -528,15 +538,9 @@ def reserve(name: str, work_dir: Path, *, prefix: str, host: str) -> Reservation
             pre.memo = memo
             return pre
         _discard(pre)
-    generation = os.urandom(16).hex()
-    run_dir, owner_fd = create_run_dir(Path(work_dir), f"{prefix}{generation}")
-    try:
-        port = free_port(host)
-    except BaseException:
-        os.close(owner_fd)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    return Reservation(name, Path(work_dir), prefix, host, generation, _secret(), port, run_dir, owner_fd, memo=memo)
+    reservation = _fresh(name, Path(work_dir), prefix, host)
+    reservation.memo = memo
+    return reservation
 
 
 def settle() -> None:
