@@ -44,7 +44,9 @@ def cache_file() -> Path:
     return user_cache_dir() / "digests" / "v1.json"
 
 
-def _status_key(path: Path) -> list[int]:
+def file_status(path: Path) -> list[int]:
+    """What identifies a file's content without reading it: device, inode, size, and modification
+    and status-change times in nanoseconds (any change to the file changes one of them)."""
     st = os.stat(path)
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
@@ -63,14 +65,14 @@ def remembered_sha256(path: Path) -> str:
     its status is unchanged, else computed (and remembered when the status held still while it
     was read)."""
     file = cache_file()
-    before = _status_key(path)
+    before = file_status(path)
     entry = _read(file).get(str(path))
     if isinstance(entry, dict) and entry.get("status") == before:
         digest = entry.get("sha256")
         if isinstance(digest, str) and len(digest) == 64:
             return digest
     digest = sha256_file(path)
-    if _status_key(path) == before:  # not changed while it was read
+    if file_status(path) == before:  # not changed while it was read
         _remember(file, str(path), before, digest)
     return digest
 

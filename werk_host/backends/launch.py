@@ -64,12 +64,14 @@ from pathlib import Path
 from typing import Any
 
 from werk_host.backends.child import ManagedChild, available_guard, create_run_dir, spawn
+from werk_host.digests import file_status
 from werk_host.paths import PrivateDirError, ensure_private_dir, werk_home
 
 __all__ = [
     "MAX_ENTRIES",
     "Prestarted",
     "Reservation",
+    "command_of",
     "free_port",
     "loading",
     "prestart",
@@ -195,13 +197,11 @@ def _write_memo(home: Path, launches: Mapping[str, Any]) -> None:
 
 
 def _status(path: str) -> list[int] | None:
+    """The status of the regular file ``path`` (:func:`werk_host.digests.file_status`), else ``None``."""
     try:
-        st = os.stat(path)
+        return file_status(Path(path)) if os.path.isfile(path) else None
     except (OSError, ValueError):
         return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _available_bytes() -> int | None:
@@ -227,7 +227,9 @@ def _resident_bytes(pid: int) -> int | None:
 # -- the serving command --------------------------------------------------------------------
 
 
-def _command(words: Sequence[str]) -> str | None:
+def command_of(words: Sequence[str]) -> str | None:
+    """The command ``werk words`` names: its first word that is not an option (``werk`` itself
+    has only ``--version`` and ``--help``)."""
     return next((word for word in words if not word.startswith("-")), None)
 
 
@@ -253,7 +255,7 @@ def _key(words: Sequence[str]) -> str:
             skip = True
         elif not word.startswith("--port="):
             kept.append(word)
-    if _command(kept) == "run":
+    if command_of(kept) == "run":
         kept = _without_prompt(kept)
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("WERK_") and k != "WERK_HOME")
     # hashed: the variables may hold API keys (WERK_API_KEYS), which no file of Werk's repeats
@@ -503,7 +505,7 @@ def prestart(words: Sequence[str], *, listen: tuple[str, int] | None = None) -> 
     (the host then ends before any backend starts: docs/operations.md, "Start-up")."""
     global _start
     settle()
-    if _command(words) not in COMMANDS or unavailable() is not None:
+    if command_of(words) not in COMMANDS or unavailable() is not None:
         return
     home = _home(words)
     if home is None:

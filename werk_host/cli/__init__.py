@@ -20,10 +20,10 @@ DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``werk`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
-    from werk_host.backends.launch import prestart
+    from werk_host.backends.launch import command_of, prestart
 
     words = sys.argv[1:] if argv is None else argv
-    if next((word for word in words if not word.startswith("-")), None) != "serve":
+    if command_of(words) != "serve":
         prestart(words)
     elif (listen := _listen_address(words, os.environ)) is not None:  # else: the start ends at once
         prestart(words, listen=listen)

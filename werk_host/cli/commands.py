@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from werk_host import __version__
+from werk_host.backends.launch import command_of
 from werk_host.cli import cache, chat, deployments, doctor, models, output, plugins, run, runtime, serve
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
@@ -33,15 +34,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     cache.register(sub)
     runtime.register(sub)
     deployments.register(sub)
-    if _command(sys.argv[1:] if argv is None else argv) not in SERVING_COMMANDS:
+    if command_of(sys.argv[1:] if argv is None else argv) not in SERVING_COMMANDS:
         plugin_commands(sub)
     return parser
-
-
-def _command(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names: its first word that is not an option (``werk`` itself has
-    only ``--version`` and ``--help``)."""
-    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
