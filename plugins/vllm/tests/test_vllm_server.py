@@ -190,13 +190,23 @@ def test_chat_completions_and_streaming_through_the_openai_sdk(env: Env) -> None
     assert again.choices[0].message.content == content  # greedy: the stream carried the same text
 
 
-def test_a_client_disconnect_cancels_the_upstream_generation(env: Env) -> None:
-    before = env.raw_metrics()["vllm:generation_tokens_total"]
+#: ``max_tokens`` of the abandoned stream: as long an answer as the context allows.
+LONG_ANSWER = 2000
+#: How long an engine still generating when its client left may take to stop.
+CANCEL_GRACE_S = 1.0
+#: Abandoned streams tried before the test gives up on a CPU too starved to show anything.
+ATTEMPTS = 4
+
+
+def _abandon_a_long_stream(env: Env) -> tuple[float, float, float]:
+    """Stream a long completion through the host and leave after its first bytes. Returns the
+    tokens vLLM generated, the seconds until those first bytes, and vLLM's own end-to-end
+    seconds for the request (0 when it did not record it as finished)."""
+    before = env.raw_metrics()
     port = int(env.url.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    # As long an answer as the context allows: a host starved of CPU by the engine's own threads
-    # still sees its client leave long before the engine could have finished.
-    body = {"prompt": "Once upon a time", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    body = {"prompt": "Once upon a time", "max_tokens": LONG_ANSWER, "stream": True, "ignore_eos": True}
+    started = time.monotonic()
     conn.request(
         "POST",
         "/v1/completions",
@@ -208,6 +218,7 @@ def test_a_client_disconnect_cancels_the_upstream_generation(env: Env) -> None:
     response = conn.getresponse()
     assert response.status == 200
     assert response.read1(4096).startswith(b"data: ")
+    first_bytes = time.monotonic() - started
     sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-stream
     sock.close()
     conn.close()
@@ -216,9 +227,30 @@ def test_a_client_disconnect_cancels_the_upstream_generation(env: Env) -> None:
     while env.raw_metrics()["vllm:num_requests_running"] > 0:
         assert time.monotonic() < deadline, "the abandoned request kept running"
         time.sleep(0.1)
-    generated = env.raw_metrics()["vllm:generation_tokens_total"] - before
-    # vLLM stopped early (aborted requests are not counted as finished): far from the 2000 asked for.
-    assert 1 <= generated < 1000, generated
+    after = env.raw_metrics()
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    latency = "vllm:e2e_request_latency_seconds_sum"
+    return generated, first_bytes, after.get(latency, 0.0) - before.get(latency, 0.0)
+
+
+def test_a_client_disconnect_cancels_the_upstream_generation(env: Env) -> None:
+    # When vLLM's API server is starved of CPU (other processes busy on this 2-core machine), it
+    # sends the first event only once the engine has generated the whole answer (measured: 3 s
+    # of silence, then all 2000 events at once, straight from vLLM as through the host). Such a
+    # run cannot show a cancellation, which it tells by vLLM's own time for the request being
+    # no longer than the client's wait for its first bytes; it is tried again. A run whose
+    # engine was still generating when the client left must stop early.
+    starved: list[tuple[float, float]] = []
+    for _ in range(ATTEMPTS):
+        generated, first_bytes, engine_s = _abandon_a_long_stream(env)
+        if 1 <= generated < LONG_ANSWER:
+            return  # vLLM stopped early: the host closed its upstream request
+        assert generated == LONG_ANSWER, generated
+        assert engine_s <= first_bytes + CANCEL_GRACE_S, (
+            f"vLLM generated for {engine_s:.1f} s, to the end, after a client that left at {first_bytes:.1f} s"
+        )
+        starved.append((round(first_bytes, 1), round(engine_s, 1)))
+    pytest.skip(f"vLLM sent its first event only after generating the whole answer, {ATTEMPTS} times: {starved}")
 
 
 # -- exact counts and the prefix cache --------------------------------------------------------------------
