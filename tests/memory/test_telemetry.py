@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes.util
+import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -306,6 +309,25 @@ def test_real_nvml_reports_unknown_without_a_driver() -> None:
     assert snap["accelerator"]["available_bytes"] is None
     assert snap["accelerator"]["pressure"] == "unknown"
     assert mgr.accelerator_telemetry_status()[0] == "unavailable"
+
+
+NVML_PROBE = """
+import json, sys
+from werk_host.memory.telemetry import NvmlAcceleratorSource
+
+source = NvmlAcceleratorSource()
+print(json.dumps([source.sample(), source.absent_reason, "pynvml" in sys.modules]))
+"""
+
+
+def test_without_the_driver_library_the_binding_is_not_imported() -> None:
+    if ctypes.util.find_library("nvidia-ml") is not None or _gpu_driver_present():
+        pytest.skip("NVIDIA's NVML library is installed here")
+    done = subprocess.run([sys.executable, "-c", NVML_PROBE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    sample, reason, imported = json.loads(done.stdout)
+    assert sample is None and reason == "no NVIDIA driver (NVML could not be initialized)"
+    assert imported is False
 
 
 def test_real_nvml_matches_nvidia_smi() -> None:

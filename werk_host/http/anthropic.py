@@ -14,26 +14,20 @@ profile (:func:`~werk_host.compat.anthropic_request.thinking_tier`), read here a
 (a cold instance has no profile yet). ``max_tokens`` is a ceiling: the call clamps it to the
 instance's output ceiling and context (werk_host/compat/calls.py). A count with thinking
 resolves its tier for the instance's output ceiling, the output a large request gets.
+
+The translator (its pydantic models are most of its cost) is imported on the first request of
+these routes, not when the app is built: a start that serves no Anthropic client never pays for
+it (docs/operations.md, "Where the start-up time goes").
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import falcon
 
 from werk_host.compat import calls
-from werk_host.compat.anthropic import (
-    CountTokensRequest,
-    MessagesRequest,
-    chat_body,
-    count_request,
-    error_document,
-    message,
-    message_stream,
-    thinking_tier,
-)
 from werk_host.compat.upstream import sse_events
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
@@ -43,6 +37,9 @@ from werk_host.http.middleware import ANTHROPIC_PREFIX
 from werk_host.protocol import ReasoningProfile
 from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.principals import Principal
+
+if TYPE_CHECKING:
+    from werk_host.compat.anthropic import CountTokensRequest
 
 #: The response header Anthropic's SDKs read the request id from.
 REQUEST_ID_HEADER = "request-id"
@@ -75,7 +72,9 @@ def render_error(req: falcon.Request, resp: falcon.Response, status: int, error:
         status = OVERLOADED
     if error.code is ErrorCode.UNAUTHORIZED:
         resp.set_header("WWW-Authenticate", "Bearer")
-    _json(req, resp, status, error_document(status, error.public_message(), _request_id(req)))
+    from werk_host.compat import anthropic as translate
+
+    _json(req, resp, status, translate.error_document(status, error.public_message(), _request_id(req)))
 
 
 def _profile(control: WerkControl, req: falcon.Request, model: str, output: int) -> ReasoningProfile | None:
@@ -90,10 +89,12 @@ def _profile(control: WerkControl, req: falcon.Request, model: str, output: int)
 def _tier(control: WerkControl, req: falcon.Request, request: CountTokensRequest, output: int) -> str | None:
     """The reasoning tier ``request.thinking`` asks for; the profile is read only where the
     choice depends on it (``adaptive`` is always the default tier)."""
+    from werk_host.compat import anthropic as translate
+
     thinking = request.thinking
     if thinking is None or thinking.type == "adaptive":
-        return thinking_tier(thinking, None)
-    return thinking_tier(thinking, _profile(control, req, request.model, output))
+        return translate.thinking_tier(thinking, None)
+    return translate.thinking_tier(thinking, _profile(control, req, request.model, output))
 
 
 def _ceiling(control: WerkControl, req: falcon.Request, model: str) -> int | None:
@@ -110,21 +111,23 @@ class Messages:
         self.inference = inference
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        request = parse_body(req, MessagesRequest)
-        body = chat_body(request, _tier(self.control, req, request, request.max_tokens))
+        from werk_host.compat import anthropic as translate
+
+        request = parse_body(req, translate.MessagesRequest)
+        body = translate.chat_body(request, _tier(self.control, req, request, request.max_tokens))
         response = calls.invoke(req, resp, self.inference.chat_completion, body, clamp_output_tokens=True)
         if response.status >= 400:
             status, text = calls.failure(response)
-            _json(req, resp, status, error_document(status, text, _request_id(req)))
+            _json(req, resp, status, translate.error_document(status, text, _request_id(req)))
             return
         if request.stream:
             resp.content_type = "text/event-stream"
             resp.set_header("Cache-Control", "no-cache")
             resp.set_header(REQUEST_ID_HEADER, _request_id(req))
             events = sse_events(response.body)
-            resp.stream = calls.streamed(response, message_stream(events, request), events)
+            resp.stream = calls.streamed(response, translate.message_stream(events, request), events)
             return
-        _json(req, resp, 200, message(calls.document(response), request))
+        _json(req, resp, 200, translate.message(calls.document(response), request))
 
 
 class CountTokens:
@@ -132,13 +135,15 @@ class CountTokens:
         self.control = control
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        request = parse_body(req, CountTokensRequest)
+        from werk_host.compat import anthropic as translate
+
+        request = parse_body(req, translate.CountTokensRequest)
         tier = None
         ceiling = None
         if request.thinking is not None:
             ceiling = _ceiling(self.control, req, request.model)
             tier = _tier(self.control, req, request, ceiling or 1)
-        count = self.control.count_tokens(scope(req), count_request(request, tier, ceiling))
+        count = self.control.count_tokens(scope(req), translate.count_request(request, tier, ceiling))
         _json(req, resp, 200, {"input_tokens": count.input_tokens})
 
 

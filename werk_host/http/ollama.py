@@ -17,32 +17,22 @@ them. That is an operator's request (docs/deployments.md, "Residency"): a client
 operator has its ``keep_alive`` clamped into the profile's bounds (never shorter than the
 profile's, never past its ``keep_alive_max``, never replacing an operator's setting), so it can
 neither stop nor pin a shared instance; its unload request is 403.
+
+The translator (:mod:`werk_host.compat.ollama`, with its pydantic models) is imported on the
+first request that needs it, not when the app is built (docs/operations.md, "Where the start-up
+time goes").
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import falcon
 
 from werk_host import __version__
 from werk_host.compat import calls, ollama_models
-from werk_host.compat.ollama import (
-    OllamaChatRequest,
-    OllamaEmbedRequest,
-    OllamaGenerateRequest,
-    OllamaShowRequest,
-    Shape,
-    answer,
-    answer_stream,
-    chat_body,
-    error_document,
-    generate_body,
-    residency_answer,
-    served_name,
-)
 from werk_host.compat.ollama_models import Evidence
 from werk_host.compat.upstream import sse_events
 from werk_host.control import WerkControl
@@ -56,6 +46,9 @@ from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
 from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Principal
+
+if TYPE_CHECKING:
+    from werk_host.compat.ollama import OllamaChatRequest, OllamaGenerateRequest, Shape
 
 
 class Inference(Protocol):
@@ -75,9 +68,11 @@ def _json(resp: falcon.Response, status: int, doc: JsonObject) -> None:
 
 def render_error(resp: falcon.Response, status: int, error: WerkError) -> None:
     """A typed error in Ollama's shape (the app's error mapper calls this for these paths)."""
+    from werk_host.compat import ollama as translate
+
     if error.code is ErrorCode.UNAUTHORIZED:
         resp.set_header("WWW-Authenticate", "Bearer")
-    _json(resp, status, error_document(error.public_message()))
+    _json(resp, status, translate.error_document(error.public_message()))
 
 
 def _not_served() -> WerkError:
@@ -114,12 +109,14 @@ class _Resource:
     def replicas(self, model: str) -> tuple[Instance, ...]:
         """The instances ``model`` names; 404 naming it and what is served, as the chat path
         answers (docs/deployments.md, "Routing")."""
+        from werk_host.compat import ollama as translate
+
         deployments = self.fleet.deployments
         if deployments is None:
             raise _not_served()
-        found = deployments.replicas(served_name(model))
+        found = deployments.replicas(translate.served_name(model))
         if not found:
-            raise deployments.not_served(served_name(model))
+            raise deployments.not_served(translate.served_name(model))
         return found
 
     def context_of(self, req: falcon.Request, name: str) -> int | None:
@@ -180,8 +177,10 @@ class Show(_Resource):
         """The model's facts and the capabilities its instances have shown; a cold instance is
         not started, so what only a running instance shows (thinking, vision) is left out
         until it runs."""
-        request = parse_body(req, OllamaShowRequest)
-        name = served_name(request.requested)
+        from werk_host.compat import ollama as translate
+
+        request = parse_body(req, translate.OllamaShowRequest)
+        name = translate.served_name(request.requested)
         replicas = self.replicas(name)
         ready = all(r.peek() is not None for r in replicas)
         evidence = Evidence(
@@ -202,7 +201,9 @@ class _Generation(_Resource):
         is no verified profile is Ollama's 400 ``"<model>" does not support thinking``;
         ``false`` asks for tier ``none`` where there is one (thinking off), else nothing.
         ``images``: an instance that cannot take them is a 400 saying so."""
-        name = served_name(request.model)
+        from werk_host.compat import ollama as translate
+
+        name = translate.served_name(request.model)
         if request.think is not None:
             for instance in self.replicas(name):
                 instance.use()
@@ -227,6 +228,8 @@ class _Generation(_Resource):
         """Ollama's load/unload idiom: start every instance ``model`` names and hold it for
         ``keep_alive`` (or stop them, for ``0``: operators only; a client's load is what its
         first request would do anyway, held within the profile's bounds)."""
+        from werk_host.compat import ollama as translate
+
         replicas = self.replicas(model)
         unload = keep_alive == 0
         operator = principal(req).operator
@@ -238,7 +241,7 @@ class _Generation(_Resource):
             else:
                 instance.use()
                 instance.hold(keep_alive, operator=operator)
-        _json(resp, 200, residency_answer(shape, model, "unload" if unload else "load"))
+        _json(resp, 200, translate.residency_answer(shape, model, "unload" if unload else "load"))
 
     def _keep(self, req: falcon.Request, served_by: str | None, keep_alive: float | None) -> None:
         """Apply ``keep_alive`` to the instance that served the request (:meth:`Instance.hold`,
@@ -262,36 +265,40 @@ class _Generation(_Resource):
         keep_alive: float | None,
         started_ns: int,
     ) -> None:
+        from werk_host.compat import ollama as translate
+
         response = calls.invoke(req, resp, call, body, clamp_output_tokens=True)  # num_predict is a ceiling
         if response.status >= 400:
             status, text = calls.failure(response)
-            _json(resp, status, error_document(text))
+            _json(resp, status, translate.error_document(text))
             return
         self._keep(req, response.headers.get(DEPLOYMENT_HEADER), keep_alive)
         if stream:
             resp.content_type = "application/x-ndjson"
             events = sse_events(response.body)
-            translated = answer_stream(events, shape, model, started_ns)
+            translated = translate.answer_stream(events, shape, model, started_ns)
             resp.stream = calls.streamed(response, translated, events)
             return
-        _json(resp, 200, answer(calls.document(response), shape, model, started_ns))
+        _json(resp, 200, translate.answer(calls.document(response), shape, model, started_ns))
 
 
 class Chat(_Generation):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        from werk_host.compat import ollama as translate
+
         started = time.monotonic_ns()
-        request = parse_body(req, OllamaChatRequest)
+        request = parse_body(req, translate.OllamaChatRequest)
         if not request.messages:
-            self._residency(req, resp, Shape.CHAT, request.model, request.keep_alive_s)
+            self._residency(req, resp, translate.Shape.CHAT, request.model, request.keep_alive_s)
             return
-        body = chat_body(request)
+        body = translate.chat_body(request)
         self._prepare(req, request, body)
         self._serve(
             req,
             resp,
             self.inference.chat_completion,
             body,
-            shape=Shape.CHAT,
+            shape=translate.Shape.CHAT,
             model=request.model,
             stream=request.streamed,
             keep_alive=request.keep_alive_s,
@@ -301,19 +308,21 @@ class Chat(_Generation):
 
 class Generate(_Generation):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        from werk_host.compat import ollama as translate
+
         started = time.monotonic_ns()
-        request = parse_body(req, OllamaGenerateRequest)
+        request = parse_body(req, translate.OllamaGenerateRequest)
         if not request.prompt:
-            self._residency(req, resp, Shape.GENERATE, request.model, request.keep_alive_s)
+            self._residency(req, resp, translate.Shape.GENERATE, request.model, request.keep_alive_s)
             return
-        chat, body = generate_body(request)
+        chat, body = translate.generate_body(request)
         self._prepare(req, request, body)
         self._serve(
             req,
             resp,
             self.inference.chat_completion if chat else self.inference.text_completion,
             body,
-            shape=Shape.GENERATE,
+            shape=translate.Shape.GENERATE,
             model=request.model,
             stream=request.streamed,
             keep_alive=request.keep_alive_s,
@@ -327,8 +336,10 @@ class Embed(_Resource):
     model is 400 saying so, as Ollama answers a request for a capability the model lacks."""
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        request = parse_body(req, OllamaEmbedRequest)
-        self.replicas(served_name(request.model))
+        from werk_host.compat import ollama as translate
+
+        request = parse_body(req, translate.OllamaEmbedRequest)
+        self.replicas(translate.served_name(request.model))
         raise WerkError(
             ErrorCode.INVALID_REQUEST,
             f"{json.dumps(request.model)} does not support embeddings: "

@@ -14,18 +14,19 @@ service is already that shape and keeps its status and code).
 ``reasoning.effort`` is forwarded as a Werk reasoning tier only where the serving instance has
 verified reasoning control and offers that tier for the request's output; elsewhere it is
 ignored, as the page documents.
+
+The translator is imported on the route's first request, not when the app is built
+(docs/operations.md, "Where the start-up time goes").
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import falcon
 
 from werk_host.compat import calls
-from werk_host.compat.responses import ResponsesRequest, chat_body, effort_tier
-from werk_host.compat.responses_answer import response_object, response_stream
 from werk_host.compat.upstream import as_object, sse_events
 from werk_host.control import WerkControl
 from werk_host.errors import WerkError
@@ -33,6 +34,9 @@ from werk_host.http.io import parse_body, scope
 from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
 from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.principals import Principal
+
+if TYPE_CHECKING:
+    from werk_host.compat.responses import ResponsesRequest
 
 PATH = "/v1/responses"
 
@@ -78,7 +82,9 @@ class Responses:
     def _tier(self, req: falcon.Request, request: ResponsesRequest) -> str | None:
         """The tier ``reasoning.effort`` asks for, where the serving runtime has a verified
         reasoning profile offering it for this request's output; else ``None``."""
-        tier = effort_tier(request)
+        from werk_host.compat import responses as translate
+
+        tier = translate.effort_tier(request)
         if tier is None:
             return None
         output = request.max_output_tokens or DEFAULT_OUTPUT_TOKENS
@@ -92,8 +98,11 @@ class Responses:
         return tier if tier in offered else None
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        request = parse_body(req, ResponsesRequest)
-        body = chat_body(request, self._tier(req, request))
+        from werk_host.compat import responses as translate
+        from werk_host.compat import responses_answer as answers
+
+        request = parse_body(req, translate.ResponsesRequest)
+        body = translate.chat_body(request, self._tier(req, request))
         # max_output_tokens is an upper bound (docs/compat.md, "Output budget"): clamped, not refused
         response = calls.invoke(req, resp, self.inference.chat_completion, body, clamp_output_tokens=True)
         if response.status >= 400:
@@ -103,9 +112,9 @@ class Responses:
             resp.content_type = "text/event-stream"
             resp.set_header("Cache-Control", "no-cache")
             events = sse_events(response.body)
-            resp.stream = calls.streamed(response, response_stream(events, request), events)
+            resp.stream = calls.streamed(response, answers.response_stream(events, request), events)
             return
-        _json(resp, 200, response_object(calls.document(response), request))
+        _json(resp, 200, answers.response_object(calls.document(response), request))
 
 
 def add_routes(app: falcon.App[Any, Any], control: WerkControl, inference: ChatInference) -> None:
