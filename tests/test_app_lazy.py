@@ -59,7 +59,6 @@ def test_the_translators_wait_for_their_first_request(tmp_path: Path) -> None:
     found = json.loads(done.stdout)
     early = [module for module in TRANSLATORS if module in found["built"]]
     assert not early, f"building the app imported {early}"
-    assert len(found["answers"]) == 2 * len(paths)
     for path, status, doc in found["answers"]:
         assert status == 400, (path, doc)
         if path in ANTHROPIC:

@@ -234,6 +234,9 @@ class HostMemorySource:
 # --------------------------------------------------------------------------- NVML
 
 
+#: Why NVML is not observable (:attr:`NvmlAcceleratorSource.absent_reason`).
+NO_BINDING = "the NVML Python binding is not installed"
+NO_DRIVER = "no NVIDIA driver (NVML could not be initialized)"
 #: The library the NVML binding loads on Linux (elsewhere it searches the driver's own paths).
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
@@ -286,20 +289,20 @@ class NvmlAcceleratorSource:
             return None
         if self._nvml is None:
             if importlib.util.find_spec("pynvml") is None:
-                self._absent_reason = "the NVML Python binding is not installed"
+                self._absent_reason = NO_BINDING
                 return None
             if not _nvml_library_present():
-                self._absent_reason = "no NVIDIA driver (NVML could not be initialized)"
+                self._absent_reason = NO_DRIVER
                 return None
             try:
                 self._nvml = importlib.import_module("pynvml")
             except ImportError:
-                self._absent_reason = "the NVML Python binding is not installed"
+                self._absent_reason = NO_BINDING
                 return None
         try:
             self._nvml.nvmlInit()
         except Exception:
-            self._absent_reason = "no NVIDIA driver (NVML could not be initialized)"
+            self._absent_reason = NO_DRIVER
             return None
         self._initialized = True
         return self._nvml
