@@ -36,6 +36,12 @@ noisy: read the medians.
 
 ``--importtime`` adds one ``werk serve`` run under ``python -X importtime`` and prints the
 slowest imports before the first child is spawned (the first answer is not timed then).
+
+``--floor`` adds, to the serve figure, the floor of any Python host built from Werk's stack
+(``bench/_floor_host.py``): it spawns llama-server with Werk's child arguments first thing,
+imports the stack and builds a one-route falcon app while the child loads, and relays the chat
+as it came. The serve ``RATIO`` line then prints that floor (÷ bare llama-server) beside its
+target: the share of the figure no host of this design can remove on this machine.
 """
 
 from __future__ import annotations
@@ -289,6 +295,24 @@ def llama_serve_werk_args(setup: Setup) -> Sample:
     return llama_serve(setup, extra=setup.werk_child_args)
 
 
+def floor_serve(setup: Setup) -> Sample:
+    """:mod:`bench._floor_host` → first answer (module docstring, ``--floor``)."""
+    if setup.werk_child_args is None:
+        raise BenchError("werk's child arguments are not known (no werk serve run read them)")
+    port, child_port = free_port(), free_port()
+    host = Path(__file__).with_name("_floor_host.py")
+    cmd = [sys.executable, str(host), str(port), str(child_port), str(setup.server), str(setup.gguf)]
+    env = setup.werk_env()
+    start = time.perf_counter()
+    proc = setup.popen("floor", [*cmd, *setup.werk_child_args], env=env)
+    try:
+        text = first_answer(port, setup.gguf.stem, proc, "the floor host")
+        ms = (time.perf_counter() - start) * 1000
+    finally:
+        stop(proc)
+    return Sample(ms, {}, text)
+
+
 def werk_run(setup: Setup, *, home: Path | None = None) -> Sample:
     env = setup.werk_env(home=home)
     cmd = [sys.executable, "-m", "werk_host", "run", str(setup.gguf), PROMPT, "--max-tokens", str(ANSWER_TOKENS)]
@@ -386,6 +410,11 @@ def main() -> int:
         action="store_true",
         help="serve figure: also llama-server with the arguments werk gives its child (informational)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="serve figure: also the floor of a Python host of this stack (bench/_floor_host.py)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (homes, logs)")
     parser.add_argument(
         "--checkout",
@@ -415,6 +444,8 @@ def main() -> int:
             ]
             if args.child_args:
                 systems.append(("llama-server with werk's child arguments", llama_serve_werk_args))
+            if args.floor:
+                systems.append(("the floor host", floor_serve))
             got = alternate(setup, args.runs, systems)
             werk, llama, new_home = got[0], got[1], got[2]
             print("\nstart → first answered chat:")
@@ -425,8 +456,15 @@ def main() -> int:
                 print(summary("llama-server -m GGUF + werk's args", got[3]))
                 print(f"  werk's child arguments: {' '.join(setup.werk_child_args or [])}")
             llama_ms = statistics.median(s.ms for s in llama)
+            target = f"target <= {TARGET_SERVE}"
+            if args.floor:
+                floor = got[-1]
+                print(summary("the floor host (bench/_floor_host.py)", floor))
+                floor_ratio = statistics.median(s.ms for s in floor) / llama_ms
+                target += f"; floor {floor_ratio:.4f}: a Python host of this stack spawning werk's child first"
+                ratios.append(("serve_floor_host_vs_llama_server", floor_ratio, "no target: the floor"))
             ratio = statistics.median(s.ms for s in werk) / llama_ms
-            ratios.append(("serve_first_answer_vs_llama_server", ratio, f"target <= {TARGET_SERVE}"))
+            ratios.append(("serve_first_answer_vs_llama_server", ratio, target))
             ratio = statistics.median(s.ms for s in new_home) / llama_ms
             ratios.append(("serve_first_answer_in_a_new_home_vs_llama_server", ratio, f"target <= {TARGET_SERVE}"))
             if args.child_args:

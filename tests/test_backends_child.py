@@ -21,18 +21,21 @@ import pytest
 
 from werk_host.backend_caches import hold_owner_lock, try_owner_lock
 from werk_host.backends.child import (
-    RECORD_NAME,
+    _SPAWNER,
     SPAWNS,
-    ChildRecord,
     Guard,
     ManagedChild,
-    StaleRunDir,
     _arm_death_signal,
     available_guard,
     create_run_dir,
+    spawn,
+)
+from werk_host.backends.records import (
+    RECORD_NAME,
+    ChildRecord,
+    StaleRunDir,
     read_record,
     reap_stale_run_dirs,
-    spawn,
     stop_recorded,
     write_record,
 )
@@ -298,7 +301,7 @@ def test_reap_stale_run_dirs(tmp_path: Path, orphan: Callable[[], int], caplog: 
     other = run_dir("cache-other", record(live))
     (tmp_path / "gen-link").symlink_to(other)
     try:
-        with caplog.at_level(logging.INFO, logger="werk_host.backends.child"):
+        with caplog.at_level(logging.INFO, logger="werk_host.backends.records"):
             removed = reap_stale_run_dirs(tmp_path, prefix="gen-", grace=2)
     finally:
         os.close(lock)
@@ -312,3 +315,39 @@ def test_reap_stale_run_dirs(tmp_path: Path, orphan: Callable[[], int], caplog: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache-other", "gen-held", "gen-link"]
     assert len(caplog.records) == 3
     assert any(f"pid {stale}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_spawn_whose_caller_stopped_waiting_is_killed_and_reaped() -> None:
+    """A caller interrupted while the spawner thread still runs its ``Popen`` owns nothing: the
+    child that ``Popen`` then starts is killed and reaped there, and the spawner serves on."""
+    entered, proceed = threading.Event(), threading.Event()
+    spawned: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        entered.set()
+        proceed.wait(10)
+        spawned.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+        return spawned[0]
+
+    main = threading.main_thread().ident
+    assert main is not None
+    interrupt = threading.Thread(target=lambda: (entered.wait(10), signal.pthread_kill(main, signal.SIGINT)))
+    interrupt.start()
+    with pytest.raises(KeyboardInterrupt):
+        _SPAWNER.run(start)
+    interrupt.join()
+    proceed.set()
+    deadline = time.monotonic() + 10
+    while (not spawned or spawned[0].returncode is None) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert spawned and spawned[0].returncode == -signal.SIGKILL
+    again = _SPAWNER.run(lambda: subprocess.Popen(["true"]))
+    assert again.wait(10) == 0
+
+
+def test_a_spawn_that_raises_raises_in_its_caller() -> None:
+    def start() -> subprocess.Popen[bytes]:
+        raise OSError(2, "no such program")
+
+    with pytest.raises(OSError, match="no such program"):
+        _SPAWNER.run(start)

@@ -148,6 +148,36 @@ def test_health_wait_polls_http_until_ready(tmp_path: Path, managed: Callable[..
     assert proc.stop() == rc  # idempotent
 
 
+def test_a_child_that_logs_is_asked_again_at_once(
+    tmp_path: Path, managed: Callable[..., ManagedProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the timed polls an hour apart, readiness can only be found through the log: a child
+    that writes its "ready" line is asked again within the burst that line starts (a server
+    answers a moment after it logs). This child is ready for one second only: the timed poll at
+    the deadline would find it gone."""
+    import werk_host.backends.managed as managed_module
+
+    monkeypatch.setattr(managed_module, "_POLL_MIN_S", 3600.0)
+    monkeypatch.setattr(managed_module, "_POLL_MAX_S", 3600.0)
+    marker = tmp_path / "ready"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        time.sleep(0.3)
+        print("model loaded", flush=True)
+        time.sleep(0.005)  # ready a moment after the line, as llama-server's /health is
+        open({str(marker)!r}, "w").close()
+        time.sleep(1)
+        os.unlink({str(marker)!r})
+        time.sleep(60)
+        """
+    )
+    proc = managed([sys.executable, "-c", script], log_path=tmp_path / "child.log")
+    proc.start()
+    proc.wait_ready(marker.exists, timeout=10)
+    assert proc.alive()
+
+
 def test_health_wait_timeout_stops_child_and_reports_redacted_tail(
     tmp_path: Path, managed: Callable[..., ManagedProcess]
 ) -> None:

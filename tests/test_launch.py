@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from werk_host.backends import launch
-from werk_host.backends.child import read_record
 from werk_host.backends.managed import ManagedProcess, http_ready
+from werk_host.backends.records import read_record
 from werk_host.paths import ensure_private_dir
 from werk_host.testing.processes import gone
 

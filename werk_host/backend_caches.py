@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 LOCK_NAME = "owner.lock"
 #: A plugin directory of this name holds one cache entry per worker: ``<plugin>/workers/<id>/``.
 WORKERS_DIR = "workers"
+
+
+def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
+    """``shutil.rmtree(path)``; :mod:`shutil` is imported only when a tree is removed, never on
+    the way to a start's first spawn (docs/operations.md, "Start-up")."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 def hold_owner_lock(entry: Path) -> int:
@@ -32,8 +39,7 @@ def hold_owner_lock(entry: Path) -> int:
     return fd
 
 
-@dataclass(frozen=True)
-class BackendCacheEntry:
+class BackendCacheEntry(NamedTuple):
     id: str
     plugin: str
     bytes: int
@@ -129,7 +135,7 @@ def purge(home: Path, *, ids: list[str] | None, dry_run: bool) -> list[BackendCa
         try:
             size = _size(entry)
             if not dry_run:
-                shutil.rmtree(entry)  # rmtree unlinks symlinks instead of following them
+                remove_tree(entry)  # rmtree unlinks symlinks instead of following them
         finally:
             os.close(fd)
         removed.append(BackendCacheEntry(cache_id, plugin, size, False))

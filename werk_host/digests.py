@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from pathlib import Path
 
@@ -78,6 +77,8 @@ def remembered_sha256(path: Path) -> str:
 
 
 def _remember(file: Path, key: str, status: list[int], digest: str) -> None:
+    import tempfile  # imported before the first spawn, which this never precedes (docs/operations.md)
+
     with _LOCK:
         try:
             file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

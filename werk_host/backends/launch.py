@@ -49,9 +49,7 @@ import base64
 import contextlib
 import hashlib
 import json
-import logging
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -59,11 +57,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from werk_host.backends.child import ManagedChild, available_guard, create_run_dir, spawn
+from werk_host.backend_caches import remove_tree
+from werk_host.backends.child import ManagedChild, available_guard, create_run_dir, logger, spawn
 from werk_host.digests import file_status
 from werk_host.paths import PrivateDirError, ensure_private_dir, werk_home
 
@@ -79,8 +77,6 @@ __all__ = [
     "settle",
     "unavailable",
 ]
-
-log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_ENTRIES = 16
@@ -280,8 +276,7 @@ def _without_prompt(words: list[str]) -> list[str]:
     return [w for i, w in enumerate(words) if len(plain) < 2 or i != plain[-1]]
 
 
-@dataclass
-class Prestarted:
+class Prestarted(NamedTuple):
     """A child spawned from memory, and exactly what it was spawned with."""
 
     child: ManagedChild
@@ -292,22 +287,30 @@ class Prestarted:
     started_at: float
 
 
-@dataclass
 class Reservation:
     """A backend child's generation, secret, port and run directory (held by ``owner_fd``)."""
 
-    name: str
-    work_dir: Path
-    prefix: str
-    host: str
-    generation: str
-    secret: str
-    port: int
-    run_dir: Path
-    owner_fd: int
-    prestarted: Prestarted | None = None
-    #: Where to remember the child once ready: the home and the command's key.
-    memo: tuple[Path, str] | None = None
+    def __init__(
+        self,
+        name: str,
+        work_dir: Path,
+        prefix: str,
+        host: str,
+        generation: str,
+        secret: str,
+        port: int,
+        run_dir: Path,
+        owner_fd: int,
+    ) -> None:
+        self.name, self.work_dir, self.prefix, self.host = name, work_dir, prefix, host
+        self.generation, self.secret, self.port = generation, secret, port
+        self.run_dir, self.owner_fd = run_dir, owner_fd
+        self.prestarted: Prestarted | None = None
+        #: Where to remember the child once ready: the home and the command's key.
+        self.memo: tuple[Path, str] | None = None
+
+    def __repr__(self) -> str:  # never the secret
+        return f"<Reservation {self.name} {self.generation[:8]} port={self.port}>"
 
     def values(self) -> dict[str, str]:
         return {
@@ -334,9 +337,9 @@ class Reservation:
             and pre.child.popen.poll() is None
         )
         if same:
-            log.info("%s: adopted the child started from the remembered launch", self.name)
+            logger(__name__).info("%s: adopted the child started from the remembered launch", self.name)
             return pre.child, pre.started_at
-        log.info("%s: the remembered launch differs from this start's plan; starting anew", self.name)
+        logger(__name__).info("%s: the remembered launch differs from this start's plan; starting anew", self.name)
         _kill(pre.child)
         return None
 
@@ -378,20 +381,18 @@ class Reservation:
             launches[key] = entry
             _write_memo(home, dict(list(launches.items())[-MAX_ENTRIES:]))
         except (OSError, PrivateDirError) as err:
-            log.info("cannot remember the launch of %s: %s", self.name, err)
+            logger(__name__).info("cannot remember the launch of %s: %s", self.name, err)
 
 
 # -- this process's start -------------------------------------------------------------------
 
 
-@dataclass
 class _Start:
     """A start of a command of :data:`COMMANDS` between :func:`prestart` and its first reservation
     or :func:`settle`."""
 
-    home: Path
-    key: str
-    reservation: Reservation | None
+    def __init__(self, home: Path, key: str, reservation: Reservation | None) -> None:
+        self.home, self.key, self.reservation = home, key, reservation
 
 
 _lock = threading.Lock()
@@ -411,7 +412,7 @@ def _discard(reservation: Reservation) -> None:
     if reservation.prestarted is not None:
         _kill(reservation.prestarted.child)
         reservation.prestarted = None
-    shutil.rmtree(reservation.run_dir, ignore_errors=True)
+    remove_tree(reservation.run_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         os.close(reservation.owner_fd)
 
@@ -432,7 +433,7 @@ def _fresh(name: str, work_dir: Path, prefix: str, host: str) -> Reservation:
         port = free_port(host)
     except BaseException:
         os.close(owner_fd)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_tree(run_dir, ignore_errors=True)
         raise
     return Reservation(name, work_dir, prefix, host, generation, _secret(), port, run_dir, owner_fd)
 
@@ -516,7 +517,7 @@ def prestart(words: Sequence[str], *, listen: tuple[str, int] | None = None) -> 
         try:
             start.reservation = _spawn_remembered(home, entry)
         except (OSError, PrivateDirError, ValueError, KeyError, TypeError, AttributeError) as err:
-            log.debug("the remembered launch was not started: %s", err)
+            logger(__name__).debug("the remembered launch was not started: %s", err)
     with _lock:
         _start = start
 

@@ -15,10 +15,14 @@ The contract:
   every string in ``secrets`` replaced by ``[redacted]``.
 * **Readiness.** :meth:`ManagedProcess.wait_ready` polls a caller's ``ready()`` callable (for an
   HTTP server: :func:`http_ready`, ``GET`` a path until it answers 200) with a short backoff
-  until it returns True. When the child exits first, the timeout passes, or ``ready`` raises,
-  the child is stopped and a :class:`BackendStartupError` (or the caller's ``error_type``
-  subclass) is raised carrying the redacted log tail, the exit status (``None`` when the child
-  was still running at the timeout) and the argv. There is no retry.
+  until it returns True. Between two polls the log's size is looked at every 2 ms: a child that
+  wrote to it is asked at once and again 2, 4, 8 and 16 ms later, since servers log as they
+  become ready (llama-server's last lines of a load are "model loaded" and "listening", its
+  ``/health`` answers 200 a moment later: docs/operations.md, "Start-up"). When the child
+  exits first, the timeout passes, or ``ready`` raises, the child is stopped and a
+  :class:`BackendStartupError` (or the caller's ``error_type`` subclass) is raised carrying the
+  redacted log tail, the exit status (``None`` when the child was still running at the
+  timeout) and the argv. There is no retry.
 * **Stop.** :meth:`ManagedProcess.stop` sends SIGTERM to the child's process group, SIGKILL
   after the grace period, SIGKILL again to any member of the group still alive once the leader
   exited, reaps the leader, then removes ``cleanup_dir`` (if given) and closes ``owner_fd`` (the
@@ -46,7 +50,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -118,6 +122,10 @@ FINALIZE_GRACE_S = 2.0
 _POLL_SHARE = 0.05
 _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.05
+#: Between polls the log's size is looked at every ``_LOG_WATCH_S``; once it grew, the child is
+#: asked at once and after each of ``_LOG_PROBES_S`` more (module docstring).
+_LOG_WATCH_S = 0.002
+_LOG_PROBES_S = (0.002, 0.002, 0.004, 0.008)
 
 
 class BackendProcessError(RuntimeError):
@@ -174,6 +182,14 @@ def read_log_tail(
         data = f.read(max_bytes)
     text = data.decode("utf-8", errors="replace")
     return redact("\n".join(text.splitlines()[-lines:]), secrets)
+
+
+def _size(path: Path) -> int:
+    """The size of the file at ``path``; -1 when it cannot be read."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
 
 
 def http_ready(
@@ -479,6 +495,8 @@ class ManagedProcess:
             raise BackendProcessError(f"{self.name} process not started")
         deadline = time.monotonic() + timeout
         loading_since = self.started_at if self.started_at is not None else time.monotonic()
+        log_size = _size(self.log_path)
+        burst: Iterator[float] = iter(())
         try:
             while True:
                 rc = self.returncode
@@ -489,17 +507,29 @@ class ManagedProcess:
                         break
                 except Exception as exc:
                     raise self.startup_error(f"{self.name} readiness check failed: {exc}") from exc
-                if time.monotonic() >= deadline:
+                probed = time.monotonic()
+                if probed >= deadline:
                     raise self.startup_error(f"{self.name} did not {what} within {timeout:g}s")
-                now = time.monotonic()
-                delay = min(_POLL_MAX_S, max(_POLL_MIN_S, (now - loading_since) * _POLL_SHARE))
-                time.sleep(min(delay, max(0.0, deadline - now)))
+                delay = next(burst, None)
+                if delay is None:
+                    delay = min(_POLL_MAX_S, max(_POLL_MIN_S, (probed - loading_since) * _POLL_SHARE))
+                grown = self._await_log(min(probed + delay, deadline), log_size)
+                if grown is not None:
+                    log_size, burst = grown, iter(_LOG_PROBES_S)
         except BaseException:
             self.stop()
             raise
         if self.launch is not None:
             args = (self.argv, self.env, self._cwd(), str(self.log_path), self.guard, self._child.pid)
             self.launch.remember(*args)
+
+    def _await_log(self, due: float, size: int) -> int | None:
+        """Sleep until ``due``; the log's new size as soon as it is no longer ``size``, else ``None``."""
+        while (now := time.monotonic()) < due:
+            time.sleep(min(_LOG_WATCH_S, due - now))
+            if (current := _size(self.log_path)) != size:
+                return current
+        return None
 
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM the group, SIGKILL after ``timeout`` (default ``stop_timeout``) s, reap, release files.

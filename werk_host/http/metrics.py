@@ -1,7 +1,9 @@
 """Operators' metrics: ``GET /metrics`` in the Prometheus text format.
 
 Everything is built with ``prometheus_client`` on a per-app :class:`CollectorRegistry` (never
-the process-global one), so several hosts in one process keep separate counts:
+the process-global one), so several hosts in one process keep separate counts. The registry is
+made, and ``prometheus_client`` imported, on the first scrape: not at every start
+(docs/operations.md, "Start-up").
 
 * :class:`MetricsMiddleware` counts every request and times it in a :class:`RequestTally`,
   labelled by the Falcon URI template of its route (never the raw path, which may carry state
@@ -23,16 +25,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import falcon
 from falcon.routing import CompiledRouter
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.samples import Sample
 
 from werk_host.protocol import ChatCounters, MemoryCounters, Pressure, Tier
 from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats, MetricsReading
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ _MEMORY_TOTALS: Final = frozenset(
 
 
 def _chat_families(chat: ChatStats) -> list[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     per_instance = chat.per_instance()
     families: list[Metric] = []
     for name in ChatCounters.model_fields:
@@ -74,6 +79,8 @@ def _chat_families(chat: ChatStats) -> list[Metric]:
 
 
 def _reading_families(reading: MetricsReading) -> list[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
     handoffs = GaugeMetricFamily("werk_handoffs_live", "Live prefill-to-decode handoffs", value=reading.handoffs_live)
     states = GaugeMetricFamily("werk_states", "Named stored states per tier", labels=["tier"])
     state_bytes = GaugeMetricFamily("werk_state_bytes", "Payload bytes of the named states per tier", labels=["tier"])
@@ -166,6 +173,9 @@ class RequestTally:
             timed[1][0] += elapsed
 
     def collect(self) -> Iterable[Metric]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.samples import Sample
+
         requests = CounterMetricFamily(
             "werk_http_requests",
             "HTTP requests by instance, route template, method and status",
@@ -223,11 +233,13 @@ class MetricsMiddleware:
 class MetricsResource:
     """``GET /metrics``: the registry in the Prometheus text format."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: Callable[[], CollectorRegistry]) -> None:
         self.registry = registry
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        resp.data = generate_latest(self.registry)
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        resp.data = generate_latest(self.registry())
         resp.content_type = CONTENT_TYPE_LATEST
         resp.set_header("Cache-Control", "no-store")
 
@@ -237,13 +249,26 @@ class HostMetrics:
     the app must route with (``falcon.App(router=metrics.router)``)."""
 
     def __init__(self, chat: ChatStats | None, reading: Callable[[], MetricsReading] | None) -> None:
-        self.registry = CollectorRegistry()
         self.router = CompiledRouter()
         self.requests = RequestTally()
-        self.registry.register(self.requests)
-        self.registry.register(HostCollector(chat, reading))
+        self._collectors = (self.requests, HostCollector(chat, reading))
+        self._registry: CollectorRegistry | None = None
+        self._lock = threading.Lock()
         self.middleware = MetricsMiddleware(self.requests, self.router)
-        self.resource = MetricsResource(self.registry)
+        self.resource = MetricsResource(lambda: self.registry)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """This app's registry, made on first use (module docstring)."""
+        with self._lock:
+            if self._registry is None:
+                from prometheus_client import CollectorRegistry
+
+                registry = CollectorRegistry()
+                for collector in self._collectors:
+                    registry.register(collector)
+                self._registry = registry
+            return self._registry
 
     @classmethod
     def for_control(cls, control: object) -> HostMetrics:

@@ -13,7 +13,7 @@ tail fit for an operator (``werk_log_tail``: secrets, paths and process ids repl
 
 from __future__ import annotations
 
-from werk_host.backends.child import Guard, create_run_dir, reap_stale_run_dirs
+from werk_host.backends.child import Guard, create_run_dir
 from werk_host.backends.launch import Reservation, reserve
 from werk_host.backends.managed import (
     LOG_TAIL_LINES,
@@ -26,6 +26,7 @@ from werk_host.backends.managed import (
     is_executable_file,
     live_children,
 )
+from werk_host.backends.records import reap_stale_run_dirs
 from werk_host.logs import public_log_lines
 
 __all__ = [

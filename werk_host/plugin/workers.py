@@ -43,8 +43,9 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from werk_host.backends.child import Guard, create_run_dir, reap_stale_run_dirs
+from werk_host.backends.child import Guard, create_run_dir
 from werk_host.backends.managed import BackendProcessError, BackendStartupError, ManagedProcess, free_port, http_ready
+from werk_host.backends.records import reap_stale_run_dirs
 from werk_host.paths import ensure_private_dir
 
 __all__ = ["LOOPBACK", "OFFLINE_ENV", "WorkerRun", "worker_env"]

@@ -10,7 +10,7 @@ records and cache locks a plugin's crash tests plant.
 from __future__ import annotations
 
 from werk_host.backend_caches import hold_owner_lock
-from werk_host.backends.child import ChildRecord, write_record
+from werk_host.backends.records import ChildRecord, write_record
 from werk_host.cli import main as werk_main
 from werk_host.cli.cache import cmd_list as cache_list_command
 from werk_host.deployments.profile import ProfileError

@@ -208,7 +208,7 @@ def test_a_starting_adapter_stops_the_stale_children_it_owns(
             leftover("gen-1reused", dataclasses.replace(sleeper_record, create_time=sleeper_record.create_time - 100)),
             leftover("gen-2reused", dataclasses.replace(sleeper_record, cmdline=("sleep", "301"))),
         ]
-        with caplog.at_level(logging.INFO, logger="werk_host.backends.child"):
+        with caplog.at_level(logging.INFO, logger="werk_host.backends.records"):
             host = build_host(config(home, llama_server_path))
         try:
             # stopped by SIGTERM, no SIGKILL needed: a loaded server exits 0, a loading one dies of it
@@ -222,7 +222,7 @@ def test_a_starting_adapter_stops_the_stale_children_it_owns(
             assert list(runs.glob("gen-*")) == [own.run_dir]
         finally:
             host.close()
-        cleaned = [r.getMessage() for r in caplog.records if r.name == "werk_host.backends.child"]
+        cleaned = [r.getMessage() for r in caplog.records if r.name == "werk_host.backends.records"]
         assert len(cleaned) == 3
         assert sum(f"pid {stale.pid}" in line for line in cleaned) == 1
     finally:

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from werk_llamacpp.native import NativePersistenceOff
 from werk_llamacpp.probe import run_probe
 from werk_llamacpp.process import LlamaServerProcess
 
@@ -70,3 +74,47 @@ def test_probe_fails_on_dead_process(llama_server_path: Path, tiny_model: Path) 
     proc.stop()
     result = run_probe(proc)
     assert not result.passed and result.evidence["checks"]["process_alive"] is False
+
+
+def test_the_executable_is_checked_again_after_readiness(server: LlamaServerProcess) -> None:
+    assert server.executable_check is not None
+    assert server.persistence_off() is None  # unchanged since its inspection: saves and restores run
+
+
+def test_an_executable_replaced_while_its_child_starts_turns_native_persistence_off(
+    llama_server_path: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The file is replaced after its inspection, before the child is ready (a rebuild racing the
+    start): the check after readiness finds it changed. Chats go on; every slot save and restore
+    is refused before it is sent, so the probe fails with that reason."""
+    binary = tmp_path / "llama-server"
+    shutil.copy2(llama_server_path, binary)
+    proc = LlamaServerProcess(tiny_model, binary=binary, ctx=1024, env_args="")
+
+    def replace_once_spawning() -> None:
+        deadline = time.monotonic() + 60
+        while proc.managed is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        rebuilt = tmp_path / "llama-server.new"
+        shutil.copy2(llama_server_path, rebuilt)
+        with rebuilt.open("ab") as out:
+            out.write(b"\0")  # another file (size, hash) that still runs
+        os.replace(rebuilt, binary)
+
+    replacer = threading.Thread(target=replace_once_spawning)
+    replacer.start()
+    with proc:
+        replacer.join()
+        reason = proc.persistence_off()
+        assert reason is not None and "executable changed" in reason
+        client = proc.new_client(n_slots=1)
+        with pytest.raises(NativePersistenceOff, match="executable changed"):
+            client.slot_save(0, "refused.bin")
+        with pytest.raises(NativePersistenceOff):
+            client.slot_restore(0, "refused.bin")
+        assert client.completion("Hello", n_predict=2, id_slot=0).tokens_evaluated  # chats go on
+        assert client.slot_erase(0).id_slot == 0  # erasing is isolation, not persistence
+        assert proc.slot_dir is not None and list(proc.slot_dir.iterdir()) == []
+        result = run_probe(proc, id_slot=0)
+        client.close()
+    assert not result.passed and result.reason is not None and "executable changed" in result.reason

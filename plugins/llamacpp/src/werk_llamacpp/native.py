@@ -27,7 +27,7 @@ import http.client
 import json
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -39,6 +39,7 @@ __all__ = [
     "NativeConnectionError",
     "NativeError",
     "NativeHTTPError",
+    "NativePersistenceOff",
     "SlotErase",
     "SlotInfo",
     "SlotRestore",
@@ -62,6 +63,11 @@ class InvalidSlotError(ValueError):
 
 class NativeConnectionError(NativeError):
     """The request did not get a complete HTTP answer (refused, reset, killed, timed out)."""
+
+
+class NativePersistenceOff(NativeError):
+    """A slot save or restore refused before anything was sent: native persistence is off for
+    this child (its executable changed since it was inspected: :class:`werk_llamacpp.binary.ExecutableCheck`)."""
 
 
 class NativeHTTPError(NativeError):
@@ -212,7 +218,9 @@ class LlamaServerClient:
     any negative id other than ``-1`` = "any idle slot" for completions) with
     :class:`InvalidSlotError` before sending anything.
 
-    ``api_key`` authenticates every request (``Authorization: Bearer``).
+    ``api_key`` authenticates every request (``Authorization: Bearer``). ``persistence``, when
+    given, is called before every slot save and restore and raises
+    :class:`NativePersistenceOff` when they may not run.
     """
 
     def __init__(
@@ -223,8 +231,10 @@ class LlamaServerClient:
         timeout: float = 120.0,
         n_slots: int | None = None,
         api_key: str | None = None,
+        persistence: Callable[[], None] | None = None,
     ) -> None:
         self.host = host
+        self._persistence = persistence
         self.port = port
         self.timeout = timeout
         self.n_slots = n_slots
@@ -464,6 +474,8 @@ class LlamaServerClient:
 
     def _slot_action(self, id_slot: int, action: str, body: Mapping[str, Any] | None) -> tuple[str, JSONDict]:
         path = f"/slots/{self.check_slot(int(id_slot))}?action={quote(action)}"
+        if action != "erase" and self._persistence is not None:
+            self._persistence()
         return path, self._json_dict("POST", path, body if body is not None else {})
 
     def slot_save(self, id_slot: int, filename: str) -> SlotSave:

@@ -38,9 +38,12 @@
   files last until then.
 * Startup waits for ``GET /health`` == 200 with a timeout
   (:meth:`~werk_host.plugin.process.ManagedProcess.wait_ready`). Any failure (exit,
-  timeout, changed executable) stops the child and raises
-  :class:`LlamaServerStartupError` carrying the tail of the native log, the API key
-  redacted. There is no retry.
+  timeout) stops the child and raises :class:`LlamaServerStartupError` carrying the tail
+  of the native log, the API key redacted. There is no retry. Once ready, the executable
+  is hashed again beside the first requests (:class:`~werk_llamacpp.binary.ExecutableCheck`):
+  a changed file turns native persistence off for this child
+  (:meth:`LlamaServerProcess.persistence_off`; the clients' slot saves and restores wait for
+  the check and then raise :class:`~werk_llamacpp.native.NativePersistenceOff`).
 * Fingerprints: executable SHA-256 and help hash (from
   :func:`~werk_llamacpp.binary.inspect_executable`), :attr:`args_hash` over
   the effective arguments (port and private paths normalized),
@@ -73,8 +76,8 @@ from werk_host.plugin.process import (
     reserve,
 )
 
-from .binary import BinaryInfo, ExecutableIdentity, find_llama_server, inspect_executable, parse_help_flags
-from .native import LlamaServerClient, NativeConnectionError, NativeError
+from .binary import BinaryInfo, ExecutableCheck, find_llama_server, inspect_executable, parse_help_flags
+from .native import LlamaServerClient, NativeConnectionError, NativeError, NativePersistenceOff
 
 __all__ = [
     "ENV_ARGS",
@@ -291,6 +294,8 @@ class LlamaServerProcess:
         """Slot count the running server reports (``/props`` ``total_slots``), read once after startup."""
         self.managed: ManagedProcess | None = None
         """The host's managed child, once :meth:`start` spawned it."""
+        self.executable_check: ExecutableCheck | None = None
+        """The executable checked again once the child is ready (module docstring)."""
         self._api_key = ""
         self._stopped = False
         self._lock = threading.RLock()
@@ -326,7 +331,26 @@ class LlamaServerProcess:
         """A fresh client for this child that authenticates every request (the caller closes it)."""
         if self.port is None:
             raise LlamaServerError("process not started")
-        return LlamaServerClient(self.host, self.port, timeout=timeout, n_slots=n_slots, api_key=self.api_key)
+        return LlamaServerClient(
+            self.host,
+            self.port,
+            timeout=timeout,
+            n_slots=n_slots,
+            api_key=self.api_key,
+            persistence=self._persistence_allowed,
+        )
+
+    def persistence_off(self, *, wait: bool = True) -> str | None:
+        """Why native persistence (slot save and restore) is off for this child: its executable
+        changed since it was inspected (module docstring). ``None`` when the check passed, before
+        the child was ready, or (``wait`` false) while the check runs."""
+        check = self.executable_check
+        return None if check is None else check.failure(wait=wait)
+
+    def _persistence_allowed(self) -> None:
+        reason = self.persistence_off()
+        if reason is not None:
+            raise NativePersistenceOff(reason, endpoint="/slots")
 
     def effective_parallel(self) -> int:
         """Number of slots the final argv selects (last ``-np``/``--parallel`` wins; llama-server default 1)."""
@@ -465,8 +489,7 @@ class LlamaServerProcess:
             self.client = self.new_client()
         try:
             self.managed.wait_ready(self._healthy, timeout=self.startup_timeout)
-            if ExecutableIdentity.of(info.path) != info.identity:
-                raise self.managed.startup_error(f"{NAME} executable changed while the process started")
+            self.executable_check = ExecutableCheck(info.identity)
             self.total_slots = self._read_total_slots()
             eff = self.effective_parallel()
             self.client.n_slots = self.total_slots if self.total_slots is not None else (eff if eff > 0 else None)

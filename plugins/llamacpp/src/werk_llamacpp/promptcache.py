@@ -99,7 +99,7 @@ class LlamaPromptCache:
         proc = self.proc
         if proc.slot_dir is None or proc.effective_slot_save_path() != proc.slot_dir:
             return "the effective arguments disable or move llama-server's slot saving"
-        known = self.adapter.prompt_cache_off.get(proc.generation)
+        known = self.adapter.prompt_cache_off.get(proc.generation) or proc.persistence_off(wait=False)
         if known is not None:
             return known
         kind = self.adapter.partial_cache_kind()
