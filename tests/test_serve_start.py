@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import queue
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from werk_host.cli import start_collecting
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import install_model
 
@@ -303,3 +305,18 @@ def test_the_start_print_names_instances_and_its_paste_lines_work(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=END_S)
+
+
+def test_the_collector_paused_for_the_start_runs_again_with_the_start_frozen() -> None:
+    """``werk serve`` pauses the cyclic collector for its start (werk_host.cli); once it listens
+    the collector runs again, the objects of the start frozen out of its passes."""
+    gc.disable()
+    try:
+        start_collecting()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        frozen = gc.get_freeze_count()
+        start_collecting()  # a collector that runs is left as it is
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from werk_host import __version__
 from werk_host.backends.launch import command_of
-from werk_host.cli import cache, chat, deployments, doctor, models, output, plugins, run, runtime, serve
+from werk_host.cli import output
 from werk_host.deployments.profile import ProfileError
 from werk_host.errors import WerkError
 
@@ -21,10 +21,19 @@ SERVING_COMMANDS = frozenset({"serve", "run", "chat"})
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """``werk``'s parser for ``argv`` (default: ``sys.argv[1:]``): every command, the plugins'
-    own included, unless ``argv`` names one of :data:`SERVING_COMMANDS`."""
+    own included, unless ``argv`` names one of :data:`SERVING_COMMANDS`; for ``werk serve``
+    its own command alone (docs/operations.md, "Start-up")."""
     parser = argparse.ArgumentParser(prog="werk", description="Werk host")
     parser.add_argument("--version", action="version", version=f"werk-host {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    command = command_of(sys.argv[1:] if argv is None else argv)
+    if command == "serve":  # nothing of the client commands on the way to its first answer
+        from werk_host.cli import serve
+
+        serve.register(sub)
+        return parser
+    from werk_host.cli import cache, chat, deployments, doctor, models, plugins, run, runtime, serve
+
     serve.register(sub)
     run.register(sub)
     chat.register(sub)
@@ -34,7 +43,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     cache.register(sub)
     runtime.register(sub)
     deployments.register(sub)
-    if command_of(sys.argv[1:] if argv is None else argv) not in SERVING_COMMANDS:
+    if command not in SERVING_COMMANDS:
         plugin_commands(sub)
     return parser
 

@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Any
 
+from werk_host.cli.arguments import KEY_ENV, RefuseKeyOnArgv
 from werk_host.cli.output import fail, wants_json
 from werk_host.client import (
     DEFAULT_SERVER,
@@ -63,7 +64,6 @@ from werk_host.client import (
 from werk_host.deployments.durations import MAX_DURATION_S
 
 SERVER_ENV = "WERK_SERVER"
-KEY_ENV = "WERK_API_KEY"
 
 
 class InputError(Exception):
@@ -278,22 +278,6 @@ def _timeout(text: str) -> float:
     if not 0 < value <= MAX_DURATION_S:  # the host's duration bound: a year
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, at most {MAX_DURATION_S:.0f}")
     return value
-
-
-class RefuseKeyOnArgv(argparse.Action):
-    """A key option (``--api-key``) that exists only to refuse it without echoing the value (argv
-    lands in shell history and in ``/proc/PID/cmdline``, readable by every local user). ``const``
-    says where the key goes instead (default: this client's environment variable or prompt)."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        instead = self.const or f"set {KEY_ENV} or answer the prompt"
-        parser.error(f"the API key is never read from the command line; {instead}")
 
 
 def connection_options() -> argparse.ArgumentParser:

@@ -18,7 +18,8 @@ import argparse
 from datetime import datetime
 from typing import Any
 
-from werk_host.cli.connection import KEY_ENV, SERVER_ENV, client_for, connection_options, emit_error, exit_code_for
+from werk_host.cli.arguments import KEY_ENV
+from werk_host.cli.connection import SERVER_ENV, client_for, connection_options, emit_error, exit_code_for
 from werk_host.cli.output import add_json_flag
 from werk_host.client import WerkClientError
 from werk_host.protocol import DeploymentActionRequest, Deployments

@@ -31,6 +31,7 @@ from werk_host.chat.archive import DEFAULT_SESSION, SessionDir
 from werk_host.chat.session import ChatSession, Sampling
 from werk_host.chat.stream import one_line
 from werk_host.chat.transport import LocalTransport, RemoteTransport, Transport
+from werk_host.cli.arguments import KEY_ENV, non_negative
 from werk_host.cli.connection import with_scheme
 from werk_host.cli.output import add_json_flag, fail, wants_json
 from werk_host.client import WerkClientError, WerkProtocolClient
@@ -41,7 +42,6 @@ from werk_host.protocol import ChatLimits
 
 #: Environment variables naming the default server and its key.
 SERVER_ENV = "WERK_SERVER"
-KEY_ENV = "WERK_API_KEY"
 #: Tokens an answer may have when ``--max-tokens`` is not given (lowered to the model's output
 #: ceiling and half its context when those are smaller: :func:`answer_length`).
 DEFAULT_MAX_TOKENS = 512
@@ -96,12 +96,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be a positive integer")
     return value
-
-
-def non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError("must be a non-negative integer")
-    return int(text)
 
 
 def _temperature(text: str) -> float:

@@ -28,16 +28,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from werk_host.cli.arguments import KEY_ENV, RefuseKeyOnArgv
 from werk_host.cli.connection import (
     EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
-    KEY_ENV,
     SERVER_ENV,
     HandoffFileError,
     InputError,
-    RefuseKeyOnArgv,
     client_for,
     connection_options,
     describe_error,

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from werk_host.cli import DEFAULT_HOST, DEFAULT_PORT, HOST_ENV, PORT_ENV, run, runtime
+from werk_host.cli import DEFAULT_HOST, DEFAULT_PORT, HOST_ENV, PORT_ENV, start_collecting
+from werk_host.cli.arguments import RefuseKeyOnArgv, non_negative
 from werk_host.cli.output import fail
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits, StoreBounds
 from werk_host.deployments.durations import MAX_DURATION_S
@@ -215,7 +216,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(args.log_level, (*keys, *operator_keys))
     try:
-        return serve(config, on_ready=lambda built, bound, at: announce(built, bound, at, sys.stderr))
+        return serve(config, on_ready=lambda built, bound, at: listening(built, bound, at, sys.stderr))
     except AddressError as err:  # nothing started: the address is bound before any backend
         fail(None, err.message, err.fix)
         return 2
@@ -281,6 +282,12 @@ def start_lines(host: Host, bound_host: str, port: int) -> list[str]:
     if instances:
         lines.append(f'  werk run --server {base} {shlex.quote(default)} "hello"')
     return lines
+
+
+def listening(host: Host, bound_host: str, port: int, err: TextIO) -> None:
+    """``werk serve`` listens: its start is over (:func:`werk_host.cli.start_collecting`), and it says so."""
+    start_collecting()
+    announce(host, bound_host, port, err)
 
 
 def announce(host: Host, bound_host: str, port: int, err: TextIO) -> None:
@@ -361,7 +368,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--inference-queue",
-        type=run.non_negative,
+        type=non_negative,
         help="requests waiting per instance beyond its capacity (default: the per-key bound)",
     )
     p.add_argument(
@@ -370,16 +377,14 @@ def register(sub: Any) -> None:
         default=limits.inference_wait_s,
         help="seconds a queued request waits for its instance before a 503",
     )
-    p.add_argument("--api-key", action=runtime.RefuseKeyOnArgv, const=KEY_SOURCES, help=argparse.SUPPRESS)
+    p.add_argument("--api-key", action=RefuseKeyOnArgv, const=KEY_SOURCES, help=argparse.SUPPRESS)
     p.add_argument(
         "--api-key-file",
         metavar="FILE",
         help="file with one API key per line, added to WERK_API_KEYS=a,b (default: none; no keys: every "
         "request is the shared local principal)",
     )
-    p.add_argument(
-        "--operator-api-key", action=runtime.RefuseKeyOnArgv, const=OPERATOR_KEY_SOURCES, help=argparse.SUPPRESS
-    )
+    p.add_argument("--operator-api-key", action=RefuseKeyOnArgv, const=OPERATOR_KEY_SOURCES, help=argparse.SUPPRESS)
     p.add_argument(
         "--operator-api-key-file",
         metavar="FILE",
@@ -450,7 +455,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--warmup-tokens",
-        type=run.non_negative,
+        type=non_negative,
         default=0,
         help="0 (default): native servers skip their synthetic warmup; N > 0 enables it where offered",
     )
@@ -497,6 +502,6 @@ def register(sub: Any) -> None:
         if action.metavar is None and action.option_strings and action.nargs != 0:
             if action.type in (_seconds, _whole_seconds):
                 action.metavar = "SECONDS"
-            elif action.type in (_positive, run.non_negative):
+            elif action.type in (_positive, non_negative):
                 action.metavar = "N"
     p.set_defaults(handler=cmd_serve)

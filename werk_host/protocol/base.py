@@ -51,13 +51,13 @@ JsonFloat = Annotated[float, Strict()]
 class StrictModel(BaseModel):
     """Request DTO that rejects unknown fields (mutation, prefill and decode requests)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class DataModel(BaseModel):
     """Response DTO: exactly the documented fields, nothing else."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class CapabilityStatus(StrEnum):
