@@ -29,9 +29,9 @@ def test_a_digest_is_remembered_and_reused_while_the_file_is_unchanged(tmp_path:
     model.write_bytes(b"weights" * 1000)
     assert digests.remembered_sha256(model) == _sha(b"weights" * 1000)
     entry = json.loads(cache.read_text())[str(model)]
-    assert entry["sha256"] == _sha(b"weights" * 1000)
+    assert entry["value"] == _sha(b"weights" * 1000)
     # the remembered value is what a second call answers (planted here to prove no rehash)
-    entry["sha256"] = "0" * 64
+    entry["value"] = "0" * 64
     cache.write_text(json.dumps({str(model): entry}))
     assert digests.remembered_sha256(model) == "0" * 64
 
@@ -64,7 +64,7 @@ def test_a_malformed_cache_is_a_miss_and_is_rewritten(tmp_path: Path, cache: Pat
     cache.parent.mkdir(parents=True)
     cache.write_text(content)
     assert digests.remembered_sha256(model) == _sha(b"weights")
-    assert json.loads(cache.read_text())[str(model)]["sha256"] == _sha(b"weights")
+    assert json.loads(cache.read_text())[str(model)]["value"] == _sha(b"weights")
 
 
 def test_an_unwritable_cache_leaves_the_digest_computed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

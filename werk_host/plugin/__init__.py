@@ -28,7 +28,7 @@ from werk_host import hookimpl
 from werk_host.chat.seam import SessionSlot
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits
 from werk_host.deployments.durations import MAX_DURATION_S
-from werk_host.digests import sha256_file
+from werk_host.digests import remembered_by_status, sha256_file
 from werk_host.errors import REDACTED_MESSAGES, ErrorCode, WerkError
 from werk_host.experts import ExpertObservation, ExpertPolicy
 from werk_host.models import ModelFile, ModelManifest
@@ -141,6 +141,7 @@ __all__ = [
     "client_disconnected",
     "ensure_private_dir",
     "hookimpl",
+    "remembered_by_status",
     "sha256_file",
     "user_cache_dir",
 ]

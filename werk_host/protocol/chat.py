@@ -337,6 +337,9 @@ class ChatLimits(DataModel):
     #: (docs/operations.md, "Inference concurrency").
     engine_queues: SkipJsonSchema[bool] = Field(default=False, exclude=True)
 
+    #: built at import, as the request models are: every chat's admission reads an instance's limits
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=False)
+
 
 class ReasoningLimits(DataModel):
     context_tokens: int | None

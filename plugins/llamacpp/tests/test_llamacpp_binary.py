@@ -142,6 +142,34 @@ def test_a_repeated_inspection_of_an_unchanged_executable_is_not_hashed_again(
     assert calls(fake) == ["--help", "--version", "--help", "--version"]
 
 
+def test_an_inspection_is_remembered_for_later_processes_while_the_file_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later start (a new process: nothing in memory) of the unchanged executable neither runs
+    it nor hashes it: its inspection is remembered under the user cache by the file's status
+    (docs/operations.md, "Start-up"). A changed file is inspected again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    binary.clear_inspection_cache()
+    fake = write_fake_server(tmp_path)
+    hashed: list[Path] = []
+
+    def counting(path: str | os.PathLike[str]) -> str:
+        hashed.append(Path(path))
+        return sha256_file(path)
+
+    monkeypatch.setattr(binary, "sha256_file", counting)
+    first = inspect_executable(fake)
+    binary.clear_inspection_cache()  # as in a new process
+    again = inspect_executable(fake)
+    assert again is not first and again == first
+    assert len(hashed) == 1 and calls(fake) == ["--help", "--version"]
+    fake.write_text(fake.read_text() + "\n# changed\n")
+    binary.clear_inspection_cache()
+    changed = inspect_executable(fake)
+    assert changed.sha256 == sha256_file(fake) != first.sha256
+    assert len(hashed) == 2 and calls(fake) == ["--help", "--version", "--help", "--version"]
+
+
 def test_inspection_fails_for_non_llama_executable(tmp_path: Path) -> None:
     exe = tmp_path / "true-ish"
     exe.write_text("#!/bin/sh\necho 'nothing here'\n")

@@ -29,6 +29,7 @@ child (docs/operations.md, "Start-up").
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -39,8 +40,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
-from werk_host.plugin import sha256_file, user_cache_dir
+from werk_host.plugin import remembered_by_status, sha256_file, user_cache_dir
 from werk_host.plugin.process import find_executable, is_executable_file
 
 from .build import PINNED_VERSION
@@ -167,9 +169,11 @@ class ExecutableCheck:
     """The executable's full identity checked again once its child is ready, beside the first requests.
 
     The check starts after native readiness (never before: the hash would compete with the
-    native loader) on a daemon thread; only native persistence (slot save and restore) waits
-    for its result, and a file that changed since its inspection turns native persistence off
-    for that child rather than trusting an unknown runtime (docs/operations.md, "Start-up").
+    native loader) on a daemon thread at the lowest scheduling priority where the platform
+    gives threads their own (Linux), so that it takes the cores only when the first requests
+    and the child's decode leave them idle; only native persistence (slot save and restore)
+    waits for its result, and a file that changed since its inspection turns native persistence
+    off for that child rather than trusting an unknown runtime (docs/operations.md, "Start-up").
     """
 
     def __init__(self, expected: ExecutableIdentity) -> None:
@@ -180,6 +184,8 @@ class ExecutableCheck:
 
     def _run(self) -> None:
         started = time.monotonic()
+        with contextlib.suppress(AttributeError, OSError):  # Linux: this thread alone (class docstring)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:
             same = ExecutableIdentity.of(self._expected.path) == self._expected
         except (OSError, InspectionError):
@@ -319,10 +325,11 @@ def inspect_executable(path: str | os.PathLike[str], *, timeout: float = 30.0) -
     ``--help`` and ``--version`` run while the executable is hashed, and all of it finishes
     before a caller spawns the server (docs/operations.md, "Start-up"); the file's status is
     checked around the inspection. A repeated call for an unchanged file (same status) returns
-    the same :class:`BinaryInfo` without hashing again;
-    :class:`~werk_llamacpp.process.LlamaServerProcess` still checks the full hash once the
-    server is ready. Raises :class:`InspectionError` when ``--help`` fails, advertises no
-    flags, or the file changes during inspection.
+    the same :class:`BinaryInfo` without hashing again, in this process and in later ones (the
+    inspection is remembered under the user cache by the file's status:
+    :func:`werk_host.plugin.remembered_by_status`); :class:`ExecutableCheck` still hashes the
+    whole file once a server it started is ready. Raises :class:`InspectionError` when
+    ``--help`` fails, advertises no flags, or the file changes during inspection.
     """
     real = Path(path).resolve(strict=True)
     before = _status(real)
@@ -330,6 +337,32 @@ def inspect_executable(path: str | os.PathLike[str], *, timeout: float = 30.0) -
         known = _BY_STATUS.get(before)
     if known is not None:
         return known
+    seen = remembered_by_status(real, _INSPECTION, lambda _: _inspect(real, before, timeout), _is_inspection)
+    identity = ExecutableIdentity(real, before[3], before[4], seen["sha256"])
+    info = BinaryInfo(
+        identity=identity,
+        help_text=seen["help"],
+        help_sha256=seen["help_sha256"],
+        version_text=seen["version"],
+        flags=parse_help_flags(seen["help"]),
+    )
+    with _CACHE_LOCK:
+        info = _CACHE.setdefault(identity, info)
+        _BY_STATUS[before] = info
+        return info
+
+
+#: What :func:`inspect_executable` remembers by the file's status (a JSON object of strings).
+_INSPECTION = "llama-server-inspection"
+_INSPECTION_KEYS = ("sha256", "help", "help_sha256", "version")
+
+
+def _is_inspection(value: object) -> TypeGuard[dict[str, str]]:
+    return isinstance(value, dict) and all(isinstance(value.get(key), str) for key in _INSPECTION_KEYS)
+
+
+def _inspect(real: Path, before: tuple[Path, int, int, int, int, int], timeout: float) -> dict[str, str]:
+    """Hash ``real`` while running its ``--help`` and ``--version``; its status must not move."""
     hashed: list[ExecutableIdentity | BaseException] = []
 
     def fingerprint() -> None:
@@ -361,14 +394,9 @@ def inspect_executable(path: str | os.PathLike[str], *, timeout: float = 30.0) -
         raise InspectionError(f"{identity.path} changed during inspection") from exc
     if after != before or (after[3], after[4]) != (identity.size, identity.mtime_ns):
         raise InspectionError(f"{identity.path} changed during inspection")
-    info = BinaryInfo(
-        identity=identity,
-        help_text=help_text,
-        help_sha256=hashlib.sha256(help_out).hexdigest(),
-        version_text=version_out.decode("utf-8", errors="replace").strip(),
-        flags=flags,
-    )
-    with _CACHE_LOCK:
-        info = _CACHE.setdefault(identity, info)
-        _BY_STATUS[after] = info
-        return info
+    return {
+        "sha256": identity.sha256,
+        "help": help_text,
+        "help_sha256": hashlib.sha256(help_out).hexdigest(),
+        "version": version_out.decode("utf-8", errors="replace").strip(),
+    }

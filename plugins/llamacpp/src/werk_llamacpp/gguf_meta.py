@@ -99,18 +99,19 @@ def _string(f: BinaryIO) -> str:
 def _skip_strings(f: BinaryIO, count: int) -> None:
     """Skip ``count`` length-prefixed strings: their lengths are walked in read-ahead blocks,
     and what was read beyond the last one is given back (the file is left just after it)."""
-    block, at = b"", 0
+    block, at, end = b"", 0, 0
+    length = _U64.unpack_from  # the walk is a vocabulary long: ~50,000 strings for SmolLM2
     for _ in range(count):
-        if len(block) - at < 8:
+        if end - at < 8:
             block = block[at:] + f.read(_BLOCK)
-            at = 0
-            if len(block) < 8:
+            at, end = 0, len(block)
+            if end < 8:
                 raise GgufError("the file ends inside the GGUF header")
-        at += 8 + _U64.unpack_from(block, at)[0]
-        if at > len(block):  # a string longer than what was read ahead
-            f.seek(at - len(block), 1)
-            block, at = b"", 0
-    f.seek(at - len(block), 1)
+        at += 8 + length(block, at)[0]
+        if at > end:  # a string longer than what was read ahead
+            f.seek(at - end, 1)
+            block, at, end = b"", 0, 0
+    f.seek(at - end, 1)
 
 
 def _skip_array(f: BinaryIO) -> None:
