@@ -102,6 +102,30 @@ def test_a_header_is_read_once_per_file_status(
     assert len(reads) == 2
 
 
+def test_a_later_process_is_given_the_header_remembered_by_the_file_status(
+    long_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later start (nothing in memory) of an unchanged file does not walk its header again:
+    the reading is remembered under the user cache by the file's status; a changed file is read."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(long_model.read_bytes())
+    reads: list[str] = []
+    real = gguf_meta._read_header
+
+    def counting(path: str) -> dict[str, gguf_meta.Value]:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(gguf_meta, "_read_header", counting)
+    first = read_metadata(copy)
+    gguf_meta._READ.clear()  # as in a new process
+    assert read_metadata(copy) == first and len(reads) == 1
+    generate_model(copy, dim=64, layers=4, heads=4, kv_heads=2, ctx=8192)
+    gguf_meta._READ.clear()
+    assert read_metadata(copy)["llama.context_length"] == 8192 and len(reads) == 2
+
+
 @pytest.mark.llamaserver
 def test_an_instance_without_ctx_serves_the_trained_context(
     tmp_path: Path, llama_server_path: Path, smollm2_gguf: Path

@@ -6,8 +6,9 @@ vocabulary is an array of tens of thousands of strings, skipped by walking their
 read-ahead blocks; nothing here needs it). It never loads ``gguf``/numpy, so ``werk serve`` pays
 a few milliseconds for it, not an import, and once per file: a process that asks again about an
 unchanged file (same device, inode, size, mtime and ctime; the memory estimate, the default
-context and the partial-cache check all read it) gets the first reading (docs/operations.md,
-"Start-up").
+context and the partial-cache check all read it) gets the first reading, and a later process
+the reading remembered under the user cache by the same status
+(:func:`werk_host.plugin.remembered_by_status`; docs/operations.md, "Start-up").
 
 :func:`default_context` is the per-slot context a llama.cpp instance gets when its profile
 names no ``ctx`` (docs/deployments.md, "llama.cpp options"): the model's trained context
@@ -30,7 +31,9 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, TypeGuard
+
+from werk_host.plugin import remembered_by_status
 
 __all__ = [
     "KV_MEMORY_SHARE",
@@ -138,12 +141,23 @@ def read_metadata(path: Path) -> dict[str, Value]:
         known = _READ.get(status)
     if known is not None:
         return dict(known)
-    found = _read_header(real)
+    found = remembered_by_status(Path(real), _HEADER, lambda file: _read_header(str(file)), _is_header)
     with _READ_LOCK:
         if len(_READ) >= _READ_MAX:
             _READ.pop(next(iter(_READ)))
         _READ[status] = found
     return dict(found)
+
+
+#: What :func:`read_metadata` remembers by the file's status across processes.
+_HEADER: Final = "gguf-header"
+
+
+def _is_header(value: object) -> TypeGuard[dict[str, Value]]:
+    return isinstance(value, dict) and all(
+        isinstance(key, str) and (item is None or isinstance(item, int | float | bool | str))
+        for key, item in value.items()
+    )
 
 
 def _read_header(path: str) -> dict[str, Value]:
