@@ -100,7 +100,7 @@ def remembered_sha256(path: Path) -> str:
 
 
 def _remember(file: Path, key: str, status: list[int], value: object) -> None:
-    import tempfile  # imported before the first spawn, which this never precedes (docs/operations.md)
+    import tempfile  # this module is imported before a start's first spawn; tempfile is not (docs/operations.md)
 
     with _LOCK:
         try:

@@ -117,21 +117,29 @@ def test_help_is_inspected_once_per_identity(tmp_path: Path) -> None:
     assert calls(fake) == ["--help", "--version", "--help", "--version"]
 
 
+@pytest.fixture
+def hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The executables hashed from now on, with nothing inspected in memory and a user cache of
+    the test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    binary.clear_inspection_cache()
+    seen: list[Path] = []
+
+    def counting(path: str | os.PathLike[str]) -> str:
+        seen.append(Path(path))
+        return sha256_file(path)
+
+    monkeypatch.setattr(binary, "sha256_file", counting)
+    return seen
+
+
 def test_a_repeated_inspection_of_an_unchanged_executable_is_not_hashed_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, hashed: list[Path]
 ) -> None:
     """Each start asks for the inspection several times (its arguments, then the spawn): the
     executable is hashed once while it is unchanged, and again once its status changes
     (docs/operations.md, "Start-up")."""
-    binary.clear_inspection_cache()
     fake = write_fake_server(tmp_path)
-    hashed: list[Path] = []
-
-    def counting(path: str | os.PathLike[str]) -> str:
-        hashed.append(Path(path))
-        return sha256_file(path)
-
-    monkeypatch.setattr(binary, "sha256_file", counting)
     first = inspect_executable(fake)
     assert all(inspect_executable(fake) is first for _ in range(4))
     assert len(hashed) == 1
@@ -143,21 +151,12 @@ def test_a_repeated_inspection_of_an_unchanged_executable_is_not_hashed_again(
 
 
 def test_an_inspection_is_remembered_for_later_processes_while_the_file_is_unchanged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, hashed: list[Path]
 ) -> None:
     """A later start (a new process: nothing in memory) of the unchanged executable neither runs
     it nor hashes it: its inspection is remembered under the user cache by the file's status
     (docs/operations.md, "Start-up"). A changed file is inspected again."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    binary.clear_inspection_cache()
     fake = write_fake_server(tmp_path)
-    hashed: list[Path] = []
-
-    def counting(path: str | os.PathLike[str]) -> str:
-        hashed.append(Path(path))
-        return sha256_file(path)
-
-    monkeypatch.setattr(binary, "sha256_file", counting)
     first = inspect_executable(fake)
     binary.clear_inspection_cache()  # as in a new process
     again = inspect_executable(fake)
@@ -202,3 +201,20 @@ def test_real_binary_help(llama_server_path: Path) -> None:
     assert "version" in info.version_text
     with pytest.raises(UnadvertisedFlagError):
         info.verify_flags(["--definitely-not-a-llama-flag"])
+
+
+def test_an_executable_check_that_cannot_finish_turns_persistence_off_instead_of_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slot saves and restores wait for the check after readiness: one that ends early, however
+    it ends, answers with persistence off, never with a wait that does not end."""
+    fake = write_fake_server(tmp_path)
+    expected = binary.ExecutableIdentity.of(fake)
+    assert binary.ExecutableCheck(expected).failure() is None  # unchanged: persistence stays on
+
+    def broken(path: str | os.PathLike[str]) -> binary.ExecutableIdentity:
+        raise RuntimeError("a bug in the check")
+
+    monkeypatch.setattr(binary.ExecutableIdentity, "of", broken)
+    reason = binary.ExecutableCheck(expected).failure()
+    assert reason is not None and "native persistence is off" in reason

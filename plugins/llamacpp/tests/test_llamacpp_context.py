@@ -77,53 +77,49 @@ def test_default_context_is_the_trained_one_where_memory_allows(long_model: Path
     assert default_context(garbage, 2, 64 * GIB) == MIN_SLOT_CONTEXT
 
 
-def test_a_header_is_read_once_per_file_status(
-    long_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def header_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files whose GGUF header was walked from now on (a user cache of the test's own)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reads: list[str] = []
+    real = gguf_meta._read_header
+
+    def counting(path: str) -> dict[str, gguf_meta.Value]:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(gguf_meta, "_read_header", counting)
+    return reads
+
+
+def test_a_header_is_read_once_per_file_status(long_model: Path, tmp_path: Path, header_reads: list[str]) -> None:
     """The memory estimate, the default context and the partial-cache check each ask for the
     header as an instance starts: an unchanged file is read once, a changed one again."""
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(long_model.read_bytes())
-    reads: list[str] = []
-    real = gguf_meta._read_header
-
-    def counting(path: str) -> dict[str, gguf_meta.Value]:
-        reads.append(path)
-        return real(path)
-
-    monkeypatch.setattr(gguf_meta, "_read_header", counting)
     first = read_metadata(copy)
     first["llama.context_length"] = 1  # a caller's copy: the reading it came from is unchanged
     assert read_metadata(copy)["llama.context_length"] == 16384
     assert default_context(copy, 2, 64 * GIB) == 16384
-    assert len(reads) == 1
+    assert len(header_reads) == 1
     generate_model(copy, dim=64, layers=4, heads=4, kv_heads=2, ctx=8192)
     assert read_metadata(copy)["llama.context_length"] == 8192
-    assert len(reads) == 2
+    assert len(header_reads) == 2
 
 
 def test_a_later_process_is_given_the_header_remembered_by_the_file_status(
-    long_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    long_model: Path, tmp_path: Path, header_reads: list[str]
 ) -> None:
     """A later start (nothing in memory) of an unchanged file does not walk its header again:
     the reading is remembered under the user cache by the file's status; a changed file is read."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(long_model.read_bytes())
-    reads: list[str] = []
-    real = gguf_meta._read_header
-
-    def counting(path: str) -> dict[str, gguf_meta.Value]:
-        reads.append(path)
-        return real(path)
-
-    monkeypatch.setattr(gguf_meta, "_read_header", counting)
     first = read_metadata(copy)
     gguf_meta._READ.clear()  # as in a new process
-    assert read_metadata(copy) == first and len(reads) == 1
+    assert read_metadata(copy) == first and len(header_reads) == 1
     generate_model(copy, dim=64, layers=4, heads=4, kv_heads=2, ctx=8192)
     gguf_meta._READ.clear()
-    assert read_metadata(copy)["llama.context_length"] == 8192 and len(reads) == 2
+    assert read_metadata(copy)["llama.context_length"] == 8192 and len(header_reads) == 2
 
 
 @pytest.mark.llamaserver

@@ -184,23 +184,28 @@ class ExecutableCheck:
 
     def _run(self) -> None:
         started = time.monotonic()
-        with contextlib.suppress(AttributeError, OSError):  # Linux: this thread alone (class docstring)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        same = False  # whatever ends the check early leaves persistence off, never waiting
         try:
+            with contextlib.suppress(AttributeError, OSError):  # Linux: this thread alone (class docstring)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             same = ExecutableIdentity.of(self._expected.path) == self._expected
         except (OSError, InspectionError):
-            same = False
-        if not same:
-            self._failure = (
-                "llama-server's executable changed after it was inspected; native persistence is off for this process"
+            pass
+        except Exception:
+            log.exception("the executable check after readiness failed")
+        finally:
+            if not same:
+                self._failure = (
+                    "llama-server's executable changed after it was inspected; "
+                    "native persistence is off for this process"
+                )
+                log.warning("%s", self._failure)
+            log.info(
+                "final executable validation: %s in %.3f s",
+                "unchanged" if same else "changed",
+                time.monotonic() - started,
             )
-            log.warning("%s", self._failure)
-        log.info(
-            "final executable validation: %s in %.3f s",
-            "changed" if self._failure else "unchanged",
-            time.monotonic() - started,
-        )
-        self._done.set()
+            self._done.set()
 
     def failure(self, *, wait: bool = True) -> str | None:
         """Why native persistence is off for the child; ``None`` once the check passed, or while
