@@ -2,8 +2,8 @@
 actions") over the reference backend on a real waitress server: ``max_loaded`` unloads the least
 recently used idle instance, never a pinned one (and refuses with the reason when only pinned
 ones hold the room), ``swap`` groups keep one member loaded, ``exclusive`` groups unload what is
-outside them except ``persistent`` members, an instance with live handoffs is waited for, not
-unloaded; operator actions load, unload, pin and unpin (a client key gets 403 in the protocol's
+outside them except ``persistent`` members, an instance with live handoffs is waited for at most
+``handoff_wait``, then unloaded with its handoffs expired (410); operator actions load, unload, pin and unpin (a client key gets 403 in the protocol's
 shape); log tails hold no path, key or pid; ``/v1/models`` and ``/api/ps`` show the status.
 The instances' lifecycles are observed through the same routes operators use.
 """
@@ -33,7 +33,8 @@ def _serve(tmp_path: Path, profile: str, **config: Any) -> Generator[tuple[Host,
     home.mkdir()
     path = tmp_path / "deployments.toml"
     path.write_text(profile)
-    host, _ = backend_host(home, profile=path, api_keys=(CLIENT,), operator_api_keys=(OPERATOR,), **config)
+    config.setdefault("api_keys", (CLIENT,))
+    host, _ = backend_host(home, profile=path, operator_api_keys=(OPERATOR,), **config)
     with running(host) as url:
         yield host, url
 
@@ -155,6 +156,34 @@ def test_an_instance_with_a_live_handoff_is_waited_for_then_the_wait_ends_in_503
     _ok(api.post("/werk/v1/decode", {"handoff": handoff, "max_tokens": 2, "allow_experimental": True}))
     _ok(_chat(api, "b"))  # the handoff is redeemed: a is idle and goes
     assert _states(api) == {"a": "cold", "b": "ready", "c": "cold"}
+
+
+OTHER = "sk-werk-residency-other-client-0123456789"
+
+
+def test_past_handoff_wait_another_key_swaps_the_instance_and_the_idle_handoff_expires(serve: Any) -> None:
+    """Key A's unredeemed handoff keeps instance a loaded for ``handoff_wait`` only: key B's
+    request for b (same swap group) then unloads a, and A's decode answers 410."""
+    profile = (
+        THREE + '[group.pair]\nmembers = ["a", "b"]\nswap = true\n[residency]\nload_timeout = 30\nhandoff_wait = "1s"\n'
+    )
+    host, url = serve(profile, api_keys=(CLIENT, OTHER))
+    owner, other = Api(url, CLIENT), Api(url, OTHER)
+    body = {"model_id": "tiny", "input": {"type": "text", "text": "kept"}, "allow_experimental": True}
+    handoff = _ok(owner.post("/werk/v1/prefill", {**body, "policy": {"mode": "ephemeral"}}))["data"]["handoff"]
+    assert host.service.handoffs.live_count() == 1
+    _ok(_chat(other, "b"))  # waits handoff_wait (1 s), not load_timeout (30 s)
+    assert _states(owner) == {"a": "cold", "b": "ready", "c": "cold"}
+    assert host.service.handoffs.live_count() == 0  # expired with the process, not left to count
+    status, answer = owner.post("/werk/v1/decode", {"handoff": handoff, "max_tokens": 2, "allow_experimental": True})
+    assert status == 410 and answer["error"]["code"] == "expired_handoff", answer
+
+
+def test_handoff_wait_is_checked_in_the_profile() -> None:
+    with pytest.raises(ProfileError, match="handoff_wait"):
+        parse_profile(THREE + '[residency]\nhandoff_wait = "soon"\n', source="p.toml", known_model=lambda _name: True)
+    text = THREE + '[residency]\nhandoff_wait = "2s"\n'
+    assert parse_profile(text, source="p.toml", known_model=lambda _name: True).residency.handoff_wait_s == 2.0
 
 
 def _raw_chat(url: str, path: str, model: str) -> tuple[int, dict[str, str], Any]:

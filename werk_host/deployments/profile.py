@@ -303,12 +303,12 @@ class _Checker:
 
     def residency(self, data: dict[str, object], ids: Mapping[str, int]) -> ResidencyRules:
         """``[residency]`` and ``[group.NAME]`` (werk_host/deployments/rules.py)."""
-        max_loaded, timeout, queue, notice = parse_residency(self.fail, data.get("residency", {}))
+        max_loaded, timeout, queue, notice, handoff_wait = parse_residency(self.fail, data.get("residency", {}))
         groups = parse_groups(self.fail, data.get("group", {}), ids)
         for name in groups:
             if not ID_RE.fullmatch(name) or name in ids:
                 self.fail(("group", name), f"{_quote(name)} is not a valid group name ({_ID_RULE}, not an instance id)")
-        return ResidencyRules(max_loaded, timeout, queue, groups, loading_notice=notice)
+        return ResidencyRules(max_loaded, timeout, queue, groups, loading_notice=notice, handoff_wait_s=handoff_wait)
 
     def instance(self, index: int, raw: object) -> InstanceSpec:
         at: _DocPath = ("instance", index)

@@ -135,6 +135,7 @@ class DeploymentSet:
         config: HostConfig,
         *,
         live_handoffs: Callable[[Instance], bool] = lambda _instance: False,
+        expire_handoffs: Callable[[str], int] = lambda _identity: 0,
         on_ready: Callable[[Instance, Adapter], None] | None = None,
         memory: MemoryManager | None = None,
     ) -> None:
@@ -144,7 +145,10 @@ class DeploymentSet:
         factories = plugins.adapter_factories(config)
         #: admission of every start (docs/deployments.md, "Residency limits")
         self.residency = Residency(
-            profile.residency.with_max_loaded(config.max_loaded), live_handoffs=live_handoffs, memory=memory
+            profile.residency.with_max_loaded(config.max_loaded),
+            live_handoffs=live_handoffs,
+            expire_handoffs=expire_handoffs,
+            memory=memory,
         )
         self._hooks = BackendHooks(plugins)
         self.instances: dict[str, Instance] = {}

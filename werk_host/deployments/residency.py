@@ -10,8 +10,11 @@ Contract (docs/deployments.md, "Residency limits", "Eviction order", "Memory est
   group's ``max_loaded``, the host-wide ``max_loaded`` and the memory the instance needs.
   "Loaded" is ready, stopping, or admitted and still starting.
 * Never unloaded to make room: a pinned instance, a member of a ``persistent`` group (for an
-  instance outside that group), an instance with requests in flight or live handoffs (it is
-  waited for), an instance still starting (waited for). The plan runs only when every instance
+  instance outside that group), an instance with requests in flight (it is waited for), an
+  instance still starting (waited for). An instance kept only by live, unredeemed handoffs is
+  waited for at most ``handoff_wait``; then it is unloaded all the same and those handoffs
+  expire (a decode answers 410, as after any restart), so no key holds an instance resident
+  with a handoff it never redeems. The plan runs only when every instance
   it unloads is idle; until then the request waits, at most ``load_timeout``, then gets a
   retryable 503 with ``Retry-After``. When no wait can help (every candidate pinned or
   protected, or the memory is not there even with them all unloaded) the start is refused at
@@ -75,12 +78,15 @@ class Residency:
         rules: ResidencyRules,
         *,
         live_handoffs: Callable[[Instance], bool] = lambda _instance: False,
+        expire_handoffs: Callable[[str], int] = lambda _identity: 0,
         memory: MemoryManager | None = None,
     ) -> None:
         self.rules = rules
         self.load_timeout_s = rules.load_timeout_s
         self.instances: Mapping[str, Instance] = {}
         self._live_handoffs = live_handoffs
+        #: drops the live handoffs of one adapter identity (an unloaded process), returns how many
+        self._expire_handoffs = expire_handoffs
         #: the host's memory telemetry (the one ``/werk/v1/memory`` reports)
         self.memory = memory or MemoryManager(HostMemorySource(), NvmlAcceleratorSource())
         self._cond = threading.Condition()
@@ -150,7 +156,9 @@ class Residency:
                     if not plan.unload:
                         self._admitted.add(instance.id)
                         return
-                    waiting_for = [v.id for v in plan.unload if not self._idle(v)]
+                    # past handoff_wait, live handoffs no longer keep an instance loaded
+                    overrule = time.monotonic() - began >= self.rules.handoff_wait_s
+                    waiting_for = [v.id for v in plan.unload if not self._idle(v, overrule)]
                     if waiting_for:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
@@ -159,22 +167,35 @@ class Residency:
                         self._cond.wait(min(remaining, RECHECK_S))
                         continue
                 for victim in plan.unload:  # outside the lock: a stop takes as long as the backend's close
-                    victim.stop(f"unloaded to load {instance.id} ({plan.why})", keep=self._keeper(victim))
+                    self._unload(victim, f"unloaded to load {instance.id} ({plan.why})", overrule)
         finally:
             self.dequeue()
 
+    def _unload(self, victim: Instance, why: str, overrule: bool) -> None:
+        """Stop ``victim`` unless a request (or, before ``handoff_wait`` passed, a handoff)
+        arrived since the plan was made (asked under the victim's lock by :meth:`Instance.stop`);
+        with ``overrule``, the handoffs of the process it stopped expire."""
+        adapter = victim.peek()
+        identity = adapter.identity() if adapter is not None else None
+        held = self._live_handoffs(victim)
+        if not victim.stop(why, keep=lambda: victim.in_flight > 0 or (not overrule and self._live_handoffs(victim))):
+            return
+        if overrule and held and identity is not None:
+            expired = self._expire_handoffs(identity)
+            log.info(
+                "instance %s: %d live handoffs expired after handoff_wait %g s",
+                victim.id,
+                expired,
+                self.rules.handoff_wait_s,
+            )
+
     # -- planning -------------------------------------------------------------------------
-    def _keeper(self, victim: Instance) -> Callable[[], bool]:
-        """What :meth:`Instance.stop` asks under the victim's lock: keep it when a request or a
-        handoff arrived since the plan was made."""
-        return lambda: self._busy(victim)
-
-    def _busy(self, instance: Instance) -> bool:
-        return instance.in_flight > 0 or self._live_handoffs(instance)
-
-    def _idle(self, instance: Instance) -> bool:
+    def _idle(self, instance: Instance, overrule: bool = False) -> bool:
+        """Ready with nothing in flight and (unless ``overrule``: handoff_wait passed) no live handoff."""
         view = instance.view()
-        return view.state is InstanceStateName.READY and view.in_flight == 0 and not self._live_handoffs(instance)
+        if view.state is not InstanceStateName.READY or view.in_flight != 0:
+            return False
+        return overrule or not self._live_handoffs(instance)
 
     def _plan(self, instance: Instance) -> _Plan:
         views = {i.id: i.view() for i in self.instances.values()}

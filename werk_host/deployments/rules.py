@@ -12,7 +12,10 @@ profile checker's ``fail(path, detail)`` with the file, line and field, never ig
   default 32, more are refused at once), ``loading_notice`` (``true``: a streamed chat request
   that starts a load gets a loading notice in its stream while the instance starts, the way
   llama-swap's ``sendLoadingState`` does; default ``false``; an instance's own
-  ``loading_notice`` overrides it; docs/deployments.md, "Loading notice").
+  ``loading_notice`` overrides it; docs/deployments.md, "Loading notice"), ``handoff_wait``
+  (how long a start waits for an instance that only live, unredeemed handoffs keep loaded
+  before it unloads it anyway and those handoffs expire, answering 410; default 10s;
+  docs/deployments.md, "Eviction order").
 * ``[group.NAME]``: ``members`` (instance ids, each in at most one group), ``swap`` (at most one
   member loaded: loading one unloads the others), ``exclusive`` (loading a member unloads every
   loaded instance outside the group that is not pinned or persistent), ``persistent`` (members
@@ -32,12 +35,14 @@ from typing import NoReturn
 from werk_host.deployments.durations import DURATION_HINT, MAX_DURATION_S, parse_duration
 
 #: ``[residency]`` keys.
-RESIDENCY_KEYS = ("max_loaded", "load_timeout", "load_queue", "loading_notice")
+RESIDENCY_KEYS = ("max_loaded", "load_timeout", "load_queue", "loading_notice", "handoff_wait")
 #: ``[group.NAME]`` keys.
 GROUP_KEYS = ("members", "swap", "exclusive", "persistent", "max_loaded")
 #: Defaults of ``[residency]``.
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_LOAD_QUEUE = 32
+#: How long a start waits for idle handoffs before it unloads their instance anyway.
+DEFAULT_HANDOFF_WAIT_S = 10.0
 #: The largest ``max_loaded`` / ``load_queue`` a profile may give.
 MAX_COUNT = 4096
 
@@ -73,6 +78,8 @@ class ResidencyRules:
     groups: Mapping[str, GroupSpec] = field(default_factory=lambda: MappingProxyType({}))
     #: streamed chat requests that start a load get a loading notice (an instance may override)
     loading_notice: bool = False
+    #: how long a start waits for an instance kept only by live handoffs (then they expire)
+    handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
@@ -101,8 +108,8 @@ def _flag(fail: Fail, at: DocPath, value: object) -> bool:
     return value
 
 
-def parse_residency(fail: Fail, value: object) -> tuple[int | None, float, int, bool]:
-    """``[residency]``: ``(max_loaded, load_timeout_s, load_queue, loading_notice)``."""
+def parse_residency(fail: Fail, value: object) -> tuple[int | None, float, int, bool, float]:
+    """``[residency]``: ``(max_loaded, load_timeout_s, load_queue, loading_notice, handoff_wait_s)``."""
     if not isinstance(value, dict):
         fail(("residency",), "must be a table ([residency])")
     for key in value:
@@ -111,11 +118,13 @@ def parse_residency(fail: Fail, value: object) -> tuple[int | None, float, int, 
     max_loaded = _count(fail, ("residency", "max_loaded"), value["max_loaded"]) if "max_loaded" in value else None
     queue = _count(fail, ("residency", "load_queue"), value.get("load_queue", DEFAULT_LOAD_QUEUE))
     notice = _flag(fail, ("residency", "loading_notice"), value.get("loading_notice", False))
-    return max_loaded, _timeout(fail, value.get("load_timeout", DEFAULT_LOAD_TIMEOUT_S)), queue, notice
+    timeout = _timeout(fail, "load_timeout", value.get("load_timeout", DEFAULT_LOAD_TIMEOUT_S))
+    handoff_wait = _timeout(fail, "handoff_wait", value.get("handoff_wait", DEFAULT_HANDOFF_WAIT_S))
+    return max_loaded, timeout, queue, notice, handoff_wait
 
 
-def _timeout(fail: Fail, raw: object) -> float:
-    at: DocPath = ("residency", "load_timeout")
+def _timeout(fail: Fail, key: str, raw: object) -> float:
+    at: DocPath = ("residency", key)
     if isinstance(raw, str):
         try:
             seconds = parse_duration(raw)

@@ -46,6 +46,9 @@ class Fleet:
         #: live handoffs bound to an adapter identity (set by the control service that issues
         #: them); residency never unloads an instance that has any (docs/deployments.md)
         self.live_handoffs: Callable[[str], int] = lambda _identity: 0
+        #: drops the live handoffs bound to an adapter identity (set with ``live_handoffs``):
+        #: past ``handoff_wait`` residency unloads an instance anyway and they expire
+        self.expire_handoffs: Callable[[str], int] = lambda _identity: 0
         #: told when an instance became ready (set by the control service: its prompt caches
         #: warm the new process's slot, docs/prompt-cache.md)
         self.on_ready: Callable[[str, Adapter], None] = lambda _label, _adapter: None
@@ -65,6 +68,7 @@ class Fleet:
             self.plugins,
             self.config,
             live_handoffs=self._has_live_handoffs,
+            expire_handoffs=lambda identity: self.expire_handoffs(identity),
             on_ready=lambda instance, adapter: self.on_ready(instance.id, adapter),
             memory=self.memory,
         )

@@ -179,6 +179,17 @@ class HandoffRegistry:
         self._notify(expired)
         return live
 
+    def expire_for(self, adapter_identity: str) -> int:
+        """Expire every live handoff bound to ``adapter_identity`` (its instance was unloaded
+        past ``handoff_wait``, docs/deployments.md, "Eviction order"): a later decode answers
+        ``expired_handoff``; returns how many expired."""
+        with self._lock:
+            expired = self._purge_expired()
+            gone = [key for key, rec in self._live.items() if rec.adapter_identity == adapter_identity]
+            dropped = [self._live.pop(key) for key in gone]
+        self._notify(expired + dropped)
+        return len(dropped)
+
     def live_count(self) -> int:
         """Live (issued, unexpired, unredeemed) handoffs in total; reserved slots not included."""
         with self._lock:

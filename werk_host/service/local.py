@@ -133,7 +133,9 @@ class LocalControlService(PromptCacheOperations):
         self.memory_manager = memory
         fleet.memory = memory  # residency admits starts against the same telemetry
         self.handoffs = handoffs or HandoffRegistry(on_expire=self._release_expired_handle)
-        fleet.live_handoffs = self.handoffs.live_for  # residency never unloads an instance with live ones
+        # residency waits handoff_wait for an instance with live ones, then they expire
+        fleet.live_handoffs = self.handoffs.live_for
+        fleet.expire_handoffs = self.handoffs.expire_for
         self.cursors = CursorCodec(cursor_secret)
         self.chat_stats = ChatStats()
         #: automatic prompt caches of ordinary requests, which the inference service serves
