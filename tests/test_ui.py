@@ -192,29 +192,13 @@ CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 
 
-def _llama_server() -> str | None:
-    found = os.environ.get("WERK_LLAMA_SERVER")
-    if found and os.access(found, os.X_OK):
-        return found
-    try:
-        from werk_llamacpp.binary import LlamaServerNotFound, find_llama_server
-    except ImportError:
-        return None
-    try:
-        return str(find_llama_server(use_path=False))
-    except LlamaServerNotFound:
-        return None
-
-
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def live(tmp_path_factory: pytest.TempPathFactory, llama_server: str) -> Iterator[str]:
     """One ``werk serve`` with two llama.cpp instances of the tiny GGUF: ``tiny`` (preloaded)
     and ``spare`` (cold); a client key and an operator key. Each request gets the model's
     trained context, 4,096 tokens (docs/deployments.md, "llama.cpp options"): room for the prompt-cache
     test's prompt of over 1,024 tokens."""
-    binary = _llama_server()
-    if binary is None:
-        pytest.skip("no llama-server binary: set WERK_LLAMA_SERVER or run scripts/build-llama-server.sh")
+    binary = llama_server
     testmodel = pytest.importorskip("werk_llamacpp.testing.testmodel", reason="the llama.cpp plugin is not installed")
     base = tmp_path_factory.mktemp("ui")
     model = testmodel.generate_model(base / "tiny.gguf")

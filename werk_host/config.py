@@ -99,6 +99,10 @@ class HostConfig:
     operator_api_keys: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 11434
+    #: ``--allowed-hosts`` / ``--allowed-origins``: more ``Host`` names and cross origins a
+    #: browser may use (docs/operations.md, "Browser safety"; werk_host/http/browser.py)
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     limits: ServerLimits = field(default_factory=ServerLimits)
     #: The model to serve (``--model``); more with ``models``. Each is one instance (id = model name).
     model: str | None = None

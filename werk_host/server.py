@@ -64,6 +64,7 @@ def _close(fleet: Fleet, service: LocalControlService) -> None:
 
 
 def _build_app(
+    config: HostConfig,
     service: LocalControlService,
     auth: Authenticator,
     inference: InferenceService,
@@ -77,8 +78,10 @@ def _build_app(
     (docs/operations.md, "Start-up"). Its OpenAPI document is made when first asked for."""
     SPAWNS.wait_past(after, deployed)
     from werk_host.http.app import create_app
+    from werk_host.http.browser import BrowserPolicy
 
-    return create_app(service, auth, openapi=_openapi, inference=inference, fleet=fleet)
+    browser = BrowserPolicy(config.host, config.allowed_hosts, config.allowed_origins)
+    return create_app(service, auth, openapi=_openapi, inference=inference, fleet=fleet, browser=browser)
 
 
 def _openapi() -> dict[str, Any]:
@@ -123,7 +126,7 @@ def build_host(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="werk-app") as builder:
         # a child prestarted from the remembered launch is already loading its model
         after = SPAWNS.count - launch.loading()
-        app = builder.submit(_build_app, service, auth, inference, fleet, after=after, deployed=deployed)
+        app = builder.submit(_build_app, config, service, auth, inference, fleet, after=after, deployed=deployed)
         try:
             try:
                 profile = profile_for(config)

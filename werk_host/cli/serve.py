@@ -139,6 +139,12 @@ def collect_operator_keys(args: argparse.Namespace, environ: dict[str, str]) -> 
     return _keys_from(environ, "WERK_OPERATOR_API_KEYS", args.operator_api_key_file)
 
 
+def _listed(values: list[str] | None, environ: dict[str, str], name: str) -> tuple[str, ...]:
+    """Comma-separated items of every ``values`` option and of the environment variable ``name``."""
+    texts = [*(values or ()), environ.get(name, "")]
+    return tuple(dict.fromkeys(item.strip() for text in texts for item in text.split(",") if item.strip()))
+
+
 def persistence_defaults(args: argparse.Namespace) -> PersistenceDefaults | None:
     granular = (args.persistence_mode, args.persistence_reuse, args.persistence_ttl_seconds)
     if not (args.persistence or args.persistence_pin or any(v is not None for v in granular)):
@@ -179,6 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         operator_api_keys=operator_keys,
         host=host,
         port=port,
+        allowed_hosts=_listed(args.allowed_hosts, dict(os.environ), "WERK_ALLOWED_HOSTS"),
+        allowed_origins=_listed(args.allowed_origins, dict(os.environ), "WERK_ALLOWED_ORIGINS"),
         limits=ServerLimits(
             threads=args.threads,
             connection_limit=args.connection_limit,
@@ -311,6 +319,8 @@ ENVIRONMENT = f"""environment:
   WERK_HOME                  where models, states and keys live (--home)
   WERK_API_KEYS              comma-separated API keys clients must send (with --api-key-file)
   WERK_OPERATOR_API_KEYS     comma-separated operator keys (with --operator-api-key-file)
+  WERK_ALLOWED_HOSTS         comma-separated Host names a browser may use (with --allowed-hosts)
+  WERK_ALLOWED_ORIGINS       comma-separated cross origins a browser may call from (with --allowed-origins)
 
 On start, werk serve prints its instances and ready-to-paste lines (curl, base URLs,
 werk run) on stderr; see docs/cli.md, "werk serve"."""
@@ -332,6 +342,20 @@ def register(sub: Any) -> None:
         "--port",
         type=_port,
         help=f"port to listen on (default: ${PORT_ENV}, else {DEFAULT_PORT}, which is also Ollama's; 0: any free port)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        action="append",
+        metavar="NAMES",
+        help="comma-separated Host names accepted besides localhost, loopback addresses, the bound address and "
+        "this machine's name; '*': any (default: none; docs/operations.md, \"Browser safety\")",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        action="append",
+        metavar="ORIGINS",
+        help="comma-separated origins whose pages may call this host, e.g. http://localhost:3000, patterns "
+        "like http://localhost:*, or '*' (default: none: only /ui, same-origin)",
     )
     limits = ServerLimits()
     p.add_argument("--threads", type=_positive, default=limits.threads, help="request worker threads")

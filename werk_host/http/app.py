@@ -12,10 +12,10 @@ import falcon
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http import anthropic, ollama, openai, responses, ui
+from werk_host.http.browser import BrowserPolicy
 from werk_host.http.errors import error_body, from_falcon, retry_after, status_for
 from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
-    BodyTooLarge,
     RequestMiddleware,
     is_anthropic_path,
     is_ollama_path,
@@ -33,7 +33,7 @@ log = logging.getLogger("werk_host.http")
 
 def _render_error(req: falcon.Request, resp: falcon.Response, error: WerkError) -> None:
     request_id = getattr(req.context, "request_id", None) or "req_unknown"
-    status = status_for(error, body_limit=isinstance(error, BodyTooLarge))
+    status = status_for(error)
     after = retry_after(error)
     if after is not None:  # docs/operations.md, "Inference concurrency"
         resp.set_header("Retry-After", str(after))
@@ -99,16 +99,19 @@ def create_app(
     openapi: Callable[[], dict[str, Any]],
     inference: Any | None = None,
     fleet: Fleet | None = None,
+    browser: BrowserPolicy | None = None,
 ) -> falcon.App[Any, Any]:
     """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given) and
     the document ``openapi()`` makes (:func:`werk_host.openapi.build_openapi`; the document module
     sits above this layer: it reads the routes), made once, when it is first asked for: most
     starts never serve it (docs/operations.md, "Where the start-up time goes"). With ``fleet``,
-    ``/werk/v1`` requests select their deployment instance (``X-Werk-Deployment``)."""
+    ``/werk/v1`` requests select their deployment instance (``X-Werk-Deployment``). ``browser``
+    is the browser-safety policy (default: a host bound to loopback with nothing more allowed;
+    docs/operations.md, "Browser safety")."""
     metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
         metrics.middleware,  # first, so that it sees every response (401s included)
-        RequestMiddleware(auth, fleet),
+        RequestMiddleware(auth, fleet, browser or BrowserPolicy("127.0.0.1")),
     ]
     app: falcon.App[Any, Any] = falcon.App(middleware=middleware, router=metrics.router)
     app.req_options.auto_parse_qs_csv = False

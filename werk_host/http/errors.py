@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 import falcon
 
@@ -29,6 +30,13 @@ STATUS: dict[ErrorCode, int] = {
 }
 
 
+class StatusError(WerkError):
+    """A :class:`WerkError` answered with its own HTTP status instead of its code's (the body
+    bound's 413, a media type's 415: werk_host/http/browser.py)."""
+
+    status: ClassVar[int]
+
+
 def error_body(error: WerkError) -> ErrorBody:
     """What a client may see of ``error``: code, redacted message, retryable, public details."""
     return ErrorBody(
@@ -46,10 +54,9 @@ def retry_after(error: WerkError) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def status_for(error: WerkError, *, body_limit: bool = False) -> int:
-    if body_limit:
-        return 413
-    return STATUS[error.code]
+def status_for(error: WerkError) -> int:
+    """The HTTP status of ``error``: its code's, unless it is a :class:`StatusError`."""
+    return error.status if isinstance(error, StatusError) else STATUS[error.code]
 
 
 def from_falcon(err: falcon.HTTPError) -> WerkError:

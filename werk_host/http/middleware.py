@@ -1,7 +1,8 @@
-"""Request-scoped middleware (:class:`RequestMiddleware`): request id, authentication,
-negotiation, deployment selection and the body bound.
+"""Request-scoped middleware (:class:`RequestMiddleware`): request id, browser safety,
+authentication, negotiation, deployment selection and the body bound.
 
-Order per request: request id → authentication (401) → protocol negotiation for
+Order per request: request id → browser safety (403 Host/Origin, 415 media type, CORS
+preflights answered: werk_host/http/browser.py) → authentication (401) → protocol negotiation for
 ``/werk/v1`` (406) → deployment selection for ``/werk/v1`` (400/404) → body bound on POST
 (413) → resource. Authentication and selection end in the request's
 :class:`~werk_host.service.scope.RequestScope` (``req.context.scope``), which resources pass
@@ -23,6 +24,8 @@ import falcon
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.http.browser import BrowserPolicy, respond
+from werk_host.http.errors import StatusError
 from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_VERSION
 from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Authenticator
@@ -52,8 +55,10 @@ def is_ollama_path(path: str) -> bool:
     return path == OLLAMA_PREFIX or path.startswith(OLLAMA_PREFIX + "/")
 
 
-class BodyTooLarge(WerkError):
+class BodyTooLarge(StatusError):
     """The fixed 1 MiB HTTP body limit (413, code ``resource_exhausted``)."""
+
+    status = 413
 
     def __init__(self) -> None:
         super().__init__(ErrorCode.RESOURCE_EXHAUSTED, "request body exceeds 1 MiB", retryable=False)
@@ -152,8 +157,11 @@ class RequestMiddleware:
     ``instance_id``; ``body``, every POST/PUT/PATCH body up to the 1 MiB bound (chunked bodies
     too; ``b""`` otherwise). ``/werk/v1`` responses carry the protocol headers."""
 
-    def __init__(self, auth: Authenticator, fleet: Fleet | None, limit: int = MAX_REQUEST_BYTES) -> None:
+    def __init__(
+        self, auth: Authenticator, fleet: Fleet | None, browser: BrowserPolicy, limit: int = MAX_REQUEST_BYTES
+    ) -> None:
         self._auth = auth
+        self._browser = browser
         self._fleet = fleet
         self._limit = limit
 
@@ -163,6 +171,8 @@ class RequestMiddleware:
         context.body = b""
         path = req.path
         protocol = context.protocol = is_protocol_path(path)
+        if self._browser.check(req, resp):
+            return  # an allowed preflight, answered
         if protocol or is_openai_path(path) or is_ollama_path(path) or path == "/metrics":
             principal = self._auth.authenticate(presented_key(req.env))
             if principal is None:
@@ -215,6 +225,7 @@ class RequestMiddleware:
         context = req.context
         if context.protocol:
             protocol_headers(resp, context.request_id)
+        respond(req, resp)
         scope = getattr(context, "scope", None)
         if scope is not None:
             scope.close()

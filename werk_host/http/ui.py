@@ -11,9 +11,10 @@ Contract:
   shows comes from the protocol's own routes, called by the page with the key the user typed
   (sent as ``Authorization: Bearer``, never in a URL), so a key sees exactly what the protocol
   lets it see.
-* Every answer carries a strict Content-Security-Policy (scripts, styles, connections only from
-  this origin; no inline script or style; no framing), ``X-Content-Type-Options: nosniff``,
-  ``Referrer-Policy: no-referrer`` and ``Cache-Control: no-cache``.
+* Every answer under ``/ui``, 404s included, carries a strict Content-Security-Policy
+  (scripts, styles, connections only from this origin; no inline script or style; no
+  framing), ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer`` and
+  ``Cache-Control: no-cache``: the middleware sets them (werk_host/http/browser.py).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _load_static() -> dict[str, tuple[str, bytes]]:
     return files
 
 
-def _security_headers(resp: falcon.Response) -> None:
+def security_headers(resp: falcon.Response) -> None:
     resp.set_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)
     resp.set_header("X-Content-Type-Options", "nosniff")
     resp.set_header("X-Frame-Options", "DENY")
@@ -71,7 +72,6 @@ class UiResource:
         self.files = _load_static()
 
     def _answer(self, resp: falcon.Response, name: str) -> None:
-        _security_headers(resp)
         found = self.files.get(name)
         if found is None:
             raise falcon.HTTPNotFound(description="no such file in the operator's page")

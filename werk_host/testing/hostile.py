@@ -413,18 +413,26 @@ def _structural_cases(route: Route) -> Iterable[Case]:
     for name, body in raw:
         refuse = route.template is not None and name not in accepted
         yield Case(f"{route.path} {name}", route, body, refuse=refuse)
-    for content_type in (
-        None,
-        "text/plain",
-        "application/x-www-form-urlencoded",
-        "multipart/form-data; boundary=x",
-        "application/json; charset=latin-1",
-        "application/json; charset=utf-16",
-        "*/*",
-        "application/json\x01",
+    # Only JSON media types pass (a page sends the others without a CORS preflight:
+    # docs/operations.md, "Browser safety"); no Content-Type at all is read as JSON.
+    for content_type, refuse in (
+        (None, False),
+        ("application/json; charset=utf-8", False),
+        ("text/plain", True),
+        ("text/plain;charset=UTF-8", True),
+        ("application/x-www-form-urlencoded", True),
+        ("multipart/form-data; boundary=x", True),
+        ("application/json; charset=latin-1", True),
+        ("application/json; charset=utf-16", True),
+        ("*/*", True),
+        ("application/json\x01", True),
     ):
-        yield Case(f"{route.path} content-type {content_type!r}", route, valid, content_type=content_type)
-    yield Case(f"{route.path} form body", route, b"model=x&messages=y", "application/x-www-form-urlencoded")
+        refuse = refuse and route.method == "POST"
+        yield Case(f"{route.path} content-type {content_type!r}", route, valid, content_type, refuse=refuse)
+    form = route.method == "POST"
+    yield Case(
+        f"{route.path} form body", route, b"model=x&messages=y", "application/x-www-form-urlencoded", refuse=form
+    )
     for query in ("?stream=true", "?model=%00", "?%ff=%fe", "?" + "a=1&" * 2000, "?beta=true&model=" + "x" * 4000):
         yield Case(f"{route.path} query {query[:30]!r}", route, valid if route.template else None, query=query)
 
