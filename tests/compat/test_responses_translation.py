@@ -155,8 +155,9 @@ def test_images_become_image_url_parts() -> None:
         {"type": "text", "text": "what?"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
     ]
-    result = _request(input=[{"type": "function_call_output", "call_id": "c", "output": [image]}])
-    assert chat_body(result)["messages"][0]["content"][0]["type"] == "image_url"
+    call = {"type": "function_call", "call_id": "c", "name": "look", "arguments": "{}"}
+    result = _request(input=[call, {"type": "function_call_output", "call_id": "c", "output": [image]}])
+    assert chat_body(result)["messages"][1]["content"][0]["type"] == "image_url"
     with pytest.raises(WerkError, match="cannot carry images"):
         chat_body(_request(input=[{"role": "developer", "content": [image]}, {"role": "user", "content": "x"}]))
 

@@ -276,7 +276,7 @@ def test_ollama_chat_becomes_the_openai_chat_body() -> None:
     }
     body = ollama.chat_body(_chat(options=options, format="json", think="low"))
     assert body == {
-        "model": "m",
+        "model": "m:latest",  # as sent: the deployments resolve the tag (docs/compat.md, "Ollama")
         "stream": True,
         "stream_options": {"include_usage": True},
         "max_tokens": 9,
@@ -290,7 +290,7 @@ def test_ollama_chat_becomes_the_openai_chat_body() -> None:
         "messages": [{"role": "user", "content": "hi"}],
     }
     quiet = ollama.chat_body(_chat(stream=False, options={"num_predict": -1}, think=False))
-    assert quiet == {"model": "m", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+    assert quiet == {"model": "m:latest", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert ollama.chat_body(_chat(format=schema, think=True))["response_format"] == {
         "type": "json_schema",

@@ -62,7 +62,6 @@ __all__ = [
     "keep_alive_seconds",
     "line",
     "residency_answer",
-    "served_name",
     "timestamp",
 ]
 
@@ -259,14 +258,8 @@ class OllamaEmbedRequest(StrictModel):
     keep_alive: KeepAlive | None = None
 
 
-def served_name(model: str) -> str:
-    """The deployment name a client's model names: Ollama's default tag ``:latest`` dropped
-    (instance ids, model names and aliases never contain ``:``)."""
-    return model.removesuffix(":latest")
-
-
 def _common(request: _Generation, *, stream: bool) -> JsonObject:
-    body: JsonObject = {"model": served_name(request.model), "stream": stream}
+    body: JsonObject = {"model": request.model, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     options = request.options

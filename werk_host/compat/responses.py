@@ -65,6 +65,10 @@ EFFORT_TIERS: Final[dict[str, str]] = {
     "xhigh": "max",
 }
 
+#: The largest ``max_output_tokens`` taken (a 32-bit count: far above any context served; the
+#: admission then lowers it to what the instance allows, docs/compat.md, "Output budget").
+MAX_OUTPUT_TOKENS: Final = 2**31 - 1
+
 Name = Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
 Unit = Annotated[JsonFloat, Field(ge=0, le=1)]
 
@@ -177,10 +181,13 @@ Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | Reaso
 
 
 def _item_types(value: Any) -> Any:
-    """Give a typeless message its type; refuse item types this route cannot take, by name."""
+    """Give a typeless message its type; refuse item types this route cannot take, by name,
+    and a ``function_call_output`` whose ``call_id`` no earlier ``function_call`` has (an orphan
+    result: the model would see an answer to a call it never made)."""
     if not isinstance(value, list):
         return value
     items = []
+    calls: set[object] = set()
     for index, item in enumerate(value):
         if isinstance(item, dict) and "type" not in item and "role" in item:
             item = {**item, "type": "message"}
@@ -188,6 +195,11 @@ def _item_types(value: Any) -> Any:
         if isinstance(kind, str) and kind not in ITEM_TYPES:
             detail = " (stored items are not available)" if kind == "item_reference" else ""
             raise ValueError(f"input[{index}]: items of type {kind!r} are not supported{detail}")
+        call_id = item.get("call_id") if isinstance(item, dict) else None
+        if kind == "function_call" and isinstance(call_id, str):
+            calls.add(call_id)
+        elif kind == "function_call_output" and isinstance(call_id, str) and call_id not in calls:
+            raise ValueError(f"input[{index}]: function_call_output answers no earlier function_call with its call_id")
         items.append(item)
     return items
 
@@ -240,7 +252,9 @@ def _tool_types(value: Any) -> Any:
         return value
     for index, tool in enumerate(value):
         kind = tool.get("type") if isinstance(tool, dict) else None
-        if isinstance(kind, str) and kind != "function" and kind not in IGNORED_TOOLS:
+        if not isinstance(kind, str):  # nothing to keep or leave out by: never dropped unseen
+            raise ValueError(f"tools[{index}]: a tool is an object with a string type")
+        if kind != "function" and kind not in IGNORED_TOOLS:
             raise ValueError(f"tools[{index}]: tools of type {kind!r} are not supported (only function tools)")
     return value
 
@@ -299,7 +313,7 @@ class ResponsesRequest(StrictModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: JsonBool | None = None
-    max_output_tokens: PositiveJsonInt | None = None
+    max_output_tokens: Annotated[PositiveJsonInt, Field(le=MAX_OUTPUT_TOKENS)] | None = None
     temperature: Annotated[JsonFloat, Field(ge=0, le=2)] | None = None
     top_p: Unit | None = None
     stream: JsonBool | None = None

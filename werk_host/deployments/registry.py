@@ -6,10 +6,12 @@ Selection rules (docs/deployments.md, "Routing"):
   is ``invalid_request`` (aliases are not control targets), an unknown id ``not_found``; without
   the header, the profile's default instance.
 * ``/v1`` and the chat-planning routes select by ``model``: an instance id, a model name served
-  by instances, or an alias. An alias (or a model served by several instances) picks a ready
-  replica with the fewest requests in flight, ties broken round-robin, skipping replicas whose
-  start failed recently; when all are down the answer is a retryable 503. Planning requests
-  (``advance=False``) look without moving the round-robin.
+  by instances, or an alias; Ollama's default tag ``:latest`` on a name that is none of
+  these is dropped (on every route: ``/v1``, ``/v1/messages``, ``/v1/responses``, ``/api``).
+  An alias (or a model served by several instances) picks a ready replica with the fewest
+  requests in flight, ties broken round-robin, skipping replicas whose start failed recently;
+  when all are down the answer is a retryable 503. Planning requests (``advance=False``) look
+  without moving the round-robin.
 
 Every instance's backend is resolved when the set is built, so a profile that names a model no
 installed plugin serves fails ``werk serve`` at start, before anything runs.
@@ -55,6 +57,8 @@ DEPLOYMENT_HEADER = "X-Werk-Deployment"
 
 #: How often the keep-alive sweeper looks for idle instances.
 SWEEP_INTERVAL_S = 0.5
+#: Ollama's default tag: ``NAME:latest`` names what ``NAME`` names (:meth:`DeploymentSet.replicas`).
+LATEST_TAG = ":latest"
 
 
 def profile_for(config: HostConfig) -> DeploymentProfile | None:
@@ -297,13 +301,14 @@ class DeploymentSet:
 
     def replicas(self, name: str) -> tuple[Instance, ...]:
         """The instances a ``model`` value names (docs/deployments.md, "Routing"): an instance
-        id, an alias, a model name, else the first alias whose ``match`` pattern the name fits,
-        else the profile's ``[routing] fallback``; empty when none does."""
-        if name in self.instances:
-            return (self.instances[name],)
-        if name in self.aliases:
-            return self._alias(name)
-        named = tuple(i for i in self.instances.values() if i.manifest.name == name)
+        id, an alias, a model name, else the same without Ollama's default tag ``:latest``
+        (``tiny:latest`` is ``tiny`` on every route; docs/compat.md, "Ollama"), else the first
+        alias whose ``match`` pattern the name fits, else the profile's ``[routing] fallback``;
+        empty when none does."""
+        named = self._exact(name)
+        if not named and name.endswith(LATEST_TAG):
+            name = name.removesuffix(LATEST_TAG)
+            named = self._exact(name)
         if named:
             return named
         for pattern, alias in self.profile.patterns:
@@ -313,6 +318,14 @@ class DeploymentSet:
         if fallback is None:
             return ()
         return self._alias(fallback) if fallback in self.aliases else (self.instances[fallback],)
+
+    def _exact(self, name: str) -> tuple[Instance, ...]:
+        """The instance with id ``name``, the alias ``name``'s, or those serving model ``name``."""
+        if name in self.instances:
+            return (self.instances[name],)
+        if name in self.aliases:
+            return self._alias(name)
+        return tuple(i for i in self.instances.values() if i.manifest.name == name)
 
     def _alias(self, name: str) -> tuple[Instance, ...]:
         return tuple(self.instances[i] for i in self.aliases[name])

@@ -109,14 +109,12 @@ class _Resource:
     def replicas(self, model: str) -> tuple[Instance, ...]:
         """The instances ``model`` names; 404 naming it and what is served, as the chat path
         answers (docs/deployments.md, "Routing")."""
-        from werk_host.compat import ollama as translate
-
         deployments = self.fleet.deployments
         if deployments is None:
             raise _not_served()
-        found = deployments.replicas(translate.served_name(model))
+        found = deployments.replicas(model)
         if not found:
-            raise deployments.not_served(translate.served_name(model))
+            raise deployments.not_served(model)
         return found
 
     def context_of(self, req: falcon.Request, name: str) -> int | None:
@@ -180,7 +178,7 @@ class Show(_Resource):
         from werk_host.compat import ollama as translate
 
         request = parse_body(req, translate.OllamaShowRequest)
-        name = translate.served_name(request.requested)
+        name = request.requested
         replicas = self.replicas(name)
         ready = all(r.peek() is not None for r in replicas)
         evidence = Evidence(
@@ -201,9 +199,7 @@ class _Generation(_Resource):
         is no verified profile is Ollama's 400 ``"<model>" does not support thinking``;
         ``false`` asks for tier ``none`` where there is one (thinking off), else nothing.
         ``images``: an instance that cannot take them is a 400 saying so."""
-        from werk_host.compat import ollama as translate
-
-        name = translate.served_name(request.model)
+        name = request.model
         if request.think is not None:
             for instance in self.replicas(name):
                 instance.use()
@@ -339,7 +335,7 @@ class Embed(_Resource):
         from werk_host.compat import ollama as translate
 
         request = parse_body(req, translate.OllamaEmbedRequest)
-        self.replicas(translate.served_name(request.model))
+        self.replicas(request.model)
         raise WerkError(
             ErrorCode.INVALID_REQUEST,
             f"{json.dumps(request.model)} does not support embeddings: "

@@ -29,15 +29,16 @@ from pydantic_core import PydanticCustomError
 
 from werk_host.protocol.base import (
     DEFAULT_OUTPUT_TOKENS,
+    MAX_STOP_STRINGS,
     DataModel,
     JsonBool,
     JsonFloat,
-    JsonInt,
     NonNegativeJsonInt,
     PositiveJsonInt,
     StrictModel,
     present_schema,
 )
+from werk_host.protocol.pd import Seed
 
 
 class ReasoningTierId(StrEnum):
@@ -202,6 +203,38 @@ ToolChoiceValue = Annotated[
 ]
 
 
+# -- sampling and output fields (docs/compat.md, "OpenAI") ------------------------------------
+
+#: OpenAI's ``temperature`` range.
+Temperature = Annotated[JsonFloat, Field(ge=0, le=2)]
+#: ``logit_bias``: token ids (integers written as strings) mapped to a bias in [-100, 100].
+LogitBias = dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[JsonFloat, Field(ge=-100, le=100)]]
+#: ``stop``: a string or a list of strings, at most the host's bound on stop strings.
+Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)]
+
+
+class JsonSchemaFormat(_Shape):
+    """``response_format.json_schema``: ``schema``, when sent, is a JSON Schema object."""
+
+    schema_: dict[str, JsonValue] | None = Field(None, alias="schema")
+
+
+class ResponseFormat(_Shape):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema`` (with ``json_schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> Self:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('a "json_schema" response_format needs json_schema')
+        return self
+
+
+ResponseFormatValue = Annotated[dict[str, JsonValue], _kept(ResponseFormat)]
+
+
 #: Fields that let an assistant message go without content.
 _CALL_FIELDS = ("tool_calls", "function_call")
 #: The same rule as JSON Schema, for the OpenAPI document.
@@ -252,6 +285,11 @@ class ChatRequest(BaseModel):
     max_tokens: PositiveJsonInt | None = None
     max_completion_tokens: PositiveJsonInt | None = None
     stream: JsonBool | None = None
+    temperature: Temperature | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
+    logit_bias: LogitBias | None = None
+    response_format: ResponseFormatValue | None = None
     reasoning_effort: str | None = None
     werk: WerkChatExtension | None = None
 
@@ -289,11 +327,11 @@ class CompletionRequest(BaseModel):
     n: PositiveJsonInt | None = None
     best_of: PositiveJsonInt | None = None
     logprobs: NonNegativeJsonInt | None = None
-    logit_bias: dict[str, JsonFloat] | None = None
-    seed: JsonInt | None = None
-    stop: str | list[str] | None = None
+    logit_bias: LogitBias | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
     suffix: str | None = None
-    temperature: JsonFloat | None = None
+    temperature: Temperature | None = None
     top_p: JsonFloat | None = None
     presence_penalty: JsonFloat | None = None
     frequency_penalty: JsonFloat | None = None

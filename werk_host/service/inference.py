@@ -20,7 +20,10 @@ Counters: an admitted request counts in ``requests_total`` and stays in ``reques
 until its relayed response is closed. It counts as failed when the backend raised or answered
 an error status (a client that went away is not a failure). Token totals add the OpenAI
 ``usage`` object when the response carries one (found in a bounded tail of the relayed bytes;
-nothing is buffered or re-serialized); without one they are not guessed.
+nothing is buffered for it); without one they are not guessed.
+
+Names: a relayed answer's ``model`` is the request's ``model`` as sent, else the serving
+instance's id, never the backend's own name for it (:mod:`werk_host.service.naming`).
 
 Concurrency: with a gate (werk_host/service/gate.py, as ``werk serve`` wires it) a request
 enters it first (host-wide and per-key bounds, refused at once), is seated on its instance after
@@ -43,7 +46,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pydantic import ValidationError
 
@@ -60,6 +63,7 @@ from werk_host.service.counters import DEFAULT_INSTANCE, ChatStats
 from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.loading import LoadFailed, notice_event
+from werk_host.service.naming import named
 from werk_host.service.principals import Principal
 from werk_host.service.promptcache import PromptCaches
 from werk_host.service.reasoning import resolve_reasoning
@@ -164,6 +168,19 @@ def sanitized_error(response: InferenceResponse) -> InferenceResponse:
     return InferenceResponse(status=status, headers=headers, body=iter([body]), close=lambda: None)
 
 
+#: A ``/v1`` body as its route validates it.
+Parsed = ChatRequest | CompletionRequest
+_Shape = TypeVar("_Shape", ChatRequest, CompletionRequest)
+
+
+def _validated(shape: type[_Shape], body: JsonObject) -> _Shape:
+    """``body`` validated as ``shape``; ``invalid_request`` naming the failing fields."""
+    try:
+        return shape.model_validate(body)
+    except ValidationError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+
+
 def _client_gone() -> bool:
     gone = client_disconnected.get()
     return gone is not None and gone()
@@ -215,17 +232,20 @@ class InferenceService:
         return self._admit(adapter, body, served if served is not None else self.fleet.model)[0]
 
     def _admit(
-        self, adapter: Adapter, body: JsonObject, served: ModelManifest | None, clamp: bool = False
+        self,
+        adapter: Adapter,
+        body: JsonObject,
+        served: ModelManifest | None,
+        clamp: bool = False,
+        request: ChatRequest | None = None,
     ) -> tuple[JsonObject, UsageCheck | None, int | None]:
         """:meth:`admit_chat`, plus, when the fit bound admitted the request (no exact count),
         a check of the prompt tokens the backend then reports against that bound: a count above
         it withdraws the evidence (:meth:`FitBounds.observe`). With ``clamp`` the requested
         output is lowered instead of refused (module docstring); the third member is then the
-        output sent, when it was lowered."""
-        try:
-            request = ChatRequest.model_validate(body)
-        except ValidationError as err:
-            raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+        output sent, when it was lowered. ``request``: ``body`` already validated."""
+        if request is None:
+            request = _validated(ChatRequest, body)
         options = self.fleet.hooks.request_options(adapter, request)  # backend members werk.<name>
         if options:  # the owner's validated options reach the adapter (docs/plugin-hooks.md)
             werk = body["werk"]
@@ -247,7 +267,7 @@ class InferenceService:
             if clamp and needed < limits.context_tokens < needed + output:
                 output = limits.context_tokens - needed
                 applied, body = output, with_output(body, output)
-            self._check_context(limits, needed + output)
+            self._check_context(limits, needed, output)
         return body, None, applied
 
     def _check_output(self, limits: ChatLimits | None, output: int) -> None:
@@ -259,14 +279,17 @@ class InferenceService:
                 f"requested {output} output tokens; this model allows at most {limits.max_output_tokens}",
             )
 
-    def _check_context(self, limits: ChatLimits, needed: int) -> None:
-        """``context_length_exceeded`` for input plus requested output above the context."""
-        if limits.context_tokens is not None and needed > limits.context_tokens:
+    def _check_context(self, limits: ChatLimits, needed: int, output: int) -> None:
+        """``context_length_exceeded`` for ``needed`` input tokens plus the requested ``output``
+        above the context; the message says when the input alone exceeds it."""
+        context = limits.context_tokens
+        if context is not None and needed + output > context:
             self.stats.add(requests_rejected=1)
-            raise admission_error(
-                "context_length_exceeded",
-                f"input plus requested output needs {needed} tokens; the context holds {limits.context_tokens}",
-            )
+            if needed > context:
+                message = f"the input alone needs {needed} tokens; the context holds {context}"
+            else:
+                message = f"input plus requested output needs {needed + output} tokens; the context holds {context}"
+            raise admission_error("context_length_exceeded", message)
 
     def _check_served(self, model: str | None, served: ModelManifest | None) -> None:
         """Without deployments, a ``model`` other than the served one is not found."""
@@ -274,16 +297,19 @@ class InferenceService:
             raise WerkError(ErrorCode.NOT_FOUND, "model is not served here", details={"openai_code": "model_not_found"})
 
     def _admit_completion(
-        self, adapter: Adapter, body: JsonObject, served: ModelManifest | None, clamp: bool = False
+        self,
+        adapter: Adapter,
+        body: JsonObject,
+        served: ModelManifest | None,
+        clamp: bool = False,
+        request: CompletionRequest | None = None,
     ) -> tuple[JsonObject, int | None]:
         """Validate and admit a ``/v1/completions`` request (and Ollama's ``raw`` generate): the
         same output ceiling as chat, and each prompt's input (:func:`prompt_tokens`) plus the
         requested output within the context; with ``clamp``, the output lowered to fit as for
         chat. Returns the body to send and the output sent when it was lowered."""
-        try:
-            request = CompletionRequest.model_validate(body)
-        except ValidationError as err:
-            raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+        if request is None:
+            request = _validated(CompletionRequest, body)
         self._check_served(request.model, served)
         limits = self._limits(adapter, served.name if request.model is not None and served is not None else None)
         output = request.requested_output_tokens()
@@ -296,7 +322,7 @@ class InferenceService:
             context = limits.context_tokens
             if clamp and context is not None and needed < context < needed + output:
                 applied = output = context - needed
-            self._check_context(limits, needed + output)
+            self._check_context(limits, needed, output)
         return (body if applied is None else {**body, "max_tokens": applied}), applied
 
     def _route(self, body: JsonObject) -> Instance | None:
@@ -334,22 +360,31 @@ class InferenceService:
 
     def _call(self, chat: bool, what: str, body: JsonObject, principal: Principal, clamp: bool) -> InferenceResponse:
         """Serve one request inside the gate; its ticket is released when the answer closes.
-        ``clamp``: a requested output above what the instance allows is clamped, not refused."""
+        ``clamp``: a requested output above what the instance allows is clamped, not refused.
+        The body is validated first: an invalid one takes no gate place and starts no instance."""
+        parsed: Parsed = _validated(ChatRequest, body) if chat else _validated(CompletionRequest, body)
         ticket = self._enter(principal)
         try:
-            return self._gated(chat, what, body, ticket, clamp, principal)
+            return self._gated(chat, what, body, parsed, ticket, clamp, principal)
         except BaseException:
             if ticket is not None:
                 ticket.release()
             raise
 
     def _gated(
-        self, chat: bool, what: str, body: JsonObject, ticket: Ticket | None, clamp_output: bool, principal: Principal
+        self,
+        chat: bool,
+        what: str,
+        body: JsonObject,
+        parsed: Parsed,
+        ticket: Ticket | None,
+        clamp_output: bool,
+        principal: Principal,
     ) -> InferenceResponse:
         instance = self._route(body)
         if chat and instance is not None and body.get("stream") is True and self._notice(instance):
-            return self._noticed(instance, what, body, ticket, clamp_output, principal)
-        return self._serve(chat, what, body, ticket, clamp_output, principal, instance)
+            return self._noticed(instance, what, body, parsed, ticket, clamp_output, principal)
+        return self._serve(chat, what, body, parsed, ticket, clamp_output, principal, instance)
 
     def _notice(self, instance: Instance) -> bool:
         """Whether a streamed chat request for ``instance`` gets a loading notice now: the
@@ -366,6 +401,7 @@ class InferenceService:
         instance: Instance,
         what: str,
         body: JsonObject,
+        parsed: Parsed,
         ticket: Ticket | None,
         clamp_output: bool,
         principal: Principal,
@@ -380,7 +416,7 @@ class InferenceService:
             began = time.monotonic()
             yield notice_event(instance.id, shown, f"Loading model {shown} (instance {instance.id})…\n")
             try:
-                answer = self._serve(True, what, body, ticket, clamp_output, principal, instance)
+                answer = self._serve(True, what, body, parsed, ticket, clamp_output, principal, instance)
             except WerkError as err:
                 raise LoadFailed.of(err) from err
             served.append(answer)
@@ -403,12 +439,14 @@ class InferenceService:
         chat: bool,
         what: str,
         body: JsonObject,
+        parsed: Parsed,
         ticket: Ticket | None,
         clamp_output: bool,
         principal: Principal,
         instance: Instance | None,
     ) -> InferenceResponse:
-        """Start (or wait for) ``instance``, admit the request, seat it and forward it."""
+        """Start (or wait for) ``instance``, admit the request (``parsed``: ``body`` validated),
+        seat it and forward it."""
         try:
             if instance is None:
                 raise no_backend(what)
@@ -416,10 +454,10 @@ class InferenceService:
             adapter = instance.use(enter=True)
             verify = None
             clamp = clamp_output or instance.spec.output_limit == "clamp"
-            if chat:
-                body, verify, applied = self._admit(adapter, body, instance.manifest, clamp)
+            if isinstance(parsed, ChatRequest):
+                body, verify, applied = self._admit(adapter, body, instance.manifest, clamp, parsed)
             else:
-                body, applied = self._admit_completion(adapter, body, instance.manifest, clamp)
+                body, applied = self._admit_completion(adapter, body, instance.manifest, clamp, parsed)
             self._seat(ticket, adapter, instance.id)
         except BaseException:
             if instance is not None:
@@ -436,13 +474,15 @@ class InferenceService:
                 response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
             if response is None:
                 raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
+            if response.status >= 400:
+                response = sanitized_error(response)
+            asked = body.get("model")  # a JSON document is read here: a failure is still ours to answer
+            response = named(response, asked if isinstance(asked, str) else label)  # werk_host/service/naming.py
         except BaseException:
             self.stats.add(instance=label, requests_active=-1, requests_failed=0 if _client_gone() else 1)
             if instance is not None:
                 instance.leave()
             raise
-        if response.status >= 400:
-            response = sanitized_error(response)
         if instance is not None:
             response.headers[DEPLOYMENT_HEADER] = instance.id
         if applied is not None:

@@ -181,6 +181,27 @@ def test_routing_by_instance_model_and_alias(env: Env) -> None:
     assert {m["id"] for m in doc["data"]} == {"a1", "a2", "b", "lazy", "broken", "chat"}
 
 
+def test_answers_name_the_model_as_asked(env: Env) -> None:
+    """Issue 48, item 7: llama-server reports its own alias (the model name); every answer,
+    whole or streamed, names the model as the request gave it, and ``NAME:latest`` resolves on
+    ``/v1`` as on the Ollama routes."""
+    for model in ("a2", "model-b", "chat", "chat:latest", "a1:latest"):
+        status, _, doc = env.chat(model)
+        assert (status, doc["model"]) == (200, model), doc
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+        conn = http.client.HTTPConnection("127.0.0.1", int(env.url.rsplit(":", 1)[1]), timeout=120)
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+        lines = conn.getresponse().read().decode().splitlines()
+        conn.close()
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert events and {e["model"] for e in events} == {model}, lines
+        status, _, doc = env.call("POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2})
+        assert (status, doc["model"]) == (200, model), doc
+    status, _, doc = env.chat(None)
+    assert (status, doc["model"]) == (200, "a1"), doc  # without a name: the serving instance's id
+
+
 def test_an_alias_spreads_requests_over_its_replicas(env: Env) -> None:
     served = [env.chat("chat")[1]["x-werk-deployment"] for _ in range(6)]
     assert served.count("a1") == 3 and served.count("a2") == 3  # idle replicas alternate
