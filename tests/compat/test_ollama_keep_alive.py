@@ -181,3 +181,25 @@ def test_keep_alive_zero_waits_for_the_other_requests_on_the_instance(
     finally:
         instance.leave()
     assert _state(client) == "cold"  # once that request is done too
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+def test_the_unload_idiom_under_a_stream_unloads_when_the_stream_ends(
+    client: falcon.testing.TestClient, host: Host, path: str
+) -> None:
+    """Issue 48, item 5: an operator's ``keep_alive: 0`` while another request streams on the
+    instance answers ``unload`` and does it once that request ends, not never."""
+    instance = _instance(host)
+    instance.enter()  # a stream in flight on the instance (as /v1 holds it)
+    try:
+        answer = _post(client, path, {"model": "tiny", "keep_alive": 0})
+        assert answer.json["done_reason"] == "unload"
+        assert _state(client) == "ready"  # not under the stream
+        assert _inventory(client)["keep_alive_seconds"] == 0  # what is in effect is reported
+    finally:
+        instance.leave()
+    for _ in range(100):  # the keep-alive sweeper stops it once idle
+        if _state(client) == "cold":
+            break
+        time.sleep(0.05)
+    assert _state(client) == "cold"

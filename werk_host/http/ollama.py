@@ -13,10 +13,11 @@ value sets how long the serving instance stays loaded once idle (negative: forev
 the profile's ``keep_alive`` (:meth:`~werk_host.deployments.instances.Instance.hold`); a request
 without it returns the instance to the profile's. A request without messages or prompt loads the
 instance(s) its model names, with the same ``keep_alive`` rule, or with ``keep_alive: 0`` stops
-them. That is an operator's request (docs/deployments.md, "Residency"): a client that is not an
-operator has its ``keep_alive`` clamped into the profile's bounds (never shorter than the
-profile's, never past its ``keep_alive_max``, never replacing an operator's setting), so it can
-neither stop nor pin a shared instance; its unload request is 403.
+them (those in use once their requests end; one still starting is a 409). That is an
+operator's request (docs/deployments.md, "Residency"): a client that is not an operator has
+its ``keep_alive`` clamped into the profile's bounds (never shorter than the profile's, never
+past its ``keep_alive_max``, never replacing an operator's setting), so it can neither stop
+nor pin a shared instance; its unload request is 403.
 
 The translator (:mod:`werk_host.compat.ollama`, with its pydantic models) is imported on the
 first request that needs it, not when the app is built (docs/operations.md, "Where the start-up
@@ -43,6 +44,7 @@ from werk_host.http.io import parse_body, principal, scope
 from werk_host.http.middleware import OLLAMA_PREFIX
 from werk_host.protocol import ChatRequest
 from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
+from werk_host.protocol.deployments import InstanceStateName
 from werk_host.seam import InferenceResponse, JsonObject
 from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Principal
@@ -233,11 +235,26 @@ class _Generation(_Resource):
             raise WerkError(ErrorCode.FORBIDDEN, "unloading a shared model needs an operator key")
         for instance in replicas:
             if unload:
-                instance.stop("unloaded by an operator (keep_alive 0)")
+                self._unload(instance)
             else:
                 instance.use()
                 instance.hold(keep_alive, operator=operator)
         _json(resp, 200, translate.residency_answer(shape, model, "unload" if unload else "load"))
+
+    @staticmethod
+    def _unload(instance: Instance) -> None:
+        """Stop ``instance`` now, or, while requests use it, once they end (its keep_alive set to
+        0, as a request's ``keep_alive: 0`` does); an instance that is starting cannot be either:
+        409 (docs/compat.md, "keep_alive and residency")."""
+        if instance.stop("unloaded by an operator (keep_alive 0)"):
+            return
+        instance.hold(0, operator=True)
+        if instance.view().state is InstanceStateName.STARTING:
+            raise WerkError(
+                ErrorCode.CONFLICT,
+                f"instance {instance.id} is starting; unload it once it is ready",
+                details={"reason": "starting"},
+            )
 
     def _keep(self, req: falcon.Request, served_by: str | None, keep_alive: float | None) -> None:
         """Apply ``keep_alive`` to the instance that served the request (:meth:`Instance.hold`,
