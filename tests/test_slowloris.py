@@ -28,7 +28,7 @@ from werk_host.testing.hosts import backend_host, running
 #: Seconds between two bytes of a trickled body.
 TICK = 0.5
 #: A trickled request: headers at once, then 5,000 announced body bytes one per tick.
-HEAD = "POST {path} HTTP/1.1\r\nHost: werk\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+HEAD = "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
 
 
 class Trickle:
@@ -222,14 +222,14 @@ def test_a_request_in_service_is_not_cut_by_the_read_deadline() -> None:
     with _serving_slow_app(limits) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             # a stream, while the client trickles the start of a next request behind it
-            sock.sendall(b"GET /stream HTTP/1.1\r\nHost: werk\r\n\r\n")
+            sock.sendall(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
             received = _receive_until(sock, b"data: 7\n\n")
             assert all(f"data: {i}\n\n".encode() in received for i in range(8))
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             # a slow answer, then a request pipelined behind it whose body trickles: its own
             # deadline runs once the answer is done
-            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: werk\r\n\r\n")
-            sock.sendall(b"POST /next HTTP/1.1\r\nHost: werk\r\nContent-Length: 5000\r\n\r\n")
+            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            sock.sendall(b"POST /next HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5000\r\n\r\n")
             received = _receive_until(sock, b"done")
             assert received.startswith(b"HTTP/1.1 200 OK")
             with contextlib.suppress(ConnectionResetError):
@@ -243,7 +243,7 @@ def test_a_request_in_service_is_never_shed_at_the_connection_limit() -> None:
         threads=2, connection_limit=30, channel_timeout=60, cleanup_interval=1, request_read_timeout=600
     )
     with _serving_slow_app(limits) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: werk\r\n\r\n")
+        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
         received = sock.recv(65536)
         assert received.startswith(b"HTTP/1.1 200 OK"), received
         # While the stream pauses, it is the connection longest silent; idle sockets fill the
@@ -275,7 +275,7 @@ def _raw(port: int, request: bytes) -> tuple[int, str, dict[str, Any]]:
 def test_a_control_byte_in_a_header_is_400_in_the_api_shape(home: Path, path: str) -> None:
     with served(home, ServerLimits(threads=4)) as api:
         request = (
-            f"POST {path} HTTP/1.1\r\nHost: werk\r\nx-api-key: {KEY}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: localhost\r\nx-api-key: {KEY}\r\n"
             "anthropic-version: 2023-06-01\x01\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
         ).encode()
         status, content_type, doc = _raw(api.port, request)

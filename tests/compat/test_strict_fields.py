@@ -146,3 +146,88 @@ def test_latest_resolves_on_every_route(client: falcon.testing.TestClient, path:
     assert result.json["model"] == "tiny:latest"  # named as asked
     other = client.simulate_post(path, json={**body, "model": "nope:latest"}, headers=AUTH)
     assert other.status_code == 404, other.text
+
+
+def _wide(n: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
+
+
+def _deep(d: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(d):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+WIDE = _wide(20_000)  # 609 KB: the schema that killed llama-server (issue 48, item 2)
+FUNCTION = {"name": "f", "description": "d"}
+
+
+def _schema_bodies(schema: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The same schema where each API family makes it a grammar."""
+    return {
+        "openai response_format": (
+            "/v1/chat/completions",
+            _chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}),
+        ),
+        "openai forced tool": (
+            "/v1/chat/completions",
+            _chat(tools=[{"type": "function", "function": {**FUNCTION, "parameters": schema}}], tool_choice="required"),
+        ),
+        "ollama format": (
+            "/api/chat",
+            {"model": "tiny", "messages": USER, "stream": False, "format": schema, "options": {"num_predict": 2}},
+        ),
+        "anthropic forced tool": (
+            "/v1/messages",
+            {
+                "model": "tiny",
+                "max_tokens": 2,
+                "messages": USER,
+                "tools": [{**FUNCTION, "input_schema": schema}],
+                "tool_choice": {"type": "tool", "name": "f"},
+            },
+        ),
+        "responses text.format": (
+            "/v1/responses",
+            _responses(text={"format": {"type": "json_schema", "name": "a", "schema": schema}}),
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    ("schema", "bound"),
+    [(WIDE, "65536 bytes"), (_wide(641), "640 properties"), (_deep(40), "nests deeper than 64")],
+    ids=["20000 properties", "641 properties", "depth 40"],
+)
+@pytest.mark.parametrize("family", sorted(_schema_bodies({})))
+def test_a_schema_past_a_bound_is_a_400_naming_it(
+    client: falcon.testing.TestClient, family: str, schema: dict[str, Any], bound: str
+) -> None:
+    path, body = _schema_bodies(schema)[family]
+    before = _total(client)
+    result = client.simulate_post(path, json=body, headers=AUTH)
+    assert result.status_code == 400, result.text
+    assert bound in result.text, result.text
+    assert _total(client) == before  # never converted by the backend
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string", "enum": [str(i) for i in range(4097)]}}},
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "a" * 4097}}},
+        {"type": "object", "properties": {"a": {"type": "string", "description": "x" * 70_000}}},
+    ],
+    ids=["enum", "pattern", "size"],
+)
+def test_enum_pattern_and_size_bounds(client: falcon.testing.TestClient, schema: dict[str, Any]) -> None:
+    path, body = _schema_bodies(schema)["openai response_format"]
+    result = client.simulate_post(path, json=body, headers=AUTH)
+    assert result.status_code == 400 and "response_format.json_schema.schema" in result.text, result.text
+
+
+def test_schemas_within_the_bounds_pass(client: falcon.testing.TestClient) -> None:
+    for family, (path, body) in _schema_bodies(_wide(64)).items():
+        result = client.simulate_post(path, json=body, headers=AUTH)
+        assert result.status_code != 400 or "schema" not in result.text, (family, result.text)

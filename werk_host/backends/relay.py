@@ -21,6 +21,10 @@ contract:
   drops it after its own keep-alive timeout. A pool that was closed takes nothing back.
 * **Authentication.** With ``api_key``, every request carries ``Authorization: Bearer <key>``;
   the key appears in no repr and no error.
+* **TLS and a path prefix.** With ``tls`` (an :class:`ssl.SSLContext`), connections are HTTPS
+  with that context (certificate and host name checked as the context says); with ``prefix``
+  (``""`` or ``/a/b``), :func:`forward` and :func:`post_json` send ``prefix + path``, so a
+  server behind ``https://host/openai/v1`` is one pool (werk_host/plugin/remote.py builds it).
 * **Bounds** (docs/operations.md, "Backend failures"). With ``bounds``
   (:class:`~werk_host.config.BackendBounds`), :func:`post_json` waits at most ``call_s`` for
   its answer to begin, :func:`forward` at most ``first_byte_s``, and every read of a body at most
@@ -58,6 +62,7 @@ import http.client
 import json
 import logging
 import select
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -74,6 +79,7 @@ __all__ = [
     "STALE",
     "WATCH_INTERVAL_S",
     "BackendCut",
+    "BackendSlow",
     "ClientGone",
     "ConnectionPool",
     "client_refusal",
@@ -105,6 +111,8 @@ class ConnectionPool:
 
     ``label`` names the backend in errors and log lines (``"llama-server is not answering"``).
     ``bounds`` sets the waits (module docstring); without it, ``timeout`` bounds each of them.
+    ``tls`` makes every connection HTTPS with that context; ``prefix`` is put before every path
+    :func:`forward` and :func:`post_json` send (module docstring, "TLS and a path prefix").
     """
 
     def __init__(
@@ -118,9 +126,14 @@ class ConnectionPool:
         label: str = "backend",
         idle_reuse_s: float = IDLE_REUSE_S,
         bounds: BackendBounds | None = None,
+        tls: ssl.SSLContext | None = None,
+        prefix: str = "",
     ) -> None:
+        if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
+            raise ValueError("a path prefix starts with / and does not end with one")
         if bounds is not None:
             timeout = bounds.idle_s
+        self.tls, self.prefix = tls, prefix
         self.host, self.port, self.size, self.timeout = host, port, size, timeout
         #: the longest wait for an answer to begin: a :func:`post_json` call, a :func:`forward`
         self.call_timeout = bounds.call_s if bounds is not None else timeout
@@ -149,7 +162,15 @@ class ConnectionPool:
             old.close()
         if conn is not None:
             return conn, True
-        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout), False
+        return self.connection(), False
+
+    def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        """A new, unconnected connection to the server (HTTPS with ``tls``); ``timeout``
+        defaults to the pool's."""
+        wait = self.timeout if timeout is None else timeout
+        if self.tls is not None:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=wait, context=self.tls)
+        return http.client.HTTPConnection(self.host, self.port, timeout=wait)
 
     def release(self, conn: http.client.HTTPConnection) -> None:
         """Give back a connection whose response was read to the end (closed when the pool is
@@ -169,7 +190,7 @@ class ConnectionPool:
                 return
             self._preparing = True
         try:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            conn = self.connection()
             try:
                 conn.connect()
             except OSError:
@@ -196,8 +217,8 @@ class ConnectionPool:
     def unavailable(self) -> WerkError:
         return WerkError(ErrorCode.UNAVAILABLE, f"{self.label} is not answering", retryable=True)
 
-    def too_slow(self, bound: float) -> WerkError:
-        return WerkError(ErrorCode.UNAVAILABLE, f"{self.label} did not answer within {bound:g} s", retryable=True)
+    def too_slow(self, bound: float) -> BackendSlow:
+        return BackendSlow(f"{self.label} did not answer within {bound:g} s")
 
     def __repr__(self) -> str:
         return f"<ConnectionPool {self.label} {self.host}:{self.port} idle={self.idle()}>"
@@ -223,6 +244,14 @@ class BackendCut(WerkError):
 
     def __init__(self, label: str) -> None:
         super().__init__(ErrorCode.UNAVAILABLE, f"{label} stopped answering before the end", retryable=True)
+
+
+class BackendSlow(WerkError):
+    """The backend did not answer within a bound (the connection is closed): it is alive but
+    unresponsive, so a caller should not spend another bound on it in the same request."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.UNAVAILABLE, message, retryable=True)
 
 
 class _NoAnswer(Exception):
@@ -269,7 +298,9 @@ def post_json(
     *,
     is_refusal: Callable[[int], bool] = client_refusal,
 ) -> dict[str, Any]:
-    """POST ``body`` as JSON over a pooled connection; the (small) JSON object answered with 200.
+    """POST ``body`` as JSON to ``pool.prefix + path`` over a pooled connection; the (small) JSON
+    object answered with 200. ``is_refusal(status)`` says which statuses are the client's fault
+    (``invalid_request``; default :func:`client_refusal`).
 
     Errors as in the module docstring."""
     payload = json.dumps(body).encode()
@@ -277,7 +308,7 @@ def post_json(
     while True:
         conn, reused = pool.acquire()
         try:
-            conn.request("POST", path, body=payload, headers=headers)
+            conn.request("POST", pool.prefix + path, body=payload, headers=headers)
             _await_answer(conn, None, pool.call_timeout)
             response = conn.getresponse()
             raw = response.read()
@@ -309,7 +340,9 @@ def post_json(
 
 
 def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceResponse:
-    """POST ``body`` to ``path`` upstream and relay the response as it streams (module docstring)."""
+    """POST ``body`` to ``pool.prefix + path`` upstream and relay the response, any status, as it
+    streams (module docstring): an :class:`~werk_host.seam.InferenceResponse` whose ``close``
+    closes the upstream connection when the body was not read to its end."""
     payload = json.dumps(body).encode()
     headers = {
         "Content-Type": "application/json",
@@ -320,7 +353,7 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
     while True:
         conn, reused = pool.acquire()
         try:
-            conn.request("POST", path, body=payload, headers=headers)
+            conn.request("POST", pool.prefix + path, body=payload, headers=headers)
             _await_answer(conn, gone, pool.first_byte_timeout)
             response = conn.getresponse()
             break

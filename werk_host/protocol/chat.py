@@ -39,6 +39,7 @@ from werk_host.protocol.base import (
     present_schema,
 )
 from werk_host.protocol.pd import Seed
+from werk_host.protocol.schemas import SchemaTooLarge, check_schemas
 
 
 class ReasoningTierId(StrEnum):
@@ -292,6 +293,23 @@ class ChatRequest(BaseModel):
     response_format: ResponseFormatValue | None = None
     reasoning_effort: str | None = None
     werk: WerkChatExtension | None = None
+
+    @model_validator(mode="after")
+    def _schemas_bounded(self) -> Self:
+        """Every schema that may become a grammar within :data:`~werk_host.protocol.schemas.SCHEMA_BOUNDS`."""
+        schemas: list[tuple[str, Any]] = []
+        for index, tool in enumerate(self.tools or ()):
+            function = tool.get("function")
+            if isinstance(function, dict) and "parameters" in function:
+                schemas.append((f"tools[{index}].function.parameters", function["parameters"]))
+        json_schema = (self.response_format or {}).get("json_schema")
+        if isinstance(json_schema, dict) and "schema" in json_schema:
+            schemas.append(("response_format.json_schema.schema", json_schema["schema"]))
+        try:
+            check_schemas(schemas)
+        except SchemaTooLarge as err:
+            raise PydanticCustomError("schema_bound", "{text}", {"text": str(err)}) from None
+        return self
 
     def requested_output_tokens(self) -> int:
         explicit = self.max_completion_tokens or self.max_tokens

@@ -208,18 +208,21 @@ class InferenceService:
     def _limits(self, adapter: Adapter, model: str | None) -> ChatLimits | None:
         return self.fleet.hooks.chat_limits(adapter, model)
 
-    def _input_tokens(self, adapter: Adapter, request: ChatRequest) -> int:
-        """The backend's exact count (checked against the fit bound), else the estimate."""
+    def _input_tokens(self, adapter: Adapter, request: ChatRequest) -> tuple[int, WerkError | None]:
+        """The backend's exact count (checked against the fit bound), else the estimate, with
+        the backend's ``unavailable`` when that is why there is no count: a refusal on the
+        estimate alone would then blame the request for a backend that is down."""
         try:
             count = self.fleet.hooks.count_tokens(adapter, request)
         except WerkError as err:
             if err.code not in (ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
                 raise
-            count = None
+            down = err if err.code is ErrorCode.UNAVAILABLE else None
+            return estimate_input_tokens(request), down
         if count is None:
-            return estimate_input_tokens(request)
+            return estimate_input_tokens(request), None
         self.bounds.observe(adapter, request, count)
-        return count
+        return count, None
 
     def _fit_bound(self, adapter: Adapter, request: ChatRequest, budget: int) -> int | None:
         """An upper bound on the input that proves it fits in ``budget`` tokens, else ``None``."""
@@ -263,10 +266,12 @@ class InferenceService:
         if limits is not None and limits.context_tokens is not None:
             if self._fit_bound(adapter, request, limits.context_tokens - output) is not None:
                 return body, partial(self.bounds.observe, adapter, request), applied
-            needed = self._input_tokens(adapter, request)
+            needed, down = self._input_tokens(adapter, request)
             if clamp and needed < limits.context_tokens < needed + output:
                 output = limits.context_tokens - needed
                 applied, body = output, with_output(body, output)
+            if down is not None and needed + output > limits.context_tokens:
+                raise down  # the backend could not count: say so, not "too long" on a guess
             self._check_context(limits, needed, output)
         return body, None, applied
 

@@ -183,7 +183,7 @@ def test_client_leaving_before_a_whole_answer_stops_the_generation(env: Env) -> 
     sock = socket.create_connection((env.api.host, env.api.port))
     body = json.dumps(ENDLESS).encode()
     head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: werk\r\nAuthorization: Bearer {KEY}\r\n"
+        f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     sock.sendall(head.encode() + body)

@@ -25,7 +25,15 @@ from werk_llamacpp.integrity import SEQ_MAGIC, slot_file_tokens, tokens_digest
 from werk_llamacpp.slots import SlotRouter, held_for_life, strip_slot_fields
 from werk_llamacpp.snapshot import SlotImage, read_image, verify_tokens
 
-from werk_host.plugin import ErrorCode, HostConfig, InferenceResponse, ModelManifest, WerkError, checksum_text
+from werk_host.plugin import (
+    BackendBounds,
+    ErrorCode,
+    HostConfig,
+    InferenceResponse,
+    ModelManifest,
+    WerkError,
+    checksum_text,
+)
 from werk_host.testing.api import Api
 from werk_host.testing.host import Host, ModelRegistry, build_host
 from werk_host.testing.hosts import running
@@ -68,7 +76,9 @@ class Env:
         return path
 
 
-def make_env(tmp_path: Path, binary: Path, model: Path, parallel: int) -> Iterator[Env]:
+def make_env(
+    tmp_path: Path, binary: Path, model: Path, parallel: int, bounds: BackendBounds | None = None
+) -> Iterator[Env]:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     ModelRegistry(home).add(
@@ -79,6 +89,7 @@ def make_env(tmp_path: Path, binary: Path, model: Path, parallel: int) -> Iterat
         api_keys=(KEY_A, KEY_B),
         model="tiny",
         backend_options={"llamacpp": {"llama_server": str(binary), "parallel": parallel, "ctx": 1024 * parallel}},
+        backend_bounds=bounds or BackendBounds(),
     )
     host = build_host(config)
     with running(host) as base:
@@ -288,6 +299,86 @@ def test_v1_right_after_the_child_is_killed_waits_for_the_restart(env: Env) -> N
         status, answer = env.b.post("/v1/completions", body)  # no pause: the death may not be seen yet
         assert status == 200, (trial, answer)
         assert env.adapter.current() is not proc
+
+
+#: One short request per compat route, each of its own API's shape (issue 48, item 3).
+ROUTES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/completions": {"model": "tiny", "prompt": "hi there", "max_tokens": 2},
+    "/v1/messages": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/responses": {"model": "tiny", "input": "hi", "max_output_tokens": 2},
+    "/api/chat": {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": False,
+        "options": {"num_predict": 2},
+    },
+    "/api/generate": {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}},
+}
+
+
+@pytest.fixture
+def one_slot(tmp_path: Path, llama_server_path: Path, tiny_model: Path) -> Iterator[Env]:
+    """One ordinary slot (and the state slot): every request of the other key finds it foreign."""
+    yield from make_env(tmp_path, llama_server_path, tiny_model, parallel=2)
+
+
+@pytest.mark.llamaserver
+def test_another_keys_request_right_after_the_child_is_killed_waits_for_the_restart(one_slot: Env) -> None:
+    """Key A's request leaves its tokens in the only ordinary slot; the child is killed; key B's
+    next request, on each compat route in turn, must erase that slot first. The erase finds the
+    child dead and restarts it, as the ordinary path does: 0 failures in 15 trials."""
+    env = one_slot
+    failures = []
+    for trial in range(15):
+        route = list(ROUTES)[trial % len(ROUTES)]
+        assert env.a.post("/v1/completions", {**ROUTES["/v1/completions"], "prompt": text_of("A", trial)})[0] == 200
+        proc = env.adapter.current()
+        assert proc is not None and proc.pid is not None, f"trial {trial}: no child was restarted"
+        os.kill(proc.pid, signal.SIGKILL)
+        status, answer = env.b.post(route, ROUTES[route])  # no pause: the death may not be seen yet
+        if status != 200:
+            failures.append((trial, route, status, answer))
+        assert env.adapter.current() is not proc
+    assert failures == []
+
+
+#: Short bounds on calls to the child, so a stopped child costs the test seconds.
+SHORT = BackendBounds(call_s=2.0, first_byte_s=2.0, idle_s=2.0)
+
+
+@pytest.mark.llamaserver
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/api/chat"])
+def test_a_stopped_child_ends_another_keys_request_within_its_bound(
+    tmp_path: Path, llama_server_path: Path, tiny_model: Path, route: str
+) -> None:
+    """Issue 48, item 3 (the hang): with the child stopped (alive, silent), key B's request
+    must first read the prompt's tokens and erase A's slot; each call is bounded by
+    ``--backend-timeout`` and the first one that runs out ends the request (503, retryable),
+    instead of each of them waiting out the native client's own 120 s (issue 48, item 2: a
+    backend that could not count is never answered with a 4xx on the estimate)."""
+    served = make_env(tmp_path, llama_server_path, tiny_model, parallel=2, bounds=SHORT)
+    env = next(served)
+    different = {**ROUTES[route], "messages": [{"role": "user", "content": "something else"}]}
+    # the estimate (a token per 3 bytes) exceeds the 2,048-token context; only the child could
+    # count it exactly, and it cannot: the answer says the backend is down, never "too long"
+    long = {**ROUTES[route], "messages": [{"role": "user", "content": "word " * 2000}]}
+    assert env.a.post(route, ROUTES[route])[0] == 200
+    proc = env.adapter.current()
+    assert proc is not None and proc.pid is not None
+    slow = Api(env.b.base, KEY_B, timeout=200)
+    os.kill(proc.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    try:
+        for body in (ROUTES[route], different, long):  # the count known already, then new ones
+            status, answer = slow.post(route, body)
+            assert status == 503, answer
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert time.monotonic() - began < 60  # 2 s bounds: far under one 120 s wait
+    assert env.b.post(route, ROUTES[route])[0] == 200  # the same child answers again
+    assert env.adapter.current() is proc
+    served.close()
 
 
 def test_router_hands_each_ordinary_slot_to_one_request_and_never_the_state_slot() -> None:

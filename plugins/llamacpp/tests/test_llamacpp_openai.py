@@ -532,7 +532,7 @@ def test_client_disconnect_before_a_non_streamed_answer_stops_the_child(slow_env
     sock = socket.create_connection((slow_env.api.host, slow_env.api.port))
     body = json.dumps({"model": MODEL, "messages": QUESTION, "max_tokens": max_tokens, "ignore_eos": True}).encode()
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: werk\r\nAuthorization: Bearer {KEY}\r\n"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     sock.sendall(head.encode() + body)

@@ -289,7 +289,7 @@ def _send(local: Local, path: str, body: dict[str, Any], headers: dict[str, str]
     data = json.dumps(body).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     sock.sendall(
-        f"POST {path} HTTP/1.1\r\nHost: werk\r\nContent-Type: application/json\r\n{head}"
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{head}"
         f"Content-Length: {len(data)}\r\n\r\n".encode()
         + data
     )

@@ -472,11 +472,13 @@ class LlamaServerClient:
             )
         return out
 
-    def _slot_action(self, id_slot: int, action: str, body: Mapping[str, Any] | None) -> tuple[str, JSONDict]:
+    def _slot_action(
+        self, id_slot: int, action: str, body: Mapping[str, Any] | None, timeout: float | None = None
+    ) -> tuple[str, JSONDict]:
         path = f"/slots/{self.check_slot(int(id_slot))}?action={quote(action)}"
         if action != "erase" and self._persistence is not None:
             self._persistence()
-        return path, self._json_dict("POST", path, body if body is not None else {})
+        return path, self._json_dict("POST", path, body if body is not None else {}, timeout=timeout)
 
     def slot_save(self, id_slot: int, filename: str) -> SlotSave:
         """Save the slot's KV state to ``<slot-save-path>/<filename>``."""
@@ -504,9 +506,10 @@ class LlamaServerClient:
             raw=data,
         )
 
-    def slot_erase(self, id_slot: int) -> SlotErase:
-        """Drop the slot's cached prompt/KV state."""
-        path, data = self._slot_action(id_slot, "erase", None)
+    def slot_erase(self, id_slot: int, *, timeout: float | None = None) -> SlotErase:
+        """Drop the slot's cached prompt/KV state. An erase writes nothing to disk: callers on a
+        request's path bound it by ``--backend-timeout`` (``timeout``), not the client's own."""
+        path, data = self._slot_action(id_slot, "erase", None, timeout)
         return SlotErase(
             id_slot=_require_int(data, "id_slot", path),
             n_erased=_require_int(data, "n_erased", path),

@@ -48,7 +48,7 @@ from werk_host.plugin import (
     StoredStateRef,
     WerkError,
 )
-from werk_host.plugin.http import post_json
+from werk_host.plugin.http import BackendSlow, post_json
 from werk_host.plugin.tools import ForcedCall
 
 from . import reasoning, tools
@@ -138,6 +138,8 @@ class LlamaPromptCache:
                 text = prompt
             answer = post_json(pool, "/tokenize", {"content": text, "add_special": True, "parse_special": True})
             tokens = answer["tokens"]
+        except BackendSlow:  # alive but unresponsive: no second bound on it in this request
+            raise
         except WerkError as err:
             if err.code is ErrorCode.INVALID_REQUEST:
                 raise
@@ -149,17 +151,35 @@ class LlamaPromptCache:
         return tokens
 
     def lease(self, owner: str, tokens: list[int] | None) -> LlamaPromptLease:
-        proc = self._live()
+        """An ordinary slot for ``owner``, erased when foreign. A child found dead by the erase
+        is restarted once and the slot taken there (its slots are empty), as
+        :func:`.slots.forward_ordinary` does; this cache then speaks for the new child."""
         adapter = self.adapter
-        held = adapter.router.acquire(
-            proc.effective_parallel(), owner=owner, tokens=tokens, generation=proc.generation, epoch=adapter.state_epoch
-        )
-        try:
-            prepare(adapter, proc, held)
-        except BaseException:
-            held.release()
-            raise
-        return LlamaPromptLease(self, proc, held, tokens)
+        for attempt in (1, 2):
+            if adapter.current() is not self.proc and not self.proc.alive():  # it died since the hook
+                self.proc = adapter.process()
+            proc = self._live()
+            held = adapter.router.acquire(
+                proc.effective_parallel(),
+                owner=owner,
+                tokens=tokens,
+                generation=proc.generation,
+                epoch=adapter.state_epoch,
+            )
+            try:
+                prepare(adapter, proc, held)
+            except WerkError as err:
+                held.release()
+                if attempt == 2 or not child_died(proc, err):
+                    raise
+                log.warning("llama-server (generation %s) died before a slot erase; restarting it", proc.generation[:8])
+                self.proc = adapter.process()
+                continue
+            except BaseException:
+                held.release()
+                raise
+            return LlamaPromptLease(self, proc, held, tokens)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 #: How a prompt-cache entry is named in errors.

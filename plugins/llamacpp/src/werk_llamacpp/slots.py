@@ -23,9 +23,10 @@ Contract:
   ``slot_wait_s``; then a retryable ``unavailable``.
 * **Capacity.** :func:`ordinary_capacity` (n − 1, or 1 when n = 1) is the instance's
   ``ChatLimits.max_concurrent_requests``.
-* **A dead child is restarted, once.** When sending fails because the child died (the
-  connection was refused, reset or closed before any answer, and the child is dead within
-  :data:`DEATH_WAIT_S`), the request never ran: :func:`forward_ordinary` starts a fresh child
+* **A dead child is restarted, once.** When sending, or erasing a foreign slot before it,
+  fails because the child died (the connection was refused, reset or closed before any answer,
+  and the child is dead within :data:`DEATH_WAIT_S`), the request never ran:
+  :func:`forward_ordinary` (and a prompt-cache lease, :mod:`.promptcache`) starts a fresh child
   (``adapter.process()``, bounded by its own startup timeout) and sends it there once more. Any
   other failure, and a second one, is the relay's retryable ``unavailable``.
 """
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING
 from werk_host.plugin import ErrorCode, InferenceResponse, JsonObject, WerkError
 from werk_host.plugin.http import ClientGone, forward
 
-from .native import NativeError
+from .native import NativeConnectionError, NativeError
 
 if TYPE_CHECKING:
     from .adapter import LlamaCppAdapter
@@ -264,8 +265,12 @@ def held_for_life(response: InferenceResponse, lease: SlotLease) -> InferenceRes
 
 
 def child_died(proc: LlamaServerProcess, err: WerkError) -> bool:
-    """Whether ``err`` (a relay failure before any answer) came from the child dying."""
-    if not isinstance(err.__cause__, _DIED):
+    """Whether ``err`` (a relay failure before any answer, or a failed slot erase) came from
+    the child dying."""
+    cause = err.__cause__
+    if isinstance(cause, NativeConnectionError):  # the erase of :func:`prepare`
+        cause = cause.__cause__
+    if not isinstance(cause, _DIED):
         return False
     deadline = time.monotonic() + DEATH_WAIT_S
     while proc.alive():
@@ -283,7 +288,7 @@ def prepare(adapter: LlamaCppAdapter, proc: LlamaServerProcess, lease: SlotLease
     if not lease.foreign:
         return
     try:
-        adapter.client(proc).slot_erase(lease.slot)
+        adapter.client(proc).slot_erase(lease.slot, timeout=adapter.config.backend_bounds.call_s)
     except NativeError as err:
         raise adapter.native_failure(err, "slot erase") from err
     lease.found = SlotRecord(epoch=lease.found.epoch)
