@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 import falcon.testing
 import pytest
 
+from tests.browser_support import chromium
 from werk_host.http.ui import CONTENT_SECURITY_POLICY
 from werk_host.server import Host
 from werk_host.testing.hosts import MODEL, backend_host, serve_process
@@ -240,8 +240,6 @@ def test_every_ui_answer_carries_the_security_headers(app: falcon.testing.TestCl
 
 # -- a real browser ----------------------------------------------------------------------------
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
 #: Generous bound on each wait for the browser (never a pass/fail threshold on speed).
 WAIT_S = 90
 
@@ -296,26 +294,9 @@ def live(tmp_path_factory: pytest.TempPathFactory, llama_server: str) -> Iterato
 @pytest.fixture(scope="module")
 def chrome() -> Iterator[Any]:
     """A headless chromium that resolves ``rebind.test`` and ``allowed.test`` to 127.0.0.1."""
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("no chromium/chromedriver: run scripts/setup-browser.sh (apt-get, as root)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--host-resolver-rules=MAP rebind.test 127.0.0.1, MAP allowed.test 127.0.0.1",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_script_timeout(WAIT_S)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from chromium(
+        "--host-resolver-rules=MAP rebind.test 127.0.0.1, MAP allowed.test 127.0.0.1", script_timeout_s=WAIT_S
+    )
 
 
 def _counts(url: str) -> dict[tuple[str, str, str], float]:

@@ -34,6 +34,7 @@ from typing import Any
 import falcon.testing
 import pytest
 
+from tests.browser_support import chromium
 from werk_host.http.ui import CONTENT_TYPES
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import serve_process
@@ -188,9 +189,6 @@ def test_setup_browser_without_apt_changes_nothing_and_says_why(tmp_path: Path) 
 
 # -- in a real headless browser ---------------------------------------------------------------
 
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory, llama_server: str) -> Iterator[str]:
@@ -220,21 +218,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, llama_server: str) -> Iterato
 @pytest.fixture(scope="module")
 def chrome() -> Iterator[Any]:
     """One headless chromium for the module (skips without it, with the reason)."""
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("no chromium/chromedriver: run scripts/setup-browser.sh (apt-get, as root)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1360,900"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from chromium("--window-size=1360,900")
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, TypeVar
 
@@ -170,6 +171,26 @@ def sanitized_error(response: InferenceResponse) -> InferenceResponse:
 
 #: A ``/v1`` body as its route validates it.
 Parsed = ChatRequest | CompletionRequest
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One ``/v1`` request's scope, passed explicitly from the gate to the answer: what it
+    asks for (in words, for errors), its body and that body validated, its gate ticket, whether
+    its output is clamped, and whose it is."""
+
+    what: str
+    body: JsonObject
+    parsed: Parsed
+    ticket: Ticket | None
+    clamp: bool
+    principal: Principal
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.parsed, ChatRequest)
+
+
 _Shape = TypeVar("_Shape", ChatRequest, CompletionRequest)
 
 
@@ -370,26 +391,17 @@ class InferenceService:
         parsed: Parsed = _validated(ChatRequest, body) if chat else _validated(CompletionRequest, body)
         ticket = self._enter(principal)
         try:
-            return self._gated(chat, what, body, parsed, ticket, clamp, principal)
+            return self._gated(_Call(what, body, parsed, ticket, clamp, principal))
         except BaseException:
             if ticket is not None:
                 ticket.release()
             raise
 
-    def _gated(
-        self,
-        chat: bool,
-        what: str,
-        body: JsonObject,
-        parsed: Parsed,
-        ticket: Ticket | None,
-        clamp_output: bool,
-        principal: Principal,
-    ) -> InferenceResponse:
-        instance = self._route(body)
-        if chat and instance is not None and body.get("stream") is True and self._notice(instance):
-            return self._noticed(instance, what, body, parsed, ticket, clamp_output, principal)
-        return self._serve(chat, what, body, parsed, ticket, clamp_output, principal, instance)
+    def _gated(self, call: _Call) -> InferenceResponse:
+        instance = self._route(call.body)
+        if call.chat and instance is not None and call.body.get("stream") is True and self._notice(instance):
+            return self._noticed(instance, call)
+        return self._serve(call, instance)
 
     def _notice(self, instance: Instance) -> bool:
         """Whether a streamed chat request for ``instance`` gets a loading notice now: the
@@ -401,19 +413,10 @@ class InferenceService:
             wanted = deployments is not None and deployments.residency.rules.loading_notice
         return wanted and instance.view().state is not InstanceStateName.READY
 
-    def _noticed(
-        self,
-        instance: Instance,
-        what: str,
-        body: JsonObject,
-        parsed: Parsed,
-        ticket: Ticket | None,
-        clamp_output: bool,
-        principal: Principal,
-    ) -> InferenceResponse:
+    def _noticed(self, instance: Instance, call: _Call) -> InferenceResponse:
         """A 200 event stream at once: the loading notice, then (once the instance is ready and
         the request admitted) the real answer, or :class:`LoadFailed` (werk_host/service/loading.py)."""
-        model = body.get("model")
+        model = call.body.get("model")
         shown = model if isinstance(model, str) else instance.id
         served: list[InferenceResponse] = []
 
@@ -421,7 +424,7 @@ class InferenceService:
             began = time.monotonic()
             yield notice_event(instance.id, shown, f"Loading model {shown} (instance {instance.id})…\n")
             try:
-                answer = self._serve(True, what, body, parsed, ticket, clamp_output, principal, instance)
+                answer = self._serve(call, instance)
             except WerkError as err:
                 raise LoadFailed.of(err) from err
             served.append(answer)
@@ -433,32 +436,22 @@ class InferenceService:
         def close() -> None:
             if served:
                 served[0].close()  # releases the ticket and the instance (``_tracked``)
-            elif ticket is not None:
-                ticket.release()
+            elif call.ticket is not None:
+                call.ticket.release()
 
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", DEPLOYMENT_HEADER: instance.id}
         return InferenceResponse(status=200, headers=headers, body=stream(), close=close)
 
-    def _serve(
-        self,
-        chat: bool,
-        what: str,
-        body: JsonObject,
-        parsed: Parsed,
-        ticket: Ticket | None,
-        clamp_output: bool,
-        principal: Principal,
-        instance: Instance | None,
-    ) -> InferenceResponse:
-        """Start (or wait for) ``instance``, admit the request (``parsed``: ``body`` validated),
-        seat it and forward it."""
+    def _serve(self, call: _Call, instance: Instance | None) -> InferenceResponse:
+        """Start (or wait for) ``instance``, admit the request, seat it and forward it."""
+        body, parsed, ticket = call.body, call.parsed, call.ticket
         try:
             if instance is None:
-                raise no_backend(what)
+                raise no_backend(call.what)
             # in flight from before the start on: keep-alive cannot stop it under this request
             adapter = instance.use(enter=True)
             verify = None
-            clamp = clamp_output or instance.spec.output_limit == "clamp"
+            clamp = call.clamp or instance.spec.output_limit == "clamp"
             if isinstance(parsed, ChatRequest):
                 body, verify, applied = self._admit(adapter, body, instance.manifest, clamp, parsed)
             else:
@@ -472,13 +465,14 @@ class InferenceService:
         self.stats.add(instance=label, requests_total=1, requests_active=1, requests_clamped=int(applied is not None))
         hooks = self.fleet.hooks
         try:
+            chat = call.chat
             path = "/v1/chat/completions" if chat else "/v1/completions"
             caches = self.prompt_caches
-            response = caches.forward(principal, label, adapter, path, body) if caches is not None else None
+            response = caches.forward(call.principal, label, adapter, path, body) if caches is not None else None
             if response is None:
                 response = hooks.chat_completion(adapter, body) if chat else hooks.text_completion(adapter, body)
             if response is None:
-                raise WerkError(ErrorCode.UNSUPPORTED, f"{what} is not supported by backend {adapter.backend}")
+                raise WerkError(ErrorCode.UNSUPPORTED, f"{call.what} is not supported by backend {adapter.backend}")
             if response.status >= 400:
                 response = sanitized_error(response)
             asked = body.get("model")  # a JSON document is read here: a failure is still ours to answer
