@@ -30,7 +30,7 @@ client = falcon.testing.TestClient(host.app)
 paths = json.loads(sys.argv[2])
 
 def ask(path):
-    result = client.simulate_post(path, json={"model": 3})
+    result = client.simulate_post(path, json={"model": 3}, host="localhost")
     return [path, result.status_code, result.json]
 
 with ThreadPoolExecutor(max_workers=len(paths) * 2) as pool:

@@ -164,8 +164,8 @@ class PlainShape:
 
 def plain_shape(request: ChatRequest) -> PlainShape | None:
     """The shape of a request the calibration covers, else ``None`` (count it exactly)."""
-    if request.tools is not None or request.tool_choice is not None:
-        return None
+    if request.tools is not None or request.tool_choice is not None or request.response_format is not None:
+        return None  # a response format may reach the template as tools do
     if request.reasoning_effort is not None or request.werk is not None:
         return None  # werk.reasoning may reach the template (the backend counts it rendered)
     if request.model_extra and not RENDER_NEUTRAL.issuperset(request.model_extra):
