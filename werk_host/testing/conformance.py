@@ -28,7 +28,14 @@ suite with the reason ``werk plugins`` would print. It starts a host around the 
   process was replaced (``reuse: required``) and decodes the same text from it; an unclaimed
   one never reuses such a state;
 * ``count_tokens`` equals the ``/v1`` usage ``prompt_tokens`` when it is claimed;
+* a streamed chat is server-sent events with content deltas, the usage and ``data: [DONE]``;
+* with ``stop_backend``, while the backend is away a chat answers 503 with a reason (not the
+  host's generic start failure), discovery still answers, and the backend serves again after;
 * no error message carries a filesystem path, the API key, a handoff or raw backend output.
+
+A remote backend's target is a manifest without files (``ModelManifest(name, (), backend)``)
+with its ``endpoint`` (and ``api_key_env``): the suite then deploys it as a remote instance of
+a deployment profile (docs/deployments.md, "Remote instances") instead of registering a model.
 
 Statuses are read right before each check: they are evidence and may change as the backend
 runs (llama.cpp's functional probe runs on the first opted-in prefill).
@@ -36,15 +43,13 @@ runs (llama.cpp's functional probe runs on the first opted-in prefill).
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
-import tomllib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from importlib.metadata import Distribution, EntryPoint, entry_points
-from pathlib import Path
-from types import ModuleType
-from typing import ClassVar, cast
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import ClassVar
 
 import pytest
 from pydantic import JsonValue
@@ -53,12 +58,21 @@ from werk_host import hookspecs
 from werk_host.config import HostConfig
 from werk_host.models import ModelManifest, ModelRegistry
 from werk_host.plugin.checkpoints import checkpoint_manifest
-from werk_host.pluginhost import ENTRY_POINT_GROUP, PluginHost, incompatibility
 from werk_host.protocol import CapabilityId, CapabilityStatus
-from werk_host.seam import Adapter
-from werk_host.server import Host, build_host
+from werk_host.server import build_host
 from werk_host.testing.api import Api
+from werk_host.testing.conformance_target import (
+    ConformanceHost,
+    ConformanceTarget,
+    environ_set,
+    load_target,
+    loaded_or_fail,
+    remote_profile,
+    stream_answer,
+)
 from werk_host.testing.hosts import running
+
+__all__ = ["HOOKS_BEHIND", "ConformanceHost", "ConformanceTarget", "WerkConformance", "expected_outcome", "load_target"]
 
 #: The operation hooks a capability cannot work without. A plugin that does not implement
 #: one of them must report the capability ``unsupported`` (or leave it out).
@@ -85,79 +99,6 @@ _LEAK_MARKERS = ("Traceback", 'File "', "llama_", "ggml_", "srv  ")
 
 PROMPT = "The conformance suite checks that behaviour matches every reported status."
 MESSAGES: list[JsonValue] = [{"role": "user", "content": "Say hello to the conformance suite."}]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConformanceTarget:
-    """What a plugin hands the suite: its entry point and a model it can serve.
-
-    ``entry_point`` is the plugin's entry-point name in the ``werk`` group; ``plugin`` (the
-    module that entry point names) finds it instead, and ``plugin_name`` is the older spelling
-    of ``entry_point``. A plugin object no entry point names (a test's own plugin class) is
-    registered as ``plugin_name`` directly. ``model`` is a model file or a checkpoint
-    directory (:func:`werk_host.plugin.checkpoints.checkpoint_manifest`, registered as
-    ``model_name``) or a ready manifest. ``replace_process`` replaces the backend process of a
-    live adapter (e.g. SIGKILL the child and wait for it to exit); without it the identity
-    check is skipped with that reason. ``backend_options`` are the ``PLUGIN.KEY`` options.
-    """
-
-    model: Path | ModelManifest
-    entry_point: str | None = None
-    plugin: object = None
-    plugin_name: str | None = None
-    model_name: str = "conformance-model"
-    replace_process: Callable[[Adapter], None] | None = None
-    backend_options: dict[str, dict[str, JsonValue]] = field(default_factory=dict)
-
-
-@dataclass
-class ConformanceHost:
-    """The running host under test and everything the suite saw."""
-
-    host: Host
-    api: Api
-    key: str
-    model_name: str
-    home: Path
-    model_paths: tuple[str, ...]
-    handoffs: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def adapter(self) -> Adapter:
-        adapter = self.host.fleet.adapter
-        assert adapter is not None, "the host activated no adapter for the target's model"
-        return adapter
-
-    def call(
-        self, method: str, path: str, body: JsonValue = None, params: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, JsonValue]]:
-        status, doc = self.api.call(method, path, body, params)
-        if status >= 400:
-            error = doc.get("error")
-            if isinstance(error, dict):
-                self.errors.append(str(error.get("message", "")))
-        data = doc.get("data")
-        if isinstance(data, dict):
-            handoff = data.get("handoff")
-            if isinstance(handoff, str):
-                self.handoffs.append(handoff)
-        return status, doc
-
-    def statuses(self) -> dict[CapabilityId, CapabilityStatus]:
-        status, doc = self.call("GET", "/werk/v1/capabilities")
-        assert status == 200, doc
-        listing = doc["data"]
-        assert isinstance(listing, list)
-        out: dict[CapabilityId, CapabilityStatus] = {}
-        for entry in listing:
-            assert isinstance(entry, dict)
-            out[CapabilityId(str(entry["id"]))] = CapabilityStatus(str(entry["status"]))
-        return out
-
-    def probe_on_use(self, cap_id: CapabilityId) -> bool:
-        report = (self.host.fleet.hooks.capabilities(self.adapter) or {}).get(cap_id)
-        return report is not None and report.probe_on_use
 
 
 Outcome = int | None  # an expected HTTP error status, or None for success
@@ -192,82 +133,6 @@ def _data(doc: dict[str, JsonValue]) -> dict[str, JsonValue]:
     return data
 
 
-def _entry_point(target: ConformanceTarget) -> EntryPoint | None:
-    """The installed ``werk`` entry point the target names, or whose module is ``target.plugin``."""
-    name = target.entry_point or target.plugin_name
-    module = getattr(target.plugin, "__name__", None) if isinstance(target.plugin, ModuleType) else None
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name or (name is None and module is not None and ep.module == module):
-            return ep
-    return None
-
-
-@dataclass(frozen=True)
-class _SourceTree:
-    """A plugin run from its source tree, not installed: what its ``pyproject.toml`` declares."""
-
-    name: str
-    requires: list[str]
-
-
-def _source_tree(module: ModuleType) -> _SourceTree | None:
-    """The entry point naming ``module`` in the ``pyproject.toml`` of the tree that holds it."""
-    for parent in Path(str(module.__file__)).resolve().parents:
-        pyproject = parent / "pyproject.toml"
-        if pyproject.is_file():
-            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
-            for name, value in project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}).items():
-                if str(value).split(":")[0].strip() == module.__name__:
-                    return _SourceTree(name, [str(r) for r in project.get("dependencies", [])])
-            return None
-    return None
-
-
-def load_target(target: ConformanceTarget) -> tuple[PluginHost, str]:
-    """A plugin host holding the target plugin alone, and the name it is loaded under: through
-    its installed entry point (every other installed plugin disabled), as a user's install
-    loads it. A plugin module run from its source tree (not installed, as ``plugins/_template``)
-    is loaded under the entry-point name its ``pyproject.toml`` declares, after the same
-    ``werk-host`` range check; a test's own plugin object is registered as ``plugin_name``."""
-    plugins = PluginHost()
-    name = target.entry_point or target.plugin_name
-    ep = _entry_point(target)
-    if ep is not None:
-        others = {e.name for e in entry_points(group=ENTRY_POINT_GROUP)} - {ep.name}
-        plugins.load_entry_points(environ={"WERK_DISABLE_PLUGINS": ",".join(sorted(others))})
-        loaded = plugins.pm.get_plugin(ep.name)
-        if target.plugin is not None and loaded is not None and loaded is not target.plugin:
-            pytest.fail(f"the entry point {ENTRY_POINT_GROUP}:{ep.name} names {ep.value}, not the target's plugin")
-        _loaded_or_fail(plugins, ep.name)
-        return plugins, ep.name
-    if isinstance(target.plugin, ModuleType):
-        tree = _source_tree(target.plugin)
-        if tree is None:
-            pytest.fail(
-                f"no {ENTRY_POINT_GROUP} entry point names {target.plugin.__name__}: declare one and install it"
-            )
-        if name is not None and name != tree.name:
-            pytest.fail(f"the plugin's entry point is {ENTRY_POINT_GROUP}:{tree.name}, not {name}")
-        reason = incompatibility(cast(Distribution, tree))
-        if reason is not None:
-            pytest.fail(f"plugin {tree.name} did not load as a user's install would: {reason}")
-        plugins.register(target.plugin, tree.name)
-        return plugins, tree.name
-    if target.plugin is None or name is None:
-        pytest.fail(
-            f"no installed plugin has the entry point {ENTRY_POINT_GROUP}:{name}: install it (pip install -e .)"
-        )
-    plugins.register(target.plugin, name)  # a test's own plugin object, never installed
-    return plugins, name
-
-
-def _loaded_or_fail(plugins: PluginHost, name: str) -> None:
-    record = next((r for r in plugins.records if r.name == name), None)
-    if record is None or record.status != "loaded":
-        why = record.error if record is not None else "it was not found"
-        pytest.fail(f"plugin {name} did not load as a user's install would: {why}")
-
-
 class WerkConformance:
     """Subclass in a plugin's tests and provide a class-scoped ``conformance_target`` fixture."""
 
@@ -291,25 +156,29 @@ class WerkConformance:
             manifest = target.model
         else:
             manifest = checkpoint_manifest(target.model, target.model_name)
-        ModelRegistry(home).add(manifest)
         plugins, name = load_target(target)
         key = f"sk-werk-conformance-{secrets.token_hex(8)}"
-        config = HostConfig(
-            home=home, api_keys=(key,), model=manifest.name, backend_options=dict(target.backend_options)
-        )
-        try:
-            host = build_host(config, plugins=plugins)
-        finally:
-            _loaded_or_fail(plugins, name)
-        with running(host) as url:
-            yield ConformanceHost(
-                host=host,
-                api=Api(url, key),
-                key=key,
-                model_name=manifest.name,
-                home=home,
-                model_paths=tuple(f.path for f in manifest.files),
-            )
+        config = HostConfig(home=home, api_keys=(key,), backend_options=dict(target.backend_options))
+        if manifest.files:
+            ModelRegistry(home).add(manifest)
+            config = replace(config, model=manifest.name)
+        else:
+            config = replace(config, profile=remote_profile(home, target, manifest, name))
+        with environ_set(target.environ):
+            try:
+                host = build_host(config, plugins=plugins)
+            finally:
+                loaded_or_fail(plugins, name)
+            with running(host) as url:
+                yield ConformanceHost(
+                    host=host,
+                    api=Api(url, key),
+                    key=key,
+                    model_name=manifest.name,
+                    home=home,
+                    model_paths=tuple(f.path for f in manifest.files),
+                    secrets=tuple(v for v in target.environ.values() if v),
+                )
 
     # -- ids ------------------------------------------------------------------------------
     def test_declared_and_reported_ids_are_capability_ids(self, conformance_host: ConformanceHost) -> None:
@@ -533,6 +402,61 @@ class WerkConformance:
         else:
             assert status == 409, f"{CapabilityId.CROSS_RESTART} is {claimed}, yet: {status} {again}"
 
+    def test_streamed_chat_is_server_sent_events(self, conformance_host: ConformanceHost) -> None:
+        host = conformance_host
+        if hookspecs.werk_chat_completion.__name__ not in host.host.plugins.operations_of(host.adapter):
+            pytest.skip("the backend serves no chat")
+        body: JsonValue = {
+            "model": host.model_name,
+            "messages": MESSAGES,
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        status, kind, events = stream_answer(host, "/v1/chat/completions", body)
+        assert status == 200, events
+        assert kind.startswith("text/event-stream"), kind
+        assert events and events[-1] == "[DONE]", f"the stream does not end with data: [DONE]: {events[-3:]}"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert all(isinstance(c, dict) and c.get("object") == "chat.completion.chunk" for c in chunks), chunks
+        deltas = [c["choices"][0].get("delta") for c in chunks if c.get("choices")]
+        assert deltas and all(isinstance(d, dict) for d in deltas), chunks
+        finishes = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+        assert finishes[-1] in ("stop", "length"), finishes
+        usage = next((c["usage"] for c in reversed(chunks) if isinstance(c.get("usage"), dict)), None)
+        assert usage is not None, "the stream carries no usage although the request asked for it"
+        assert usage["completion_tokens"] >= 1 and usage["prompt_tokens"] >= 1, usage
+
+    def test_backend_taken_away_fails_with_a_reason(
+        self, conformance_host: ConformanceHost, conformance_target: ConformanceTarget
+    ) -> None:
+        host = conformance_host
+        if conformance_target.stop_backend is None:
+            pytest.skip("the target gives no way to take the backend away")
+        chat: dict[str, JsonValue] = {"model": host.model_name, "messages": MESSAGES, "max_tokens": 2}
+        with conformance_target.stop_backend(host.adapter):
+            status, doc = host.api.call("POST", "/v1/chat/completions", chat)
+            streamed, _, events = stream_answer(host, "/v1/chat/completions", {**chat, "stream": True})
+            listed, listing = host.call("GET", "/werk/v1/capabilities")
+        assert listed == 200, listing  # discovery answers while the backend is away
+        assert status in (200, 503) and streamed in (200, 503), (status, doc, streamed, events)
+        if status == 503:
+            error = doc.get("error")
+            assert isinstance(error, dict), doc
+            message = str(error.get("message", ""))
+            host.errors.append(message)
+            assert message and "server log" not in message, f"the answer does not name the reason: {message!r}"
+        if streamed == 503:
+            host.errors.append(events[0] if events else "")
+        deadline = time.monotonic() + 30
+        while True:  # back: it serves again (a remote backend re-probes after a short while)
+            status, doc = host.api.call("POST", "/v1/chat/completions", chat)
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert status == 200, f"the backend does not serve again after it came back: {doc}"
+
     # -- errors ---------------------------------------------------------------------------------
     def test_errors_leak_nothing(self, conformance_host: ConformanceHost) -> None:
         host = conformance_host
@@ -546,7 +470,7 @@ class WerkConformance:
             assert isinstance(error, dict)
             host.errors.append(str(error.get("message", "")))
         assert host.errors, "the suite saw no error message to check"
-        secrets_seen = [host.key, str(host.home), *host.model_paths, *host.handoffs]
+        secrets_seen = [host.key, *host.secrets, str(host.home), *host.model_paths, *host.handoffs]
         for message in host.errors:
             for secret in secrets_seen:
                 assert secret not in message, f"an error message leaks {secret!r}: {message!r}"
