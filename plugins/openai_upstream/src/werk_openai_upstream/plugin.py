@@ -7,10 +7,6 @@ when ``werk serve`` starts) and one doctor check; every operation is a method of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from pydantic import JsonValue
-
 from werk_host.plugin import AdapterFactory, DoctorCheck, HostConfig, hookimpl
 from werk_host.plugin.remote import check_options
 
@@ -19,12 +15,6 @@ from .adapter import BACKEND_ID, REPORTED, accepts, create_adapter
 __all__ = ["PLUGIN_NAME", "werk_adapter_factories", "werk_doctor_checks"]
 
 PLUGIN_NAME = BACKEND_ID
-
-
-def validate_options(options: Mapping[str, JsonValue]) -> None:
-    """An instance's own options (``endpoint``, ``api_key_env`` included), checked when ``werk
-    serve`` starts: a :class:`ValueError` names the option at fault."""
-    check_options(options)
 
 
 @hookimpl
@@ -36,7 +26,7 @@ def werk_adapter_factories(config: HostConfig) -> list[AdapterFactory]:
             create_adapter,
             "any OpenAI-compatible server elsewhere (a remote instance's endpoint)",
             tuple(REPORTED),
-            validate_options=validate_options,
+            validate_options=check_options,  # the instance's own options, endpoint included
         )
     ]
 
