@@ -25,12 +25,14 @@ from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
 from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
+from werk_host.protocol.media import ImageLimits, ImageResult
 from werk_host.protocol.telemetry import WorkerObservation
 from werk_host.seam import (
     Adapter,
     CapabilityReport,
     DecodeOutput,
     DecodeWork,
+    ImageWork,
     InferenceResponse,
     JsonObject,
     MemoryOperation,
@@ -194,6 +196,13 @@ class BackendHooks:
         if result is None or isinstance(result, PromptCache):
             return result
         raise _defect(self._plugins, adapter, name, "a PromptCache object")
+
+    # -- media (docs/media.md, "The media seam") ---------------------------------------------
+    def image_limits(self, adapter: Adapter) -> ImageLimits | None:
+        return self._one(adapter, hookspecs.werk_image_limits, ImageLimits)
+
+    def generate_image(self, adapter: Adapter, work: ImageWork) -> ImageResult | None:
+        return self._one(adapter, hookspecs.werk_image_generation, ImageResult, work=work)
 
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:

@@ -41,6 +41,7 @@ from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
 from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
+from werk_host.protocol.media import ImageLimits, ImageResult
 from werk_host.protocol.telemetry import WorkerObservation
 from werk_host.seam import (
     Adapter,
@@ -49,6 +50,7 @@ from werk_host.seam import (
     DecodeOutput,
     DecodeWork,
     DoctorCheck,
+    ImageWork,
     InferenceResponse,
     JsonObject,
     MemoryOperation,
@@ -63,10 +65,11 @@ from werk_host.seam import (
 )
 
 #: The version of this hook API. It changes with the host's minor version while the host is
-#: 0.x: a plugin declares ``werk-host>=0.3,<0.4`` in its requirements and the host refuses to
+#: 0.x: a plugin declares ``werk-host>=0.4,<0.5`` in its requirements and the host refuses to
 #: load a plugin whose declared range excludes the running host (docs/plugin-hooks.md). 0.3:
-#: operation hooks are adapter methods; ``AdapterFactory.plugin_name`` is derived.
-HOOK_API_VERSION: Final = "0.3"
+#: operation hooks are adapter methods; ``AdapterFactory.plugin_name`` is derived. 0.4: the
+#: media hooks ``werk_image_limits`` and ``werk_image_generation`` (docs/media.md).
+HOOK_API_VERSION: Final = "0.4"
 
 hookspec = pluggy.HookspecMarker("werk")
 
@@ -351,3 +354,29 @@ def werk_log_tail(adapter: Adapter, lines: int) -> list[str] | None:
     ``lines`` lines and shows them apart from its own lifecycle events.
 
     Adapter method: ``@hookimpl(specname="werk_log_tail") def log_tail(self, lines)``."""
+
+
+@hookspec(firstresult=True)
+def werk_image_limits(adapter: Adapter) -> ImageLimits | None:
+    """What this media adapter accepts: its sampler names (AUTOMATIC1111's, ``Euler a`` and the
+    like), its default sampler, size and steps, and whether it does image-to-image
+    (docs/media.md, "The media seam"). The host validates every image request against it before
+    any work, on every route. Cheap: no model load, no process start.
+
+    Adapter method: ``@hookimpl(specname="werk_image_limits") def image_limits(self)``."""
+
+
+@hookspec(firstresult=True)
+def werk_image_generation(adapter: Adapter, work: ImageWork) -> ImageResult | None:
+    """Generate ``work.request.n`` images (text-to-image, or image-to-image when
+    ``work.request.init_image`` is set), PNG bytes each, image *i* seeded with
+    ``work.request.seed + i``; the same request gives the same bytes. Calls
+    ``work.progress(step, steps)`` after every denoising step and polls ``work.cancelled()``
+    there: once true it stops and raises ``conflict`` ("cancelled"). Blocks until done; the host
+    calls it from a request thread or a job's (docs/media.md, "Jobs").
+
+    Errors: ``invalid_request`` for a request the pipeline cannot run (image-to-image on a
+    pipeline without it), ``unavailable`` (retryable) when the engine is down or died during the
+    work, ``conflict`` when cancelled.
+
+    Adapter method: ``@hookimpl(specname="werk_image_generation") def generate_image(self, work)``."""

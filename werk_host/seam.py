@@ -19,6 +19,7 @@ from werk_host.config import HostConfig
 from werk_host.models import ModelManifest
 from werk_host.protocol.base import CapabilityStatus, Tier
 from werk_host.protocol.discovery import CapabilityId
+from werk_host.protocol.media import ImageRequest
 from werk_host.protocol.pd import MessagesInput, TextInput
 
 #: A JSON object as it crosses the seam (OpenAI bodies, model entries, adapter metadata).
@@ -253,6 +254,19 @@ class MoveOutput:
     tier: Tier
     changed: bool
     delete_stored: bool = False
+
+
+@dataclass(frozen=True)
+class ImageWork:
+    """One image generation for a media backend (docs/media.md, "The media seam"):
+    ``request`` validated (its ``seed`` concrete, its ``steps`` and ``sampler`` filled from the
+    adapter's :class:`~werk_host.protocol.media.ImageLimits`), ``progress(step, steps)`` to
+    call after each denoising step, and ``cancelled()``, which the backend polls at each step:
+    once it is true the backend stops and raises ``WerkError(CONFLICT, "cancelled")``."""
+
+    request: ImageRequest
+    progress: Callable[[int, int], None]
+    cancelled: Callable[[], bool]
 
 
 @dataclass

@@ -39,6 +39,15 @@ from werk_host.protocol.experts import (
     ExpertSummary,
     ExpertTier,
 )
+from werk_host.protocol.media import (
+    ImageLimits,
+    ImageMode,
+    ImageRequest,
+    ImageResult,
+    JobCreate,
+    JobStatus,
+    JobView,
+)
 from werk_host.protocol.pd import (
     DecodeRequest,
     DecodeResult,
@@ -93,6 +102,13 @@ from werk_host.protocol.telemetry import (
 __all__ = [
     *_base_all,
     "Admission",
+    "ImageLimits",
+    "ImageMode",
+    "ImageRequest",
+    "ImageResult",
+    "JobCreate",
+    "JobStatus",
+    "JobView",
     "AllSelector",
     "CAPABILITY_OPERATIONS",
     "Capability",

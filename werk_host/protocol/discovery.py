@@ -67,6 +67,9 @@ class CapabilityId(StrEnum):
     PD_HANDOFF = "runtime.pd.handoff"
     EXPERTS = "runtime.experts.residency"
     PLACEMENT = "runtime.placement"
+    #: media (docs/media.md, "Capabilities"): additive to the seed's text ids
+    IMAGE_TXT2IMG = "media.image.txt2img"
+    IMAGE_IMG2IMG = "media.image.img2img"
 
     @classmethod
     def tier(cls, tier: str) -> CapabilityId:
@@ -105,4 +108,6 @@ CAPABILITY_OPERATIONS: Final[dict[CapabilityId, tuple[str, ...]]] = {
     CapabilityId.PD_HANDOFF: ("issue", "consume"),
     CapabilityId.EXPERTS: ("list", "prefetch", "pin", "unpin", "evict"),
     CapabilityId.PLACEMENT: ("plan",),
+    CapabilityId.IMAGE_TXT2IMG: ("generate", "progress", "cancel"),
+    CapabilityId.IMAGE_IMG2IMG: ("generate", "progress", "cancel"),
 }
