@@ -29,13 +29,17 @@ from werk_host.logs import WAITRESS_QUEUE_LOGGER, QueueDepthLog
 from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSource
 from werk_host.paths import ensure_private_dir
 from werk_host.pluginhost import PluginHost
+from werk_host.protocol.media import MAX_MEDIA_REQUEST_BYTES
 from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, gate_limits
 from werk_host.service.inference import InferenceService
+from werk_host.service.jobs import JobService
 from werk_host.service.local import LocalControlService
+from werk_host.service.media import MediaService
 from werk_host.service.principals import Authenticator, load_or_create_namespace_secret
 from werk_host.serving import create_server, raise_descriptor_limit
 from werk_host.store import StateStore
+from werk_host.store.jobs import JobStore, jobs_root
 
 if TYPE_CHECKING:
     import falcon
@@ -53,12 +57,15 @@ class Host:
     service: LocalControlService
     auth: Authenticator
     app: falcon.App[Any, Any]
+    media: MediaService
+    jobs: JobService
 
     def close(self) -> None:
-        _close(self.fleet, self.service)
+        _close(self.fleet, self.service, self.jobs)
 
 
-def _close(fleet: Fleet, service: LocalControlService) -> None:
+def _close(fleet: Fleet, service: LocalControlService, jobs: JobService) -> None:
+    jobs.close()  # running jobs are told to stop first (docs/media.md, "Jobs")
     fleet.close()
     service.prompt_caches.close()  # commits in flight finish (bounded): docs/prompt-cache.md
 
@@ -69,6 +76,8 @@ def _build_app(
     auth: Authenticator,
     inference: InferenceService,
     fleet: Fleet,
+    media: MediaService,
+    jobs: JobService,
     *,
     after: int,
     deployed: threading.Event,
@@ -81,7 +90,9 @@ def _build_app(
     from werk_host.http.browser import BrowserPolicy
 
     browser = BrowserPolicy(config.host, config.allowed_hosts, config.allowed_origins)
-    return create_app(service, auth, openapi=_openapi, inference=inference, fleet=fleet, browser=browser)
+    return create_app(
+        service, auth, openapi=_openapi, inference=inference, fleet=fleet, browser=browser, media=media, jobs=jobs
+    )
 
 
 def _openapi() -> dict[str, Any]:
@@ -122,11 +133,15 @@ def build_host(
     gate = InferenceGate(gate_limits(config.limits))  # docs/operations.md, "Inference concurrency"
     service = LocalControlService(fleet=fleet, auth=auth, store=store, memory=memory, cursor_secret=secret, gate=gate)
     inference = InferenceService(fleet, service.chat_stats, gate, service.prompt_caches)
+    media = MediaService(fleet, gate)  # docs/media.md
+    jobs = JobService(JobStore(jobs_root(config.home)), media)  # nonterminal records: failed
     deployed = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="werk-app") as builder:
         # a child prestarted from the remembered launch is already loading its model
         after = SPAWNS.count - launch.loading()
-        app = builder.submit(_build_app, config, service, auth, inference, fleet, after=after, deployed=deployed)
+        app = builder.submit(
+            _build_app, config, service, auth, inference, fleet, media, jobs, after=after, deployed=deployed
+        )
         try:
             try:
                 profile = profile_for(config)
@@ -138,9 +153,9 @@ def build_host(
             # preloaded instances start warm: their prompt caches' warm start finishes (bounded)
             # before the host serves (docs/prompt-cache.md, "Warm start")
             service.prompt_caches.wait()
-            return Host(config, plugins, fleet, service, auth, app.result())
+            return Host(config, plugins, fleet, service, auth, app.result(), media, jobs)
         except BaseException:
-            _close(fleet, service)
+            _close(fleet, service, jobs)
             raise
 
 
@@ -214,7 +229,7 @@ def make_server(app: WSGIApplication, host: str, port: int, limits: ServerLimits
         channel_timeout=limits.channel_timeout,
         cleanup_interval=limits.cleanup_interval,
         asyncore_use_poll=True,  # select() cannot watch descriptors past FD_SETSIZE (1024)
-        max_request_body_size=8 << 20,
+        max_request_body_size=MAX_MEDIA_REQUEST_BYTES,  # the largest route bound (docs/media.md)
         ident="werk-host",
         # keep reading a connection while its request runs, so that a client that leaves
         # is noticed (waitress.client_disconnected) and its inference request cancelled

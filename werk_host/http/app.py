@@ -11,21 +11,26 @@ import falcon
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http import anthropic, ollama, openai, responses, ui
+from werk_host.http import anthropic, comfy, ollama, openai, responses, sdapi, ui
+from werk_host.http import media as media_routes
 from werk_host.http.browser import BrowserPolicy
 from werk_host.http.errors import error_body, from_falcon, retry_after, status_for
 from werk_host.http.metrics import METRICS_PATH, HostMetrics
 from werk_host.http.middleware import (
     RequestMiddleware,
     is_anthropic_path,
+    is_comfy_path,
     is_ollama_path,
     is_openai_path,
+    is_sdapi_path,
     protocol_headers,
 )
 from werk_host.http.resources import ROUTES, OpenApiDocument, OpenApiResource, RawOpenApiResource
 from werk_host.logs import TracebackThrottle
 from werk_host.protocol.envelope import error_json
 from werk_host.service.fleet import Fleet
+from werk_host.service.jobs import JobService
+from werk_host.service.media import MediaService
 from werk_host.service.principals import Authenticator
 
 log = logging.getLogger("werk_host.http")
@@ -42,6 +47,12 @@ def _render_error(req: falcon.Request, resp: falcon.Response, error: WerkError) 
         return
     if is_ollama_path(req.path):
         ollama.render_error(resp, status, error)
+        return
+    if is_sdapi_path(req.path):
+        sdapi.render_error(resp, status, error)
+        return
+    if is_comfy_path(req.path):
+        comfy.render_error(resp, status, error)
         return
     if is_openai_path(req.path):
         openai.render_error(resp, status, error)
@@ -100,6 +111,8 @@ def create_app(
     inference: Any | None = None,
     fleet: Fleet | None = None,
     browser: BrowserPolicy | None = None,
+    media: MediaService | None = None,
+    jobs: JobService | None = None,
 ) -> falcon.App[Any, Any]:
     """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given) and
     the document ``openapi()`` makes (:func:`werk_host.openapi.build_openapi`; the document module
@@ -107,7 +120,8 @@ def create_app(
     starts never serve it (docs/operations.md, "Where the start-up time goes"). With ``fleet``,
     ``/werk/v1`` requests select their deployment instance (``X-Werk-Deployment``). ``browser``
     is the browser-safety policy (default: a host bound to loopback with nothing more allowed;
-    docs/operations.md, "Browser safety")."""
+    docs/operations.md, "Browser safety"). With ``media`` and ``jobs``, the image and job routes
+    (docs/media.md)."""
     metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
         metrics.middleware,  # first, so that it sees every response (401s included)
@@ -128,6 +142,10 @@ def create_app(
         responses.add_routes(app, control, inference)  # docs/compat.md, "OpenAI Responses"
         if fleet is not None:
             ollama.add_routes(app, control, inference, fleet)
+    if media is not None and jobs is not None:
+        media_routes.add_routes(app, media, jobs)  # docs/media.md
+        sdapi.add_routes(app, media, jobs)
+        comfy.add_routes(app, media, jobs)
     app.add_route(METRICS_PATH, metrics.resource)
     ui.add_routes(app)  # the operator's page, docs/ui.md
     # Registration order matters: Falcon picks the most specific handler class.

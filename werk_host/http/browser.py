@@ -24,7 +24,9 @@ request, before authentication:
   (``application/json`` or ``application/*+json``, a ``charset`` only ``utf-8``); any other
   (``text/plain``, form encodings, multipart: what a page sends without a preflight) is 415
   ``invalid_request`` in the route family's error shape. A body without ``Content-Type`` is
-  read as JSON, as most servers do for raw clients.
+  read as JSON, as most servers do for raw clients. The one exception is OpenAI's image edits
+  route, which takes ``multipart/form-data`` (:data:`FORM_UPLOAD_PATHS`): a foreign page's form
+  post there is still refused by the Origin check.
 * ``/ui`` answers, 404s included, carry the page's security headers (docs/ui.md, "Security").
 """
 
@@ -105,6 +107,15 @@ def _json_media(content_type: str) -> bool:
     return True
 
 
+#: The one route that takes a non-JSON body: OpenAI's image edits, ``multipart/form-data``
+#: (docs/media.md); its Host and Origin checks are those of every route.
+FORM_UPLOAD_PATHS: Final = frozenset({"/v1/images/edits"})
+
+
+def _form_upload(path: str, content_type: str) -> bool:
+    return path in FORM_UPLOAD_PATHS and content_type.lower().startswith("multipart/form-data")
+
+
 class BrowserPolicy:
     """The checks of the module docstring for a host bound to ``bound`` with the operator's
     ``allowed_hosts`` and ``allowed_origins``; :meth:`check` runs once per request."""
@@ -150,7 +161,7 @@ class BrowserPolicy:
                 return True
         if req.method in _BODY_METHODS:
             content_type = env.get("CONTENT_TYPE")
-            if content_type and not _json_media(content_type):
+            if content_type and not _json_media(content_type) and not _form_upload(req.path, content_type):
                 raise UnsupportedMediaType()
         return False
 

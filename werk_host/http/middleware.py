@@ -13,6 +13,7 @@ all of it: every request passes here, so each call and each header lookup counts
 
 from __future__ import annotations
 
+import base64
 import functools
 import random
 import re
@@ -27,6 +28,7 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.browser import BrowserPolicy, respond
 from werk_host.http.errors import StatusError
 from werk_host.protocol import MAX_REQUEST_BYTES, PROTOCOL_MAJOR, PROTOCOL_VERSION
+from werk_host.protocol.media import MAX_MEDIA_REQUEST_BYTES
 from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Authenticator
 from werk_host.service.scope import RequestScope
@@ -35,6 +37,9 @@ PROTOCOL_PREFIX = "/werk/v1"
 OPENAI_PREFIX = "/v1"
 ANTHROPIC_PREFIX = "/v1/messages"
 OLLAMA_PREFIX = "/api"
+SDAPI_PREFIX = "/sdapi"
+#: The ComfyUI routes Werk serves (docs/media.md, "Comfy"): their first path segment.
+COMFY_ROUTES: Final = frozenset({"prompt", "history", "view", "queue", "object_info", "interrupt", "system_stats"})
 
 
 def is_protocol_path(path: str) -> bool:
@@ -55,22 +60,41 @@ def is_ollama_path(path: str) -> bool:
     return path == OLLAMA_PREFIX or path.startswith(OLLAMA_PREFIX + "/")
 
 
+def is_sdapi_path(path: str) -> bool:
+    """The AUTOMATIC1111 routes (docs/media.md): their error shape, keys as on ``/v1``."""
+    return path.startswith(SDAPI_PREFIX + "/")
+
+
+def is_comfy_path(path: str) -> bool:
+    """The ComfyUI routes (docs/media.md): their error shape, keys as on ``/v1``."""
+    return path.partition("/")[2].partition("/")[0] in COMFY_ROUTES
+
+
+def is_media_body_path(path: str) -> bool:
+    """The routes whose bodies may carry an image (:data:`MAX_MEDIA_REQUEST_BYTES`)."""
+    return path.startswith(("/v1/images/", "/sdapi/", "/werk/v1/jobs")) or path == "/prompt"
+
+
 class BodyTooLarge(StatusError):
-    """The fixed 1 MiB HTTP body limit (413, code ``resource_exhausted``)."""
+    """The HTTP body limit: 1 MiB, media routes :data:`MAX_MEDIA_REQUEST_BYTES` (413, code
+    ``resource_exhausted``)."""
 
     status = 413
 
-    def __init__(self) -> None:
-        super().__init__(ErrorCode.RESOURCE_EXHAUSTED, "request body exceeds 1 MiB", retryable=False)
+    def __init__(self, limit: int = MAX_REQUEST_BYTES) -> None:
+        super().__init__(ErrorCode.RESOURCE_EXHAUSTED, f"request body exceeds {limit >> 20} MiB", retryable=False)
 
 
-def protocol_headers(resp: falcon.Response, request_id: str) -> None:
+def protocol_headers(resp: falcon.Response, request_id: str, *, json: bool = True) -> None:
+    """The headers of every ``/werk/v1`` answer; ``json``: it is a JSON document (a job's result
+    file keeps its own content type)."""
     resp.set_header("X-Werk-Request-Id", request_id)
     resp.set_header("X-Werk-Protocol-Version", PROTOCOL_VERSION)
     resp.set_header("Cache-Control", "no-store")
     resp.set_header("Vary", "accept")
     resp.set_header("X-Content-Type-Options", "nosniff")
-    resp.content_type = "application/json"
+    if json:
+        resp.content_type = "application/json"
 
 
 def presented_key(env: dict[str, Any]) -> str | None:
@@ -80,6 +104,13 @@ def presented_key(env: dict[str, Any]) -> str | None:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return str(token.strip())
+        if scheme.lower() == "basic" and token.strip():  # AUTOMATIC1111's --api-auth: the password
+            try:
+                decoded = base64.b64decode(token.strip(), validate=True).decode()
+            except (ValueError, UnicodeDecodeError):
+                return None
+            password = decoded.partition(":")[2]
+            return password or None
     api_key = env.get("HTTP_X_API_KEY")
     return str(api_key.strip()) if api_key else None
 
@@ -173,7 +204,14 @@ class RequestMiddleware:
         protocol = context.protocol = is_protocol_path(path)
         if self._browser.check(req, resp):
             return  # an allowed preflight, answered
-        if protocol or is_openai_path(path) or is_ollama_path(path) or path == "/metrics":
+        if (
+            protocol
+            or is_openai_path(path)
+            or is_ollama_path(path)
+            or path == "/metrics"
+            or is_sdapi_path(path)
+            or is_comfy_path(path)
+        ):
             principal = self._auth.authenticate(presented_key(req.env))
             if principal is None:
                 raise WerkError(ErrorCode.UNAUTHORIZED, "missing or invalid API key")
@@ -187,7 +225,7 @@ class RequestMiddleware:
                 instance = self._fleet.default
             context.scope = RequestScope(principal, instance)
         if req.method in _BODY_METHODS:
-            context.body = self._read_body(req)
+            context.body = self._read_body(req, MAX_MEDIA_REQUEST_BYTES if is_media_body_path(path) else self._limit)
 
     def _select(self, req: falcon.Request) -> Instance | None:
         """The instance a ``/werk/v1`` request controls (``X-Werk-Deployment``, else the default;
@@ -204,19 +242,19 @@ class RequestMiddleware:
         req.context.instance_id = instance.id
         return instance
 
-    def _read_body(self, req: falcon.Request) -> bytes:
+    def _read_body(self, req: falcon.Request, limit: int) -> bytes:
         length = req.content_length
-        if length is not None and length > self._limit:
-            raise BodyTooLarge()
+        if length is not None and length > limit:
+            raise BodyTooLarge(limit)
         if length is None:
             # Chunked (or unframed) body: waitress marks a de-chunked, terminated input.
             if not req.env.get("wsgi.input_terminated"):
                 return b""
-            data: bytes = req.stream.read(self._limit + 1)
+            data: bytes = req.stream.read(limit + 1)
         else:
-            data = req.bounded_stream.read(self._limit + 1)
-        if len(data) > self._limit:
-            raise BodyTooLarge()
+            data = req.bounded_stream.read(limit + 1)
+        if len(data) > limit:
+            raise BodyTooLarge(limit)
         return data
 
     def process_response(
@@ -224,7 +262,7 @@ class RequestMiddleware:
     ) -> None:
         context = req.context
         if context.protocol:
-            protocol_headers(resp, context.request_id)
+            protocol_headers(resp, context.request_id, json=not getattr(context, "binary", False))
         respond(req, resp)
         scope = getattr(context, "scope", None)
         if scope is not None:

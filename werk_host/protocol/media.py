@@ -38,8 +38,8 @@ MAX_IMAGE_BATCH: Final = 8
 MAX_PROMPT_CHARS: Final = 16_384
 MAX_SEED: Final = 2**32 - 1
 #: The largest decoded init image, and the largest body of a media route (base64 grows 4/3).
-MAX_INIT_IMAGE_BYTES: Final = 16 << 20
-MAX_MEDIA_REQUEST_BYTES: Final = 24 << 20
+MAX_INIT_IMAGE_BYTES: Final = 8 << 20
+MAX_MEDIA_REQUEST_BYTES: Final = 16 << 20
 
 Side = Annotated[int, Field(ge=IMAGE_SIDE_MULTIPLE, le=MAX_IMAGE_SIDE, multiple_of=IMAGE_SIDE_MULTIPLE, strict=True)]
 Prompt = Annotated[StrictStr, Field(max_length=MAX_PROMPT_CHARS)]
