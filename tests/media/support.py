@@ -1,0 +1,68 @@
+"""Shared helpers of the media route tests: a host serving the reference media backend, raw
+byte fetches, and polling a job to its end."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from werk_host.testing.api import Api
+from werk_host.testing.hosts import LiveHost, install_model, serving
+from werk_host.testing.media import MEDIA_BACKEND, ReferenceMediaPlugin
+
+KEY_A, KEY_B = "sk-media-a", "sk-media-b"
+MODEL = "pix"
+
+
+@contextmanager
+def media_host(
+    home: Path, *, params: Mapping[str, Any] | None = None, plugin: ReferenceMediaPlugin | None = None, **kwargs: Any
+) -> Iterator[tuple[LiveHost, ReferenceMediaPlugin]]:
+    """A served host whose one model ``pix`` is the reference media backend's, keys A and B."""
+    home.mkdir(parents=True, exist_ok=True)
+    install_model(home, MODEL, backend=MEDIA_BACKEND, params=dict(params or {}))
+    plugin = plugin or ReferenceMediaPlugin()
+    with serving(home, plugin=plugin, model=MODEL, api_keys=(KEY_A, KEY_B), **kwargs) as live:
+        yield live, plugin
+
+
+def fetch(url: str, key: str | None, *, method: str = "GET") -> tuple[int, bytes, str]:
+    """``(status, body bytes, content type)`` of one request."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(url, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read(), answer.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), err.headers.get("Content-Type", "")
+
+
+def finished(api: Api, job_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The job's view once it is terminal."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, doc = api.get(f"/werk/v1/jobs/{job_id}")
+        assert status == 200, doc
+        view: dict[str, Any] = doc["data"]
+        if view["status"] in ("succeeded", "failed", "cancelled"):
+            return view
+        assert time.monotonic() < deadline, f"job {job_id} did not finish: {view}"
+        time.sleep(0.02)
+
+
+def running(api: Api, job_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The job's view once it runs and has made a step."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, doc = api.get(f"/werk/v1/jobs/{job_id}")
+        view: dict[str, Any] = doc["data"]
+        if view["status"] == "running" and view["progress"]["step"] > 0:
+            return view
+        assert view["status"] in ("queued", "running"), view
+        assert time.monotonic() < deadline, f"job {job_id} did not start: {view}"
+        time.sleep(0.02)
