@@ -73,7 +73,14 @@ _OPERATIONS: list[tuple[str, str, str, type[BaseModel] | None, type[BaseModel] |
         p.DeploymentLogsQuery,
         p.DeploymentLogs,
     ),
+    ("get", "/werk/v1/jobs", "This key's jobs (docs/media.md)", None, None, list[p.JobView]),
+    ("post", "/werk/v1/jobs", "Submit a job: answered 202 with it, queued", p.JobCreate, None, p.JobView),
+    ("get", "/werk/v1/jobs/{job_id}", "One of this key's jobs", None, None, p.JobView),
+    ("post", "/werk/v1/jobs/{job_id}/cancel", "Cancel one of this key's jobs", None, None, p.JobView),
 ]
+#: Operations whose success status is not 200.
+_SUCCESS_STATUS = {("post", "/werk/v1/jobs"): "202"}
+_JOB_ID = {"type": "string", "pattern": "^job_[0-9a-f]{24}$"}
 
 _ERROR_STATUSES = {
     "400": "invalid_request",
@@ -153,7 +160,7 @@ def build_openapi() -> dict[str, Any]:
             "security": [{"bearer": []}, {"apiKey": []}],
             "parameters": [],
             "responses": {
-                "200": {
+                _SUCCESS_STATUS.get((method, path), "200"): {
                     "description": "Success envelope",
                     "content": {"application/json": {"schema": _envelope_schema(data_schema)}},
                 },
@@ -174,6 +181,8 @@ def build_openapi() -> dict[str, Any]:
             operation["parameters"].append(
                 {"name": "instance_id", "in": "path", "required": True, "schema": instance_id}
             )
+        if "{job_id}" in path:
+            operation["parameters"].append({"name": "job_id", "in": "path", "required": True, "schema": _JOB_ID})
         if "{entry}" in path:
             store = {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}
             entry = {"type": "string", "pattern": "^st_[A-Za-z0-9_-]+$"}
@@ -198,6 +207,32 @@ def build_openapi() -> dict[str, Any]:
                 "content": {"application/json": {"schema": {"$ref": REF.format(model=body.__name__)}}},
             }
         paths.setdefault(path, {})[method] = operation
+    paths["/werk/v1/jobs/{job_id}/result/{name}"] = {
+        "get": {
+            "summary": "A result file of one of this key's jobs (its bytes, its own content type)",
+            "operationId": "get_jobs_job_id_result_name",
+            "security": [{"bearer": []}, {"apiKey": []}],
+            "parameters": [
+                {"name": "job_id", "in": "path", "required": True, "schema": _JOB_ID},
+                {
+                    "name": "name",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "pattern": "^image-[0-9]{1,2}\\.png$"},
+                },
+            ],
+            "responses": {
+                "200": {"description": "The file", "content": {"image/png": {}}},
+                **{
+                    status: {
+                        "description": _ERROR_STATUSES[status],
+                        "content": {"application/json": {"schema": {"$ref": REF.format(model="ErrorEnvelope")}}},
+                    }
+                    for status in ("400", "401", "404", "406", "500")
+                },
+            },
+        }
+    }
     paths["/werk/v1/openapi.json"] = {
         "get": {
             "summary": "This document",

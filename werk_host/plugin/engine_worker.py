@@ -32,6 +32,19 @@ The contract, for the engine (:class:`Engine`) and the adapter:
 * Messages reach the engine as :func:`plain` messages (content parts joined into one string);
   ``tools`` is the request's list or ``None``. A ``ValueError``, ``TypeError`` or ``KeyError``
   from the engine is a 400.
+* **Other routes, optional** (an engine that only streams, like the diffusers worker, need not
+  have ``prompt_ids`` or ``generate``; ``/count`` and the chat route then answer 400).
+  ``engine.answer(path, body) -> dict | None``, when the engine has it, is offered every other
+  ``POST`` first, outside the generation lock (a status read that must not wait for a
+  generation): a dict is answered 200 JSON, ``None`` passes the path on.
+  ``engine.stream(path, body, cancelled) -> Iterator[dict] | None`` is offered it next, under
+  the generation lock: ``None`` is a 404; an iterator is answered 200
+  ``application/x-ndjson``, chunked, one JSON object per line, flushed per line. A
+  ``ValueError``, ``TypeError`` or ``KeyError`` raised before the first item is a 400 as above,
+  any other exception there a 500 ``{"error": {"message", "type"}}``; an exception after it
+  becomes the last line, ``{"event": "error", "type": "<ValueError|...>", "message": "..."}``.
+  A failed write (the client went away) sets ``cancelled`` and closes the connection; the
+  engine stops at its next step.
 """
 
 from __future__ import annotations
@@ -56,7 +69,9 @@ Piece = tuple[str, str | None, int]
 
 
 class Engine(Protocol):
-    """What a plugin's worker provides: one loaded model."""
+    """What a plugin's worker provides: one loaded model. ``prompt_ids`` and ``generate`` serve
+    the chat routes; an engine without them (one that only streams: ``stream`` and ``answer``,
+    module docstring) answers those routes 400."""
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: Any, *, counting: bool = False) -> list[int]:
         """The token ids of the prompt the chat route feeds the model (its chat template with the
@@ -154,14 +169,75 @@ class Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         try:
-            if self.path == "/count":
+            if self.path in ("/count", "/v1/chat/completions") and not hasattr(self.engine, "generate"):
+                self._json(400, {"error": {"message": "this worker serves no chat"}})
+            elif self.path == "/count":
                 self._json(200, {"prompt_tokens": len(_prompt(self.engine, body, counting=True))})
             elif self.path == "/v1/chat/completions":
                 self._chat(body)
             else:
-                self._json(404, {"error": {"message": "not found"}})
+                self._other(body)
         except (ValueError, TypeError, KeyError) as err:
             self._json(400, {"error": {"message": f"{type(err).__name__}: {err}"}})
+
+    def _other(self, body: dict[str, Any]) -> None:
+        """A path other than the chat routes: ``engine.answer``, then ``engine.stream``."""
+        answer = getattr(self.engine, "answer", None)
+        if answer is not None:
+            doc = answer(self.path, body)
+            if doc is not None:
+                self._json(200, doc)
+                return
+        stream = getattr(self.engine, "stream", None)
+        if stream is None:
+            self._json(404, {"error": {"message": "not found"}})
+            return
+        cancelled = threading.Event()
+        with self.lock:
+            lines: Iterator[dict[str, Any]] | None = stream(self.path, body, cancelled)
+            if lines is None:
+                self._json(404, {"error": {"message": "not found"}})
+                return
+            try:
+                try:
+                    first = next(lines, None)
+                except (ValueError, TypeError, KeyError):
+                    raise
+                except Exception as err:  # noqa: BLE001 - any engine failure is answered
+                    self._json(500, {"error": {"message": str(err), "type": type(err).__name__}})
+                    return
+                self._stream_lines(first, lines, cancelled)
+            finally:
+                close = getattr(lines, "close", None)
+                if close is not None:
+                    close()
+
+    def _stream_lines(
+        self, first: dict[str, Any] | None, lines: Iterator[dict[str, Any]], cancelled: threading.Event
+    ) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            if first is not None:
+                self._send(json.dumps(first).encode() + b"\n")
+                while True:
+                    try:
+                        item = next(lines, None)
+                    except Exception as err:  # noqa: BLE001 - the stream's last line says it
+                        doc = {"event": "error", "type": type(err).__name__, "message": str(err)}
+                        self._send(json.dumps(doc).encode() + b"\n")
+                        break
+                    if item is None:
+                        break
+                    self._send(json.dumps(item).encode() + b"\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            cancelled.set()  # the client went away: the engine stops at its next step
+            self.close_connection = True
 
     def _chat(self, body: dict[str, Any]) -> None:
         engine = self.engine

@@ -1,32 +1,42 @@
-"""Engines in a Werk-owned worker per exact model (docs/plugin-kit.md, "Engine workers"): the
-adapter side of a backend whose engine runs in its own virtualenv, one serialized HTTP worker
-per exact model, at most a bounded number loaded at once (the seed's Transformers and ONNX
-Runtime GenAI rows: "one serialized Werk-owned worker per exact model ... bounded LRU").
+"""Engines in a Werk-owned worker (docs/plugin-kit.md, "Engine workers"): the adapter side of a
+backend whose engine runs in its own virtualenv, one serialized HTTP worker per exact model (or,
+for a backend whose worker holds many models, one per host), at most a bounded number loaded at
+once (the seed's Transformers and ONNX Runtime GenAI rows: "one serialized Werk-owned worker per
+exact model ... bounded LRU"; its Diffusers row: "one serialized resident execution worker").
 
-A plugin subclasses :class:`EngineAdapter` with its engine's parts only: the class attributes
-that name it (``backend``, ``label``, ``python_env``, ``key_env``, ``worker``, ``pool``) and,
-when its worker takes more than ``--kit``, ``--model`` and ``--port``, :meth:`EngineAdapter.worker_args`.
+Two classes. :class:`EngineWorker` is the lifetime part every such backend shares: the worker's
+key, start, identity, restart, close and its ``werk_workers`` observation. :class:`EngineAdapter`
+(a subclass) adds the chat hooks of a chat engine. A plugin subclasses one of them with its
+engine's parts only: the class attributes that name it (``backend``, ``label``, ``python_env``,
+``key_env``, ``worker``, ``pool``, and ``per_model``) and, when its worker takes more than
+``--kit``, ``--model`` and ``--port``, :meth:`EngineWorker.worker_args`.
 Its ``worker.py`` runs the kit's worker side, :mod:`werk_host.plugin.engine_worker`, loaded by
 the path :data:`WORKER_KIT` that the adapter passes as ``--kit``. The contract:
 
-* **Identity.** ``instance_id`` is ``<backend>:<model>``; :meth:`~EngineAdapter.identity` adds the
+* **Identity.** ``instance_id`` is ``<backend>:<model>``; :meth:`~EngineWorker.identity` adds the
   live worker's generation (``not-loaded`` when none is alive), so it changes whenever the
   worker process is replaced.
-* **One worker per exact model.** The pool key is :func:`~werk_host.plugin.pool.files_identity`
-  of the manifest, the engine interpreter and the ``runtime`` settings the plugin passes
-  (everything that changes what runs). Adapters of the same key share one worker; the worker is
-  stopped when the last of them closes (:class:`~werk_host.plugin.pool.WorkerPool`).
+* **One worker per exact model** (``per_model = True``, the default). The pool key is
+  :func:`~werk_host.plugin.pool.files_identity` of the manifest, the engine interpreter and the
+  ``runtime`` settings the plugin passes (everything that changes what runs). Adapters of the
+  same key share one worker; the worker is stopped when the last of them closes
+  (:class:`~werk_host.plugin.pool.WorkerPool`). With ``per_model = False`` the key is the
+  interpreter and ``runtime`` only: every model of the backend shares ONE worker per host,
+  which loads models itself when a request names one (the worker takes no ``--model``).
 * **Start.** A worker is a :class:`~werk_host.plugin.workers.WorkerRun` under
   ``<home>/backends/<backend>/workers/worker-<generation>/``, with its key in ``key_env`` only,
-  started as ``<python> <worker> --kit WORKER_KIT --model DIR --port P [worker_args]`` under the
+  started as ``<python> <worker> --kit WORKER_KIT [--model DIR] --port P [worker_args]`` under the
   process-group guard; ``startup_timeout`` bounds its load. A worker that does not load is
   ``unavailable`` (retryable): "the <label> worker could not load the model".
-* **Capabilities from evidence.** ``runtime.model_residency`` is ``supported`` while the worker
-  is alive (its health route answers only once the model is loaded), ``unavailable`` otherwise
-  (the next request loads it); ``api.chat.token_count`` and ``api.chat.admission`` exact (the
-  worker's ``/count``: the model's tokenizer and chat template); ``api.chat.limits`` from the
-  model's own context (``context``, the plugin reads it from its model directory), one request at
-  a time; ``runtime.state.prefix_cache`` ``unsupported``.
+* **Workers.** ``werk_workers`` observes the live worker: its pid (the memory manager accounts
+  the process group by it), state ``running``, one slot; nothing while no worker is alive.
+* **Capabilities from evidence** (:class:`EngineAdapter`). ``runtime.model_residency`` is
+  ``supported`` while the worker is alive (its health route answers only once the model is
+  loaded), ``unavailable`` otherwise (the next request loads it); ``api.chat.token_count`` and
+  ``api.chat.admission`` exact (the worker's ``/count``: the model's tokenizer and chat
+  template); ``api.chat.limits`` from the model's own context (``context``, the plugin reads it
+  from its model directory), one request at a time; ``runtime.state.prefix_cache``
+  ``unsupported``.
 * **Chat limits.** The context as given; the output ceiling the manifest's ``max_output_tokens``
   param, else the context less one, never above the context less one;
   ``max_concurrent_requests`` 1.
@@ -61,13 +71,14 @@ from werk_host.errors import ErrorCode, WerkError
 from werk_host.models import ModelManifest
 from werk_host.plugin.pool import Slot, Started, WorkerPool, files_identity
 from werk_host.plugin.workers import LOOPBACK, WorkerRun
-from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest
+from werk_host.protocol import CapabilityId, CapabilityStatus, ChatLimits, ChatRequest, WorkerObservation
 from werk_host.seam import CapabilityReport, DoctorCheck, InferenceResponse, JsonObject
 
 __all__ = [
     "REPORTED",
     "WORKER_KIT",
     "EngineAdapter",
+    "EngineWorker",
     "engine_doctor_checks",
     "engine_options",
     "model_cache_size",
@@ -84,7 +95,7 @@ REPORTED = (
     CapabilityId.CHAT_LIMITS,
     CapabilityId.PREFIX_CACHE,
 )
-A = TypeVar("A", bound="EngineAdapter")
+A = TypeVar("A", bound="EngineWorker")
 
 
 def _forced_tool_choice(body: JsonObject) -> bool:
@@ -92,8 +103,9 @@ def _forced_tool_choice(body: JsonObject) -> bool:
     return choice == "required" or isinstance(choice, dict)
 
 
-class EngineAdapter:
-    """One deployment instance of a model served by its engine's worker (module docstring)."""
+class EngineWorker:
+    """The worker lifetime of one deployment instance served by its engine's worker (module
+    docstring): key, start, identity, restart, close and the ``werk_workers`` observation."""
 
     backend: str
     #: How messages and logs name the engine: "the <label> worker".
@@ -105,6 +117,8 @@ class EngineAdapter:
     #: The plugin's ``worker.py``.
     worker: ClassVar[Path]
     pool: ClassVar[WorkerPool]
+    #: One worker per exact model (``True``), or one per host for every model of the backend.
+    per_model: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -114,7 +128,6 @@ class EngineAdapter:
         *,
         python: str | None,
         startup_timeout: float,
-        context: int | None,
         runtime: tuple[Hashable, ...] = (),
     ) -> None:
         if python is None:
@@ -130,8 +143,8 @@ class EngineAdapter:
         self.python = python
         self.startup_timeout = startup_timeout
         self.instance_id = f"{self.backend}:{manifest.name}"
-        self.context = context
-        self.key: Hashable = (files_identity(manifest), python, *runtime)
+        model: tuple[Hashable, ...] = (files_identity(manifest),) if self.per_model else ()
+        self.key: Hashable = (*model, python, *runtime)
         self.slot: Slot = self.pool.attach(self.key, id(self))
         self._closed = threading.Event()
 
@@ -159,14 +172,17 @@ class EngineAdapter:
             self.pool.detach(self.key, id(self))
 
     def _start(self) -> Started:
+        name = f"{self.label} worker ({self.manifest.name})" if self.per_model else f"{self.label} worker"
         run = WorkerRun(
-            f"{self.label} worker ({self.manifest.name})",
+            name,
             self.config.home / "backends" / self.backend / "workers",
             prefix="worker-",
             key_env=self.key_env,
         )
         argv = [self.python, str(self.worker), "--kit", str(WORKER_KIT)]
-        argv += ["--model", str(self.directory), "--port", str(run.port), *self.worker_args()]
+        if self.per_model:
+            argv += ["--model", str(self.directory)]
+        argv += ["--port", str(run.port), *self.worker_args()]
         try:
             run.start(argv, log_name="worker.log", startup_timeout=self.startup_timeout, guard="group")
         except BackendStartupError as err:
@@ -177,6 +193,42 @@ class EngineAdapter:
             LOOPBACK, run.port, api_key=run.key, label=f"{self.label} worker", bounds=self.config.backend_bounds
         )
         return Started(run, pool)
+
+    @hookimpl(specname="werk_workers")
+    def workers(self) -> list[WorkerObservation]:
+        started = self.slot.started
+        pid = started.run.pid if started is not None and started.run.alive() else None
+        if pid is None:
+            return []
+        return [
+            WorkerObservation(
+                model=self.manifest.name,
+                backend=self.backend,
+                pid=pid,
+                state="running",
+                slots=1,
+                context_per_request_tokens=None,
+                context_capacity_tokens=None,
+            )
+        ]
+
+
+class EngineAdapter(EngineWorker):
+    """One deployment instance of a chat model served by its engine's worker (module docstring)."""
+
+    def __init__(
+        self,
+        config: HostConfig,
+        manifest: ModelManifest,
+        directory: Path,
+        *,
+        python: str | None,
+        startup_timeout: float,
+        context: int | None,
+        runtime: tuple[Hashable, ...] = (),
+    ) -> None:
+        super().__init__(config, manifest, directory, python=python, startup_timeout=startup_timeout, runtime=runtime)
+        self.context = context
 
     # -- operation hooks (docs/plugin-hooks.md) --------------------------------------------------
     @hookimpl(specname="werk_capabilities")

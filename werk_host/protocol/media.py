@@ -22,11 +22,11 @@ one of the terminal ``succeeded``, ``failed``, ``cancelled``.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, Self
 
-from pydantic import Field, JsonValue, StrictStr, model_validator
+from pydantic import BeforeValidator, Field, JsonValue, StrictInt, StrictStr, model_validator
 
-from werk_host.protocol.base import DataModel, JsonFloat, NonNegativeJsonInt, PositiveJsonInt, StrictModel
+from werk_host.protocol.base import DataModel, JsonFloat, StrictModel, integral_number
 
 #: The largest image side and pixel count a request may ask for.
 MAX_IMAGE_SIDE: Final = 2048
@@ -41,7 +41,13 @@ MAX_SEED: Final = 2**32 - 1
 MAX_INIT_IMAGE_BYTES: Final = 8 << 20
 MAX_MEDIA_REQUEST_BYTES: Final = 16 << 20
 
-Side = Annotated[int, Field(ge=IMAGE_SIDE_MULTIPLE, le=MAX_IMAGE_SIDE, multiple_of=IMAGE_SIDE_MULTIPLE, strict=True)]
+#: Base64 data, optionally as a ``data:`` URL (what ``init_image`` fields carry).
+BASE64_PATTERN: Final = r"^(data:[A-Za-z0-9/+.-]*;base64,)?([A-Za-z0-9+/]{4})+([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+Side = Annotated[
+    StrictInt,
+    Field(ge=IMAGE_SIDE_MULTIPLE, le=MAX_IMAGE_SIDE, multiple_of=IMAGE_SIDE_MULTIPLE),
+    BeforeValidator(integral_number),
+]
 Prompt = Annotated[StrictStr, Field(max_length=MAX_PROMPT_CHARS)]
 
 
@@ -50,31 +56,45 @@ class ImageMode(StrEnum):
     IMG2IMG = "img2img"
 
 
-class ImageRequest(StrictModel):
-    """One image generation (module docstring). ``n`` images of ``width`` x ``height``."""
+class _ImageFields(StrictModel):
+    """The fields every image request has (module docstring)."""
 
-    model: StrictStr | None = None
     prompt: Prompt
     negative_prompt: Prompt = ""
     width: Side = 512
     height: Side = 512
-    steps: Annotated[PositiveJsonInt, Field(le=MAX_IMAGE_STEPS)] | None = None
+    steps: Annotated[StrictInt, Field(ge=1, le=MAX_IMAGE_STEPS), BeforeValidator(integral_number)] | None = None
     guidance_scale: Annotated[JsonFloat, Field(ge=0, le=50)] = 7.0
-    seed: Annotated[NonNegativeJsonInt, Field(le=MAX_SEED)] | None = None
+    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED), BeforeValidator(integral_number)] | None = None
     sampler: Annotated[StrictStr, Field(max_length=64)] | None = None
-    n: Annotated[PositiveJsonInt, Field(le=MAX_IMAGE_BATCH)] = 1
-    init_image: bytes | None = Field(default=None, max_length=MAX_INIT_IMAGE_BYTES)
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_IMAGE_BATCH), BeforeValidator(integral_number)] = 1
     strength: Annotated[JsonFloat, Field(gt=0, le=1)] = 0.75
 
     @model_validator(mode="after")
-    def _pixels(self) -> ImageRequest:
+    def _pixels(self) -> Self:
         if self.width * self.height > MAX_IMAGE_PIXELS:
             raise ValueError(f"width x height must be at most {MAX_IMAGE_PIXELS} pixels")
         return self
 
+
+class ImageRequest(_ImageFields):
+    """One image generation (module docstring). ``n`` images of ``width`` x ``height``."""
+
+    model: StrictStr | None = None
+    init_image: bytes | None = Field(default=None, max_length=MAX_INIT_IMAGE_BYTES)
+
     @property
     def mode(self) -> ImageMode:
         return ImageMode.IMG2IMG if self.init_image is not None else ImageMode.TXT2IMG
+
+
+class ImageInput(_ImageFields):
+    """A ``kind: image`` job's ``input``: an :class:`ImageRequest` without ``model`` (the job
+    names it), its ``init_image`` base64 (a ``data:`` URL prefix allowed)."""
+
+    init_image: (
+        Annotated[StrictStr, Field(max_length=(MAX_INIT_IMAGE_BYTES * 4) // 3 + 64, pattern=BASE64_PATTERN)] | None
+    ) = None
 
 
 class ImageLimits(DataModel):
@@ -113,11 +133,11 @@ JobKind = Literal["image"]
 
 class JobCreate(StrictModel):
     """``POST /werk/v1/jobs``: ``input`` is the kind's request (for ``image``, an
-    :class:`ImageRequest` without ``model``; its ``init_image`` base64)."""
+    :class:`ImageInput`)."""
 
     kind: JobKind
     model: StrictStr | None = None
-    input: dict[str, JsonValue]
+    input: ImageInput
 
 
 class JobProgress(DataModel):

@@ -111,10 +111,16 @@ class JobService:
 
     # -- the protocol's operations -----------------------------------------------------------
     def submit(self, principal: Principal, create: JobCreate) -> JobView:
-        request = image_request(create.input, create.model)
+        """``POST /werk/v1/jobs`` (module docstring)."""
+        return self.submit_image(principal, create.model, create.input.model_dump(exclude_none=True))
+
+    def submit_image(self, principal: Principal, model: str | None, fields: dict[str, Any]) -> JobView:
+        """A ``kind: image`` job of ``fields`` (an :class:`ImageRequest`'s, ``init_image``
+        base64) for ``model``, every route's one way in (module docstring)."""
+        request = image_request(fields, model)
         prepared = self.media.prepare(request)
-        document = json.dumps({"kind": create.kind, "request": request_document(prepared.request)}).encode()
-        record = self.store.create(principal.id, create.kind, prepared.model, document)
+        document = json.dumps({"kind": "image", "request": request_document(prepared.request)}).encode()
+        record = self.store.create(principal.id, "image", prepared.model, document)
         generation = Generation(principal.id, prepared.model, job_id=record.id)
         generation.steps = prepared.request.steps or 0
         with self._lock:

@@ -7,7 +7,7 @@ job). The contract:
 * **Which instance.** ``model`` names an instance id, a served model name or an alias (the
   deployment set's own routing, as for chats); without one, the first instance whose backend
   declares ``media.image.txt2img``. An instance whose backend declares neither image
-  capability is ``invalid_request`` ("model X does not generate images"); no instance at all
+  capability is ``unsupported`` ("model X does not generate images"); no instance at all
   is ``unsupported``.
 * **Validated before any work.** The route's fields become an
   :class:`~werk_host.protocol.media.ImageRequest` (its bounds: size, steps, batch, prompt,
@@ -118,7 +118,7 @@ class MediaService:
             return found[0]
         instance = deployments.route(model)
         if not is_media(instance):
-            raise WerkError(ErrorCode.INVALID_REQUEST, f"model {model} does not generate images")
+            raise WerkError(ErrorCode.UNSUPPORTED, f"model {model} does not generate images")
         return instance
 
     def limits(self, instance: Instance) -> ImageLimits:
