@@ -6,7 +6,9 @@ backend-owned caches (e.g. llama.cpp's per-process slot directories) in ``WERK_H
 chat sessions (archive and native snapshot listed apart) in ``WERK_HOME/chat-sessions``
 (:mod:`werk_host.chat.inventory`: ``--all`` keeps archives unless ``--include-chat-sessions``);
 automatic prompt caches per instance and key in ``WERK_HOME/prompt-cache`` (ids
-``prompt:<instance>/<entry>``; docs/prompt-cache.md), under the runtime-state store's rules.
+``prompt:<instance>/<entry>``; docs/prompt-cache.md), under the runtime-state store's rules;
+media job records in ``WERK_HOME/jobs`` are listed (kind ``job``; a queued or running one
+``active``) but never purged here: ``werk jobs purge`` removes them (docs/media.md, "Jobs").
 A purge of runtime states takes the same process mutex and ``.lock`` advisory lock as a running
 server, and the other parts honour their owner locks, so a purge is safe while one runs.
 ``list`` is strictly read-only. Purge skips pinned states and active ones (a payload currently
@@ -34,6 +36,7 @@ from werk_host.errors import WerkError, invalid, not_found
 from werk_host.paths import werk_home
 from werk_host.service.promptcache import prompt_cache_store, store_names
 from werk_host.store import StateStore, runtime_state_root
+from werk_host.store.jobs import JobStore, jobs_root
 
 #: The id prefix of a prompt-cache entry: ``prompt:<instance store>/<entry id>``.
 PROMPT_PREFIX = "prompt:"
@@ -91,6 +94,10 @@ def list_text(doc: Mapping[str, Any]) -> str:
         rows.append([e["id"], owner, kind, e.get("instance"), _size(e.get("bytes")), _marks(e), DISK_TIER])
     for b in doc["backend_caches"]:
         rows.append([b["id"], b["plugin"], "backend_cache", None, _size(b["bytes"]), _marks(b), DISK_TIER])
+    for j in doc.get("jobs", []):
+        active = "active" if j["status"] in ("queued", "running") else "-"
+        kind = f"job {j['kind']} {j['status']}"
+        rows.append([j["id"], f"{j['owner_prefix']}…", kind, j.get("model"), _size(j["bytes"]), active, DISK_TIER])
     for c in doc["chat_sessions"]:
         archive, native = c.get("archive"), c.get("native_snapshot")
         marks = _marks(c)
@@ -102,12 +109,13 @@ def list_text(doc: Mapping[str, Any]) -> str:
             rows.append([native["id"], "chat", kind, None, _size(native["bytes"]), marks, DISK_TIER])
     t = doc["totals"]
     entries = t["entries"] + t["backend_caches"] + t["chat_sessions"] + len(doc.get("prompt_caches", []))
+    entries += len(doc.get("jobs", []))
     totals = (
         f"{entries} entries, {human_bytes(t['disk_bytes'])} on disk: {t['states']} states "
         f"({t['pinned']} pinned, {t['active']} active, {t['expired']} expired, {t['invalid']} invalid), "
         f"{t['quarantined']} quarantined, {t['backend_caches']} backend caches ({t['backend_caches_active']} active), "
         f"{t['chat_sessions']} chat sessions ({t['chat_sessions_active']} active), "
-        f"{t.get('prompt_caches', 0)} prompt caches"
+        f"{t.get('prompt_caches', 0)} prompt caches, {t.get('jobs', 0)} jobs"
     )
     if not rows:
         return "nothing cached (" + totals + ")"
@@ -169,9 +177,16 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
         for name in store_names(home)
         for e in prompt_cache_store(home, name).inventory()
     ]
+    records = JobStore(jobs_root(home)).load()
+    jobs: list[dict[str, Any]] = [
+        {"id": r.id, "owner_prefix": r.owner[:8], "kind": r.kind, "model": r.model, "status": r.status.value}
+        | {"bytes": r.result_bytes}
+        for r in records
+    ]
     doc: dict[str, Any] = {
         "runtime_states": [e.to_json() for e in entries],
         "prompt_caches": prompts,
+        "jobs": jobs,
         "backend_caches": [b.to_json() for b in backends],
         "chat_sessions": [c.to_json() for c in chats],
         "totals": {
@@ -185,7 +200,9 @@ def cmd_list(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
             "disk_bytes": sum(e.disk_bytes or 0 for e in entries)
             + sum(b.bytes for b in backends)
             + sum(c.disk_bytes for c in chats)
-            + sum(p["disk_bytes"] or 0 for p in prompts),
+            + sum(p["disk_bytes"] or 0 for p in prompts)
+            + sum(r.result_bytes for r in records),
+            "jobs": len(jobs),
             "prompt_caches": sum(1 for p in prompts if p["kind"] == "state"),
             "backend_caches": len(backends),
             "backend_caches_active": sum(1 for b in backends if b.active),

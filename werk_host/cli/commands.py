@@ -32,7 +32,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
         serve.register(sub)
         return parser
-    from werk_host.cli import cache, chat, deployments, doctor, models, plugins, run, runtime, serve
+    from werk_host.cli import cache, chat, deployments, doctor, jobs, models, plugins, run, runtime, serve
 
     serve.register(sub)
     run.register(sub)
@@ -41,6 +41,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     doctor.register(sub)
     models.register(sub)
     cache.register(sub)
+    jobs.register(sub)
     runtime.register(sub)
     deployments.register(sub)
     if command not in SERVING_COMMANDS:

@@ -8,12 +8,18 @@ beside them). The rules every backend that serves such checkpoints shares:
 * :func:`checkpoint_manifest` turns a path into a :class:`~werk_host.plugin.ModelManifest`: a
   checkpoint directory becomes a manifest of every regular, non-hidden file directly in it
   (sorted; path, size and SHA-256 each, exactly the files ``werk models add DIR`` registers),
-  with the detected architecture in ``params["architecture"]``; a model file (a GGUF, say)
+  with the detected architecture in ``params["architecture"]``; a *Diffusers folder* (one
+  holding ``model_index.json``, its components in subfolders: ``unet/``, ``vae/``, ...) becomes
+  a manifest of every regular file under it, recursively, none under a hidden name (sorted by
+  relative path; :func:`diffusers_files`, again what ``werk models add DIR`` registers), with
+  the pipeline's ``_class_name`` in ``params["architecture"]``; a model file (a GGUF, say)
   becomes a one-file manifest. The name defaults to the directory's (or file's stem), made a
   valid model name. The conformance suite builds ``ConformanceTarget(model=<path>)`` this way.
-* :func:`checkpoint_dir` says whether a manifest *is* such a directory (all its files in one
-  directory, with ``config.json`` and a ``*.safetensors`` among them), for an adapter
-  factory's ``accepts``.
+* :func:`checkpoint_dir` says whether a manifest *is* such a checkpoint directory (all its files
+  in one directory, with ``config.json`` and a ``*.safetensors`` among them, and no
+  ``model_index.json``), for an adapter factory's ``accepts``; :func:`diffusers_dir` whether it
+  is a Diffusers folder (a ``model_index.json`` and every other file under its directory), and
+  :func:`is_diffusers_dir` whether a directory on disk is one.
 * :func:`read_config`, :func:`architecture`, :func:`context_length` read ``config.json``;
   :func:`safetensors_metadata` reads the ``__metadata__`` of the first ``*.safetensors`` file's
   header (for instance ``{"format": "mlx"}`` marks an MLX conversion). None of them loads
@@ -33,18 +39,24 @@ from werk_host.models import NAME_RE, ModelManifest
 
 __all__ = [
     "CONFIG_NAME",
+    "DIFFUSERS_INDEX",
     "WEIGHTS_SUFFIX",
     "architecture",
     "checkpoint_dir",
     "checkpoint_files",
     "checkpoint_manifest",
     "context_length",
+    "diffusers_dir",
+    "diffusers_files",
     "is_checkpoint_dir",
+    "is_diffusers_dir",
     "read_config",
     "safetensors_metadata",
 ]
 
 CONFIG_NAME = "config.json"
+#: The file that makes a directory a Diffusers folder.
+DIFFUSERS_INDEX = "model_index.json"
 WEIGHTS_SUFFIX = ".safetensors"
 #: A ``config.json`` (or a safetensors header) larger than this is not read.
 MAX_CONFIG_BYTES = 16 << 20
@@ -54,6 +66,38 @@ MAX_HEADER_BYTES = 100 << 20
 def checkpoint_files(directory: Path) -> list[Path]:
     """The regular, non-hidden files directly in ``directory``, sorted (what a manifest lists)."""
     return sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def diffusers_files(directory: Path) -> list[Path]:
+    """Every regular file under ``directory``, recursively, none under a hidden name (no part of
+    its relative path starts with ``.``), sorted by relative path (what a Diffusers folder's
+    manifest lists)."""
+    found = [p for p in directory.rglob("*") if p.is_file()]
+    visible = [p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts)]
+    return sorted(visible, key=lambda p: p.relative_to(directory).parts)
+
+
+def is_diffusers_dir(directory: Path) -> bool:
+    """Whether ``directory`` holds ``model_index.json`` (a Diffusers folder)."""
+    try:
+        return (directory / DIFFUSERS_INDEX).is_file()
+    except OSError:
+        return False
+
+
+def diffusers_dir(manifest: ModelManifest | None) -> Path | None:
+    """The folder of ``manifest`` when it is one Diffusers folder (a ``model_index.json`` and
+    every other file under its directory), judged by its recorded files alone; else ``None``."""
+    if manifest is None or not manifest.files:
+        return None
+    paths = [Path(f.path) for f in manifest.files]
+    roots = [p.parent for p in paths if p.name == DIFFUSERS_INDEX]
+    if len(roots) != 1:
+        return None
+    root = roots[0]
+    if not all(p == root / DIFFUSERS_INDEX or p.is_relative_to(root) for p in paths):
+        return None
+    return root
 
 
 def is_checkpoint_dir(directory: Path) -> bool:
@@ -75,6 +119,8 @@ def checkpoint_dir(manifest: ModelManifest | None) -> Path | None:
     names = {p.name for p in paths}
     if len(parents) != 1 or CONFIG_NAME not in names or not any(n.endswith(WEIGHTS_SUFFIX) for n in names):
         return None
+    if DIFFUSERS_INDEX in names:
+        return None  # a Diffusers pipeline's top level, not a transformers checkpoint
     return next(iter(parents))
 
 
@@ -157,6 +203,16 @@ def checkpoint_manifest(
         return ModelManifest.from_paths(name or _model_name(target.stem), [target], backend=backend, params=params)
     if not target.is_dir():
         raise WerkError(ErrorCode.NOT_FOUND, f"model path not found: {target.name}")
+    if is_diffusers_dir(target):
+        index = _small_json(target / DIFFUSERS_INDEX, MAX_CONFIG_BYTES)
+        kind = index.get("_class_name") if isinstance(index, dict) else None
+        found_kind: dict[str, Any] = {"architecture": kind} if isinstance(kind, str) and kind else {}
+        return ModelManifest.from_paths(
+            name or _model_name(target.name),
+            diffusers_files(target),
+            backend=backend,
+            params={**found_kind, **(params or {})},
+        )
     if not is_checkpoint_dir(target):
         raise WerkError(
             ErrorCode.INVALID_REQUEST,

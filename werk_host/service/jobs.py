@@ -43,6 +43,8 @@ __all__ = ["JobService", "image_request", "request_document"]
 
 log = logging.getLogger(__name__)
 PNG: Final = "image/png"
+#: How often the runner looks for ``werk jobs cancel`` markers.
+WATCH_S: Final = 0.25
 
 
 def image_request(fields: dict[str, Any], model: str | None) -> ImageRequest:
@@ -100,6 +102,18 @@ class JobService:
         self.recovered = store.recover()
         self._runner = threading.Thread(target=self._run, name="werk-jobs", daemon=True)
         self._runner.start()
+        self._watcher = threading.Thread(target=self._watch, name="werk-jobs-cancel", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        """Cancel the live jobs ``werk jobs cancel`` marked (werk_host/store/jobs.py), every
+        :data:`WATCH_S`."""
+        while not self._stopping.wait(WATCH_S):
+            with self._lock:
+                live = list(self._live.items())
+            for job_id, generation in live:
+                if not generation.cancel.is_set() and self.store.cancel_requested(job_id):
+                    self.cancel(None, job_id)
 
     def close(self) -> None:
         self._stopping.set()
@@ -108,6 +122,8 @@ class JobService:
                 generation.cancel.set()
         self._queue.put(None)
         self._runner.join(timeout=10)
+        self._watcher.join(timeout=5)
+        self.store.release()
 
     # -- the protocol's operations -----------------------------------------------------------
     def submit(self, principal: Principal, create: JobCreate) -> JobView:

@@ -25,15 +25,20 @@ plugin). Contract:
   ``status.json`` (a crash between its two first writes) is removed.
 * State pruning (``/werk/v1/states/prune``, prompt-cache pruning) never touches this tree;
   only :meth:`JobStore.purge` removes records.
-
-One :class:`JobStore` serves one ``werk serve``; its in-memory index is the listing, loaded
-once by :meth:`recover`. The CLI reads the same tree while no server runs (``werk jobs``).
+* **One server, and the CLI beside it.** A serving host holds the advisory lock
+  ``jobs/.lock`` (:meth:`JobStore.hold`) while it lives; its in-memory index is the listing,
+  loaded by :meth:`recover`. ``werk jobs`` works on the same tree: it lists from disk; it purges
+  terminal records (a server drops a record whose directory went, the next time it lists); and
+  it cancels through a ``cancel`` marker file in the job's directory when a server holds the
+  lock (the server's job runner watches for it), or by writing the record itself when none does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import logging
 import os
 import re
 import secrets
@@ -49,9 +54,13 @@ from werk_host.protocol.media import JobError, JobFile, JobProgress, JobStatus, 
 
 from . import _fs
 
+log = logging.getLogger(__name__)
+
 JOB_ID_RE: Final = re.compile(r"job_[0-9a-f]{24}")
 REQUEST_FILE: Final = "request.json"
 STATUS_FILE: Final = "status.json"
+CANCEL_FILE: Final = "cancel"
+LOCK_FILE: Final = ".lock"
 #: The largest ``status.json`` / ``request.json`` read back.
 MAX_RECORD_BYTES: Final = 1 << 20
 MAX_REQUEST_BYTES: Final = 32 << 20
@@ -159,6 +168,8 @@ class JobStore:
         self._lock = threading.Lock()
         self._records: dict[str, JobRecord] = {}
         self._loaded = False
+        self._root_seen: tuple[int, int] | None = None
+        self._held: int | None = None
 
     # -- the tree -------------------------------------------------------------------------
     def _root_fd(self) -> int:
@@ -166,6 +177,9 @@ class JobStore:
         with contextlib.suppress(FileExistsError):
             _fs.make_private_dir(self.root.name, _fs.open_dir(str(self.root.parent), None))
         return _fs.open_dir(str(self.root), None)
+
+    def _root_fd_close(self) -> None:
+        os.close(self._root_fd())  # the tree exists
 
     @contextlib.contextmanager
     def _job_dir(self, job_id: str, *, create: bool = False) -> Any:
@@ -212,9 +226,22 @@ class JobStore:
             os.close(rootfd)
         return sorted(records, key=lambda r: (r.created_unix_ms, r.id))
 
+    def open_index(self) -> None:
+        """Load the index from disk as it is, changing nothing (the CLI beside a server)."""
+        with self._lock:
+            self._records = {r.id: r for r in self.load()}
+            self._loaded = True
+
     def recover(self) -> int:
-        """Load the index; mark every nonterminal record ``failed`` (module docstring) and remove
-        unreadable job directories. Returns how many records were marked failed."""
+        """Take the server's lock and load the index; mark every nonterminal record ``failed``
+        (module docstring) and remove unreadable job directories. Returns how many records were
+        marked failed. When another live host holds the lock, its jobs are its own: the index is
+        loaded as it is and nothing is changed."""
+        self._root_fd_close()
+        if not self.hold():
+            log.warning("another host serves %s: its jobs are left as they are", self.root)
+            self.open_index()
+            return 0
         marked = 0
         with self._lock:
             self._records = {}
@@ -240,6 +267,62 @@ class JobStore:
                 os.close(rootfd)
             self._loaded = True
         return marked
+
+    # -- the server's lock and the CLI's markers --------------------------------------------------
+    def hold(self) -> bool:
+        """Take the server's lock (module docstring); ``False`` when another process holds it."""
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._held = fd
+        return True
+
+    def release(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
+    def served(self) -> bool:
+        """Whether a server holds the lock now (the CLI asks)."""
+        if not self.root.is_dir():
+            return False
+        if not self.hold():
+            return True
+        self.release()
+        return False
+
+    def request_cancel(self, job_id: str) -> None:
+        """Leave the ``cancel`` marker for the serving host's runner."""
+        with self._job_dir(job_id) as fd, contextlib.suppress(FileExistsError):
+            _fs.write_new_file(CANCEL_FILE, fd, b"", durable=False)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        try:
+            with self._job_dir(job_id) as fd:
+                return _fs.lstat_at(CANCEL_FILE, fd) is not None
+        except OSError:
+            return False
+
+    def _drop_removed_locked(self) -> None:
+        """Forget records whose directory another process removed (``werk jobs purge``): checked
+        only when the tree's directory changed since the last look."""
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return
+        seen = (st.st_ino, st.st_mtime_ns)
+        if seen == self._root_seen:
+            return
+        self._root_seen = seen
+        try:
+            present = set(os.listdir(self.root))
+        except OSError:
+            return
+        for job_id in [j for j in self._records if j not in present]:
+            del self._records[job_id]
 
     # -- records ---------------------------------------------------------------------------
     def create(self, owner: str, kind: str, model: str | None, request: bytes) -> JobRecord:
@@ -274,6 +357,7 @@ class JobStore:
     def get(self, owner: str | None, job_id: str) -> JobRecord:
         """``job_id``'s record (a copy) if ``owner`` created it (``None``: any owner)."""
         with self._lock:
+            self._drop_removed_locked()
             record = self._records.get(job_id)
             if record is None or (owner is not None and record.owner != owner):
                 raise WerkError(ErrorCode.NOT_FOUND, "no job has that id")
@@ -281,6 +365,7 @@ class JobStore:
 
     def listing(self, owner: str | None) -> list[JobRecord]:
         with self._lock:
+            self._drop_removed_locked()
             found = [r for r in self._records.values() if owner is None or r.owner == owner]
         return sorted(found, key=lambda r: (r.created_unix_ms, r.id))
 
