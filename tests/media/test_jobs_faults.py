@@ -96,7 +96,7 @@ def test_a_disk_that_fills_while_a_job_writes_its_results_fails_it_with_nothing_
             "/werk/v1/jobs", {"kind": "image", "input": {"prompt": "x", "width": 64, "height": 64}}
         )
         assert status == 429, doc
-        assert sorted(p.name for p in (home / "jobs").iterdir()) == [job_id]
+        assert sorted(p.name for p in (home / "jobs").iterdir()) == [".lock", job_id]
         filler.unlink()
         again = live.api.post("/werk/v1/jobs", {"kind": "image", "input": {"prompt": "x", "width": 64, "height": 64}})
         assert finished(live.api, again[1]["data"]["id"])["status"] == "succeeded"

@@ -172,7 +172,7 @@ def test_a_bad_job_is_refused_whole_and_leaves_no_record(tmp_path: Path, body: d
         assert 400 <= status < 500, doc
         assert needle in doc["error"]["message"]
         assert live.api.get("/werk/v1/jobs")[1]["data"] == []
-        assert not any((tmp_path / "home" / "jobs").iterdir())
+        assert [p.name for p in (tmp_path / "home" / "jobs").iterdir()] == [".lock"]
         assert all(a.runs == 0 for a in plugin.adapters)
 
 
