@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_protocol_doc_lists_every_capability_id_with_its_operations() -> None:
     text = (ROOT / "docs" / "protocol.md").read_text()
-    rows = re.findall(r"^\| `([a-z_.]+)` \| `([A-Z_]+)` \| (.*) \|$", text, flags=re.M)
+    rows = re.findall(r"^\| `([a-z0-9_.]+)` \| `([A-Z0-9_]+)` \| (.*) \|$", text, flags=re.M)
     documented = {cap: (member, tuple(re.findall(r"`(\w+)`", ops))) for cap, member, ops in rows}
     expected = {c.value: (c.name, CAPABILITY_OPERATIONS[c]) for c in CapabilityId}
     assert documented == expected

@@ -24,6 +24,7 @@ from werk_host.config import HostConfig
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.hookdocs import render
 from werk_host.hooks import BackendHooks, needed
+from werk_host.models import ModelManifest
 from werk_host.pluginhost import OPERATION_HOOKS, PluginHost, hook_names, incompatibility
 from werk_host.protocol import (
     CapabilityId,
@@ -49,6 +50,7 @@ from werk_host.seam import (
 )
 from werk_host.testing.hosts import make_host
 from werk_host.testing.markers import covers_hooks
+from werk_host.testing.media import MEDIA_BACKEND, ReferenceMediaPlugin
 from werk_host.testing.reference import BACKEND_ID, CONTEXT_TOKENS, MemoryAdapter, MemoryBackendPlugin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +84,10 @@ def attached(host: PluginHost, adapter: MemoryAdapter, owner: str = "testbackend
     return adapter
 
 
+#: The operation hooks of media backends (docs/media.md), which the text reference leaves out.
+MEDIA_HOOKS = frozenset({hookspecs.werk_image_limits.__name__, hookspecs.werk_image_generation.__name__})
+
+
 def test_the_reference_plugin_implements_every_hook() -> None:
     host = PluginHost()
     plugin = MemoryBackendPlugin()
@@ -91,7 +97,15 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     (factory,) = host.adapter_factories(HostConfig(home=Path("/nonexistent")))
     adapter = factory.create(HostConfig(home=Path("/nonexistent")), None)
     host.attach(adapter, factory)
-    assert host.operations_of(adapter) == OPERATION_HOOKS
+    # the text reference does every operation but the media ones, the media reference those
+    assert host.operations_of(adapter) == OPERATION_HOOKS - MEDIA_HOOKS
+    media = ReferenceMediaPlugin()
+    host.register(media, MEDIA_BACKEND)
+    config = HostConfig(home=Path("/nonexistent"))
+    (media_factory,) = (f for f in host.adapter_factories(config) if f.owner == MEDIA_BACKEND)
+    media_adapter = media_factory.create(HostConfig(home=Path("/nonexistent")), ModelManifest("pix", (), MEDIA_BACKEND))
+    host.attach(media_adapter, media_factory)
+    assert host.operations_of(media_adapter) == MEDIA_HOOKS | {"werk_capabilities"}
     assert set(hook_names()) - {"werk_adapter_factories", "werk_doctor_checks", "werk_cli_commands"} == OPERATION_HOOKS
 
 

@@ -67,6 +67,8 @@ CAPABILITY_HOOKS: Final[Mapping[CapabilityId, Backing]] = {
     CapabilityId.PD_HANDOFF: Backing(_names(_h.werk_prefill, _h.werk_decode), _names(_h.werk_release_state)),
     CapabilityId.EXPERTS: Backing(_names(_h.werk_list_experts, _h.werk_expert_action)),
     CapabilityId.PLACEMENT: Backing(_names(_h.werk_deployment_plan)),
+    CapabilityId.IMAGE_TXT2IMG: Backing(_names(_h.werk_image_generation, _h.werk_image_limits)),
+    CapabilityId.IMAGE_IMG2IMG: Backing(_names(_h.werk_image_generation, _h.werk_image_limits)),
 }
 
 

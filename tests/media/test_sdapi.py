@@ -6,12 +6,10 @@ selection, progress and interrupt."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,6 +143,8 @@ def test_models_samplers_and_options_per_key(served: tuple[LiveHost, ReferenceMe
     assert a.util_get_sampler_names() == ["DDIM", "Euler", "Euler a"]
     assert a.get_samplers()[0] == {"name": "Euler", "aliases": [], "options": {}}
     assert a.get_options()["sd_model_checkpoint"] == "pix" == a.util_get_current_model()
+    wrong = a.session.get(live.url + SDAPI + "/txt2img")
+    assert (wrong.status_code, wrong.headers["Allow"], wrong.json()["errors"][:4]) == (405, "POST", "405:")
     try:
         a.util_set_model("slow")
         assert a.util_get_current_model() == "slow"

@@ -56,6 +56,7 @@ HTTP Basic with the key as password (A1111's ``--api-auth``). Here:
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -208,7 +209,7 @@ def model_sha256(instance: Instance) -> str:
     """The digest A1111 lists as a checkpoint's ``sha256``: the weights file's, or the manifest's
     identity for a model of several files."""
     files = instance.manifest.files
-    return files[0].sha256 if len(files) == 1 and files[0].sha256 else instance.manifest.identity()
+    return files[0].sha256 if len(files) == 1 and files[0].sha256 else instance.manifest.identity
 
 
 def _model_entry(instance: Instance) -> dict[str, Any]:
@@ -221,6 +222,17 @@ def _model_entry(instance: Instance) -> dict[str, Any]:
         "filename": instance.manifest.name,
         "config": None,
     }
+
+
+class _Route:
+    """A route's base: a method it doesn't serve is 405 in A1111's shape, ``Allow`` set."""
+
+    def _not_allowed(self, req: falcon.Request, resp: falcon.Response) -> None:
+        methods = [m for m in ("GET", "POST") if getattr(type(self), f"on_{m.lower()}") is not _Route._not_allowed]
+        resp.set_header("Allow", ", ".join(methods))
+        render_error(resp, 405, _invalid("method not allowed on this route"))
+
+    on_get = on_post = on_put = on_patch = on_delete = _not_allowed
 
 
 @dataclass
@@ -313,7 +325,7 @@ def _check_neutral(body: dict[str, Any], known: dict[str, Any]) -> None:
 
 def _image_doc(body: dict[str, Any], mode: ImageMode) -> tuple[dict[str, Any], int]:
     """The request's A1111 fields as an image request document, and its batch_size."""
-    doc: dict[str, Any] = {"prompt": body.get("prompt", "")}
+    doc: dict[str, Any] = {"prompt": "" if body.get("prompt") is None else body["prompt"]}
     negative = body.get("negative_prompt")
     if negative is not None:
         doc["negative_prompt"] = negative
@@ -328,8 +340,7 @@ def _image_doc(body: dict[str, Any], mode: ImageMode) -> tuple[dict[str, Any], i
     sampler = body.get("sampler_name") or body.get("sampler_index")
     if sampler is not None:
         doc["sampler"] = sampler
-    batch_size = _count(body.get("batch_size", 1) if body.get("batch_size") is not None else 1, "batch_size")
-    n_iter = _count(body.get("n_iter", 1) if body.get("n_iter") is not None else 1, "n_iter")
+    batch_size, n_iter = (_count(1 if body.get(k) is None else body[k], k) for k in ("batch_size", "n_iter"))
     if batch_size * n_iter > MAX_IMAGE_BATCH:
         raise _invalid(f"batch_size x n_iter must be at most {MAX_IMAGE_BATCH}")
     doc["n"] = batch_size * n_iter
@@ -410,7 +421,7 @@ def _info(body: dict[str, Any], prepared: Prepared, result: ImageResult, batch_s
     return json.dumps(info)
 
 
-class Generate:
+class Generate(_Route):
     """``POST /sdapi/v1/txt2img`` and ``/img2img`` (module docstring)."""
 
     def __init__(self, sd: SdApi, mode: ImageMode) -> None:
@@ -426,10 +437,7 @@ class Generate:
         override = sd.checked_options(body.get("override_settings"), "override_settings")
         doc, batch_size = _image_doc(body, self.mode)
         image_request(doc, None)  # every bound, before any instance starts
-        instance = override or sd.current(who)
-        if instance is None:
-            media.resolve(None)  # unsupported: no media model
-            raise WerkError(ErrorCode.UNSUPPORTED, "image generation is not supported: no media model is served")
+        instance = override or sd.current(who) or media.resolve(None)  # none: unsupported
         if "width" not in doc or "height" not in doc:
             size = media.limits(instance).default_size
             doc.setdefault("width", size)
@@ -450,17 +458,11 @@ class Generate:
             parameters["init_images"] = None
             parameters["mask"] = None
         send = body.get("send_images") is not False
-        images = [_b64(image) for image in result.images] if send else []
+        images = [base64.b64encode(image).decode() for image in result.images] if send else []
         _answer(resp, {"images": images, "parameters": parameters, "info": _info(body, prepared, result, batch_size)})
 
 
-def _b64(data: bytes) -> str:
-    import base64
-
-    return base64.b64encode(data).decode()
-
-
-class SdModels:
+class SdModels(_Route):
     def __init__(self, sd: SdApi) -> None:
         self.sd = sd
 
@@ -468,7 +470,7 @@ class SdModels:
         _answer(resp, [_model_entry(instance) for instance in self.sd.media.instances()])
 
 
-class Samplers:
+class Samplers(_Route):
     def __init__(self, sd: SdApi) -> None:
         self.sd = sd
 
@@ -481,7 +483,7 @@ class Samplers:
         _answer(resp, [{"name": name, "aliases": [], "options": {}} for name in limits.samplers])
 
 
-class Options:
+class Options(_Route):
     def __init__(self, sd: SdApi) -> None:
         self.sd = sd
 
@@ -496,7 +498,7 @@ class Options:
         _answer(resp, None)
 
 
-class Progress:
+class Progress(_Route):
     def __init__(self, sd: SdApi) -> None:
         self.sd = sd
 
@@ -529,7 +531,7 @@ class Progress:
         )
 
 
-class Interrupt:
+class Interrupt(_Route):
     def __init__(self, sd: SdApi) -> None:
         self.sd = sd
 

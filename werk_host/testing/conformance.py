@@ -48,29 +48,20 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import ClassVar
 
 import pytest
 from pydantic import JsonValue
 
 from werk_host import hookspecs
-from werk_host.config import HostConfig
-from werk_host.models import ModelManifest, ModelRegistry
-from werk_host.plugin.checkpoints import checkpoint_manifest
 from werk_host.protocol import CapabilityId, CapabilityStatus
-from werk_host.server import build_host
-from werk_host.testing.api import Api
 from werk_host.testing.conformance_target import (
     ConformanceHost,
     ConformanceTarget,
-    environ_set,
     load_target,
-    loaded_or_fail,
-    remote_profile,
+    served_target,
     stream_answer,
 )
-from werk_host.testing.hosts import running
 
 __all__ = ["HOOKS_BEHIND", "ConformanceHost", "ConformanceTarget", "WerkConformance", "expected_outcome", "load_target"]
 
@@ -149,36 +140,9 @@ class WerkConformance:
     def conformance_host(
         cls, conformance_target: ConformanceTarget, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[ConformanceHost]:
-        target = conformance_target
         home = tmp_path_factory.mktemp("werk-conformance") / "home"
-        home.mkdir()
-        if isinstance(target.model, ModelManifest):
-            manifest = target.model
-        else:
-            manifest = checkpoint_manifest(target.model, target.model_name)
-        plugins, name = load_target(target)
-        key = f"sk-werk-conformance-{secrets.token_hex(8)}"
-        config = HostConfig(home=home, api_keys=(key,), backend_options=dict(target.backend_options))
-        if manifest.files:
-            ModelRegistry(home).add(manifest)
-            config = replace(config, model=manifest.name)
-        else:
-            config = replace(config, profile=remote_profile(home, target, manifest, name))
-        with environ_set(target.environ):
-            try:
-                host = build_host(config, plugins=plugins)
-            finally:
-                loaded_or_fail(plugins, name)
-            with running(host) as url:
-                yield ConformanceHost(
-                    host=host,
-                    api=Api(url, key),
-                    key=key,
-                    model_name=manifest.name,
-                    home=home,
-                    model_paths=tuple(f.path for f in manifest.files),
-                    secrets=tuple(v for v in target.environ.values() if v),
-                )
+        with served_target(conformance_target, home) as host:
+            yield host
 
     # -- ids ------------------------------------------------------------------------------
     def test_declared_and_reported_ids_are_capability_ids(self, conformance_host: ConformanceHost) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import secrets
 import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import Distribution, EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
@@ -19,12 +20,15 @@ from typing import cast
 import pytest
 from pydantic import JsonValue
 
-from werk_host.models import ModelManifest
+from werk_host.config import HostConfig
+from werk_host.models import ModelManifest, ModelRegistry
+from werk_host.plugin.checkpoints import checkpoint_manifest
 from werk_host.pluginhost import ENTRY_POINT_GROUP, PluginHost, incompatibility
 from werk_host.protocol import CapabilityId, CapabilityStatus
 from werk_host.seam import Adapter
-from werk_host.server import Host
+from werk_host.server import Host, build_host
 from werk_host.testing.api import Api
+from werk_host.testing.hosts import running
 
 __all__ = [
     "ConformanceHost",
@@ -34,6 +38,7 @@ __all__ = [
     "load_target",
     "loaded_or_fail",
     "remote_profile",
+    "served_target",
     "stream_answer",
 ]
 
@@ -248,3 +253,39 @@ def stream_answer(host: ConformanceHost, path: str, body: JsonValue) -> tuple[in
         return response.status, kind, [raw]
     events = [line[len("data:") :].strip() for line in raw.splitlines() if line.startswith("data:")]
     return response.status, kind, events
+
+
+@contextmanager
+def served_target(target: ConformanceTarget, home: Path) -> Iterator[ConformanceHost]:
+    """A host around the target's plugin alone (:func:`load_target`), on ``home``, with one API
+    key and the target's model (or its remote instance), served on an ephemeral port: what
+    every conformance suite of the kit checks (werk_host.testing.conformance,
+    werk_host.testing.media_conformance)."""
+    home.mkdir(parents=True, exist_ok=True)
+    if isinstance(target.model, ModelManifest):
+        manifest = target.model
+    else:
+        manifest = checkpoint_manifest(target.model, target.model_name)
+    plugins, name = load_target(target)
+    key = f"sk-werk-conformance-{secrets.token_hex(8)}"
+    config = HostConfig(home=home, api_keys=(key,), backend_options=dict(target.backend_options))
+    if manifest.files:
+        ModelRegistry(home).add(manifest)
+        config = replace(config, model=manifest.name)
+    else:
+        config = replace(config, profile=remote_profile(home, target, manifest, name))
+    with environ_set(target.environ):
+        try:
+            host = build_host(config, plugins=plugins)
+        finally:
+            loaded_or_fail(plugins, name)
+        with running(host) as url:
+            yield ConformanceHost(
+                host=host,
+                api=Api(url, key),
+                key=key,
+                model_name=manifest.name,
+                home=home,
+                model_paths=tuple(f.path for f in manifest.files),
+                secrets=tuple(v for v in target.environ.values() if v),
+            )

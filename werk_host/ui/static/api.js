@@ -70,6 +70,22 @@ export async function call(method, path, body) {
   return doc;
 }
 
+/** A file's bytes as a data: URL (a job's result image: the page's CSP allows data: images). */
+export async function dataUrl(path) {
+  const resp = await fetch(path, { headers: headers({ Accept: "image/png, application/json" }), cache: "no-store", credentials: "omit" });
+  if (!resp.ok) {
+    refused(resp.status);
+    throw new ApiError(resp.status, "", `${resp.status} ${resp.statusText}`);
+  }
+  const blob = await resp.blob();
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(blob);
+  });
+}
+
 /** GET /metrics as text (the Prometheus text format). */
 export async function metricsText() {
   const resp = await fetch("/metrics", { headers: headers({ Accept: "text/plain" }), cache: "no-store", credentials: "omit" });

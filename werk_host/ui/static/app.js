@@ -6,6 +6,7 @@
 
 import { ApiError, call, signIn, signOut, signedIn } from "./api.js";
 import { InstancesView } from "./instances.js";
+import { JobsView } from "./jobs.js";
 import { MemoryHistory, MemoryView } from "./memory.js";
 import { PlaygroundView } from "./playground.js";
 import { StatesView } from "./states.js";
@@ -16,6 +17,7 @@ const VIEWS = {
   instances: { make: (root, ctx) => new InstancesView(root, ctx), poll: 2000 },
   memory: { make: (root, ctx) => new MemoryView(root, ctx), poll: 0 },
   states: { make: (root) => new StatesView(root), poll: 0 },
+  jobs: { make: (root) => new JobsView(root), poll: 2000 },
   traffic: { make: (root) => new TrafficView(root), poll: 3000 },
   playground: { make: (root) => new PlaygroundView(root), poll: 0 },
 };
