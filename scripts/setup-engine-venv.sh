@@ -2,10 +2,12 @@
 # Install (once) and cache the Python engine virtualenv of a Werk worker plugin:
 #
 #   bash scripts/setup-engine-venv.sh transformers   # werk-transformers (docs/transformers.md)
+#   bash scripts/setup-engine-venv.sh diffusers      # werk-diffusers (docs/diffusers.md)
 #   bash scripts/setup-engine-venv.sh onnx-genai     # werk-onnx-genai (docs/onnx-genai.md)
 #
 # Packages (pinned below; the cache directory is keyed by them):
-#   transformers  torch (CPU build), transformers, tokenizers, safetensors
+#   transformers, diffusers  ONE shared venv (cache name torch-cpu): torch (CPU build),
+#                 transformers, tokenizers, safetensors, diffusers, pillow, scipy (LMS)
 #   onnx-genai    onnxruntime-genai, and for its model builder (tests, benches) onnx, onnx-ir,
 #                 torch (CPU build), transformers
 # torch is pinned to the CPU build `torch==<x>+cpu`: PyPI's default Linux wheel pulls several GB
@@ -13,7 +15,7 @@
 # (pip's find-links, as on the CI machines) or, without one, set
 # WERK_ENGINE_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
 #
-# Cache:  ${XDG_CACHE_HOME:-$HOME/.cache}/werk/<engine>/<version>/venv, <version> being the pins'
+# Cache:  ${XDG_CACHE_HOME:-$HOME/.cache}/werk/<cache name>/<version>/venv, <version> being the pins'
 #         short hash; <version>/complete is written last and marks a finished install, so a
 #         second run prints the path and exits at once. A venv without the marker (an
 #         interrupted run) is removed and rebuilt. Concurrent runs serialise on <version>.lock.
@@ -28,11 +30,18 @@ set -euo pipefail
 ENGINE="${1:-}"
 TORCH="torch==2.13.0+cpu"
 TRANSFORMERS="transformers==5.24.0"
+# CACHE_NAME: the cache directory's name; engines with the same packages share one venv.
 case "$ENGINE" in
-  transformers) PACKAGES=("$TORCH" "$TRANSFORMERS" "tokenizers==0.23.3" "safetensors==0.8.0") ;;
-  onnx-genai) PACKAGES=("onnxruntime-genai==0.18.0" "onnx==1.23.2" "onnx-ir==1.1.0" "$TORCH" "$TRANSFORMERS") ;;
+  transformers | diffusers)
+    PACKAGES=("$TORCH" "$TRANSFORMERS" "tokenizers==0.23.3" "safetensors==0.8.0" "diffusers==0.42.1" "pillow==13.0.0" "scipy==1.17.1")
+    CACHE_NAME=torch-cpu
+    ;;
+  onnx-genai)
+    PACKAGES=("onnxruntime-genai==0.18.0" "onnx==1.23.2" "onnx-ir==1.1.0" "$TORCH" "$TRANSFORMERS")
+    CACHE_NAME=onnx-genai
+    ;;
   *)
-    echo "usage: $0 transformers|onnx-genai" >&2
+    echo "usage: $0 transformers|diffusers|onnx-genai" >&2
     exit 2
     ;;
 esac
@@ -40,7 +49,7 @@ PY="${WERK_ENGINE_PYTHON:-python3}"
 log() { printf '[setup-%s] %s\n' "$ENGINE" "$*" >&2; }
 
 VERSION="$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-12)"
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/werk/$ENGINE"
+CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/werk/$CACHE_NAME"
 DEST_DIR="$CACHE_ROOT/$VERSION"
 VENV="$DEST_DIR/venv"
 MARKER="$DEST_DIR/complete"
@@ -107,6 +116,7 @@ if ! "$VPY" -m pip install --disable-pip-version-check --progress-bar off "${ext
 fi
 case "$ENGINE" in
   transformers) probe='import torch, transformers, tokenizers, safetensors' ;;
+  diffusers) probe='import torch, diffusers, PIL, scipy' ;;
   onnx-genai) probe='import onnxruntime_genai, onnx, onnx_ir, torch, transformers' ;;
 esac
 log "verifying: python -c '$probe'"

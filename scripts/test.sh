@@ -19,6 +19,11 @@ if [ -z "${WERK_TRANSFORMERS_PYTHON:-}" ] && [ -f scripts/setup-engine-venv.sh ]
   WERK_TRANSFORMERS_PYTHON=$(bash scripts/setup-engine-venv.sh transformers | tail -n 1)
 fi
 if [ -n "${WERK_TRANSFORMERS_PYTHON:-}" ]; then export WERK_TRANSFORMERS_PYTHON; fi
+# The diffusers engine shares the transformers virtualenv (docs/diffusers.md, "The venv").
+if [ -z "${WERK_DIFFUSERS_PYTHON:-}" ] && [ -f scripts/setup-engine-venv.sh ]; then
+  WERK_DIFFUSERS_PYTHON=$(bash scripts/setup-engine-venv.sh diffusers | tail -n 1)
+fi
+if [ -n "${WERK_DIFFUSERS_PYTHON:-}" ]; then export WERK_DIFFUSERS_PYTHON; fi
 if [ -z "${WERK_ONNX_GENAI_PYTHON:-}" ] && [ -f scripts/setup-engine-venv.sh ]; then
   WERK_ONNX_GENAI_PYTHON=$(bash scripts/setup-engine-venv.sh onnx-genai | tail -n 1)
 fi

@@ -195,9 +195,9 @@ class JobStore:
         finally:
             os.close(fd)
 
-    def _write_status(self, record: JobRecord) -> None:
+    def _write_status(self, record: JobRecord, *, durable: bool = True) -> None:
         with self._job_dir(record.id) as fd:
-            _fs.replace_file(STATUS_FILE, fd, record.encode(), durable=self.durable)
+            _fs.replace_file(STATUS_FILE, fd, record.encode(), durable=durable and self.durable)
 
     def _read(self, rootfd: int, job_id: str) -> JobRecord | None:
         try:
@@ -378,13 +378,14 @@ class JobStore:
 
     def update(self, record: JobRecord) -> None:
         """Persist ``record``'s new status (a full disk leaves the old file; the index moves on:
-        a nonterminal record on disk becomes ``failed`` at the next start anyway)."""
+        a nonterminal record on disk becomes ``failed`` at the next start anyway). Only a
+        terminal status is fsynced: a crash loses nothing by forgetting ``running``."""
         with self._lock:
             if record.id not in self._records:
                 return
             self._records[record.id] = record
             with contextlib.suppress(OSError):
-                self._write_status(record)
+                self._write_status(record, durable=record.status.terminal)
 
     def save_results(self, record: JobRecord, files: Iterable[tuple[str, str, bytes]]) -> list[JobFile]:
         """Write ``(name, content type, data)`` result files of ``record``; on any failure every
