@@ -53,7 +53,10 @@ CAPABILITY_HOOKS: Final[Mapping[CapabilityId, Backing]] = {
     CapabilityId.TELEMETRY_HOST: Backing(host=True),
     CapabilityId.TELEMETRY_ACCELERATOR: Backing(host=True),
     CapabilityId.RESERVATIONS: Backing(_names(_h.werk_memory_requirement), host=True),
-    CapabilityId.MODEL_RESIDENCY: Backing(_names(_h.werk_chat_completion), _names(_h.werk_workers)),
+    # a text backend's residency serves chats, a media backend's images (docs/media.md)
+    CapabilityId.MODEL_RESIDENCY: Backing(
+        uses=_names(_h.werk_chat_completion, _h.werk_image_generation, _h.werk_workers)
+    ),
     CapabilityId.PREFIX_CACHE: Backing(_names(_h.werk_chat_completion)),
     CapabilityId.PROMPT_CACHE: Backing(_names(_h.werk_prompt_cache), host=True),
     CapabilityId.PERSISTENCE: Backing(_names(_h.werk_snapshot, _h.werk_compat_key)),

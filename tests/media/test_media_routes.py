@@ -264,3 +264,25 @@ def test_media_routes_refuse_foreign_origins_and_take_multipart_only_on_edits(tm
         assert post("/v1/images/edits", Origin="https://evil.example")[0] == 403
         status, body = post("/v1/images/edits")
         assert status == 400 and b"image is required" in body
+
+
+def test_image_requests_hold_the_gate_s_per_key_bound_like_chats(tmp_path: Path) -> None:
+    from werk_host.config import ServerLimits
+
+    limits = ServerLimits(inference_per_key=1)
+    with media_host(tmp_path / "home", params={"step_delay_s": 0.05}, limits=limits) as (live, _plugin):
+        answers: list[int] = []
+        body = {"prompt": "slow", "size": "64x64", "steps": 30}
+        thread = threading.Thread(target=lambda: answers.append(live.api.post("/v1/images/generations", body)[0]))
+        thread.start()
+        principal_a = live.host.auth.authenticate(KEY_A)
+        assert principal_a is not None
+        deadline = time.monotonic() + 10
+        while not live.host.media.active(principal_a) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, doc = live.api.post("/v1/images/generations", {**body, "steps": 1})
+        assert status == 429 and doc["error"]["code"] == "rate_limit_exceeded", doc
+        # another key is not held back by A's bound
+        assert live.api.as_key(KEY_B).post("/v1/images/generations", {**body, "steps": 1})[0] == 200
+        thread.join(timeout=30)
+        assert answers == [200]
