@@ -102,6 +102,22 @@ class ModelManifest:
             return False
 
 
+#: The file that makes a directory a Diffusers pipeline folder (docs/diffusers.md).
+DIFFUSERS_INDEX = "model_index.json"
+
+
+def model_dir_files(directory: Path) -> list[Path]:
+    """The files a model directory's manifest lists (``werk models add DIR``, the kit's
+    ``checkpoint_manifest``): the regular, non-hidden files directly in it, sorted; for a
+    Diffusers folder (one holding :data:`DIFFUSERS_INDEX`) every regular file under it,
+    recursively, none under a hidden name, sorted by relative path."""
+    if not (directory / DIFFUSERS_INDEX).is_file():
+        return sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+    found = [p for p in directory.rglob("*") if p.is_file()]
+    visible = [p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts)]
+    return sorted(visible, key=lambda p: p.relative_to(directory).parts)
+
+
 def parse_param(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as JSON when it is valid JSON, else kept as text."""
     key, sep, value = text.partition("=")

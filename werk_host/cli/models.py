@@ -17,7 +17,7 @@ from typing import Any
 
 from werk_host.cli.output import add_json_flag, emit, fail, human_bytes, table, wants_json
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import ModelManifest, ModelRegistry, parse_param
+from werk_host.models import ModelManifest, ModelRegistry, model_dir_files, parse_param
 from werk_host.paths import PrivateDirError, werk_home
 
 COLUMNS = ("NAME", "BACKEND", "FILES/SIZE", "PARAMS")
@@ -67,13 +67,7 @@ def cmd_models_add(args: argparse.Namespace) -> int:
         params = dict(parse_param(p) for p in args.param or [])
         paths = [Path(p) for p in args.path]
         if len(paths) == 1 and paths[0].is_dir():  # a model directory: all of its files
-            root = paths[0]
-            if (root / "model_index.json").is_file():  # a Diffusers folder: its subfolders' files too
-                found = [p for p in root.rglob("*") if p.is_file()]
-                found = [p for p in found if not any(s.startswith(".") for s in p.relative_to(root).parts)]
-                paths = sorted(found, key=lambda p: p.relative_to(root).parts)
-            else:
-                paths = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+            paths = model_dir_files(paths[0])
         manifest = ModelManifest.from_paths(args.name, paths, backend=args.backend, params=params)
         ModelRegistry(werk_home(args.home)).add(manifest)
     except (WerkError, ValueError, PrivateDirError) as err:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.models import NAME_RE, ModelManifest
+from werk_host.models import DIFFUSERS_INDEX, NAME_RE, ModelManifest, model_dir_files
 
 __all__ = [
     "CONFIG_NAME",
@@ -56,7 +56,6 @@ __all__ = [
 
 CONFIG_NAME = "config.json"
 #: The file that makes a directory a Diffusers folder.
-DIFFUSERS_INDEX = "model_index.json"
 WEIGHTS_SUFFIX = ".safetensors"
 #: A ``config.json`` (or a safetensors header) larger than this is not read.
 MAX_CONFIG_BYTES = 16 << 20
@@ -69,12 +68,10 @@ def checkpoint_files(directory: Path) -> list[Path]:
 
 
 def diffusers_files(directory: Path) -> list[Path]:
-    """Every regular file under ``directory``, recursively, none under a hidden name (no part of
-    its relative path starts with ``.``), sorted by relative path (what a Diffusers folder's
-    manifest lists)."""
-    found = [p for p in directory.rglob("*") if p.is_file()]
-    visible = [p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts)]
-    return sorted(visible, key=lambda p: p.relative_to(directory).parts)
+    """Every regular file under the Diffusers folder ``directory``, recursively, none under a
+    hidden name, sorted by relative path: what its manifest lists, and exactly what ``werk
+    models add DIR`` registers (both are :func:`werk_host.models.model_dir_files`)."""
+    return model_dir_files(directory)
 
 
 def is_diffusers_dir(directory: Path) -> bool:
