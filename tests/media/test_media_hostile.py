@@ -120,7 +120,8 @@ def test_the_media_corpus_covers_every_image_route(live: LiveHost) -> None:
     posts = {
         route.path
         for route in inspect_routes(live.host.app)
-        if any(m.method == "POST" for m in route.methods)
+        # A1111's routes answer 405 in its shape for a method they don't serve (_not_allowed).
+        if any(m.method == "POST" and m.function_name != "_not_allowed" for m in route.methods)
         and (route.path.startswith(("/v1/images/", "/sdapi/")) or route.path in ("/prompt", "/interrupt", "/queue"))
     }
     assert posts == {path for path, *_ in ROUTES} | set(NOT_FUZZED)

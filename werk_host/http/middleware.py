@@ -39,7 +39,9 @@ ANTHROPIC_PREFIX = "/v1/messages"
 OLLAMA_PREFIX = "/api"
 SDAPI_PREFIX = "/sdapi"
 #: The ComfyUI routes Werk serves (docs/media.md, "Comfy"): their first path segment.
-COMFY_ROUTES: Final = frozenset({"prompt", "history", "view", "queue", "object_info", "interrupt", "system_stats"})
+COMFY_ROUTES: Final = frozenset(
+    {"prompt", "history", "view", "queue", "object_info", "interrupt", "system_stats", "ws"}
+)
 
 
 def is_protocol_path(path: str) -> bool:
