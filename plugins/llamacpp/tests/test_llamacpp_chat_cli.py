@@ -68,8 +68,16 @@ def run(args: list[str], env: dict[str, str], stdin: str | None = None) -> subpr
 
 
 def spawn_chat(args: list[str], env: dict[str, str]) -> pexpect.spawn:
+    # A terminal's chat: SIGHUP in its default disposition even when the suite itself runs under
+    # nohup (werk chat keeps a SIGHUP it was started ignoring ignored, werk_host/backends/managed.py).
     return pexpect.spawn(
-        sys.executable, ["-m", "werk_host", "chat", *args], env=env, encoding="utf-8", timeout=180, dimensions=(50, 400)
+        sys.executable,
+        ["-m", "werk_host", "chat", *args],
+        env=env,
+        encoding="utf-8",
+        timeout=180,
+        dimensions=(50, 400),
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
 
 
