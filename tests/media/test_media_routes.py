@@ -14,6 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from werk_host.errors import REDACTED_MESSAGES, ErrorCode, WerkError
 from werk_host.protocol.media import ImageRequest
 from werk_host.store.jobs import JobBounds
 from werk_host.testing.media import reference_image
@@ -204,6 +205,16 @@ def test_a_backend_that_dies_mid_job_fails_that_job_and_the_next_one_succeeds(tm
         assert view["error"] == {"code": "unavailable", "message": "the reference worker stopped"}
         ok = live.api.post("/werk/v1/jobs", {"kind": "image", "input": fields})[1]["data"]["id"]
         assert finished(live.api, ok)["status"] == "succeeded"
+
+
+def test_a_failed_job_shows_a_redacted_error_s_public_message_only(tmp_path: Path) -> None:
+    with media_host(tmp_path / "home") as (live, plugin):
+        plugin.fail_after = 1
+        plugin.failure = WerkError(ErrorCode.INTERNAL, f"worker crashed reading {live.host.config.home}/x.bin")
+        fields = {"prompt": "x", "width": 64, "height": 64}
+        failed = live.api.post("/werk/v1/jobs", {"kind": "image", "input": fields})[1]["data"]["id"]
+        view = finished(live.api, failed)
+        assert view["error"] == {"code": "internal", "message": REDACTED_MESSAGES[ErrorCode.INTERNAL]}
 
 
 def test_the_per_key_job_bounds_are_429s_and_purging_makes_room(tmp_path: Path) -> None:

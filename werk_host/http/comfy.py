@@ -92,7 +92,7 @@ __all__ = ["add_routes", "render_error", "view_name"]
 MAX_HISTORY: Final = 512
 #: The largest ``extra_data`` kept for the history, as JSON (a bigger one keeps ``client_id``).
 MAX_EXTRA_BYTES: Final = 64 << 10
-_VIEW_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}_(job_[0-9a-f]{24})_([0-9]{5})_\.png")
+_VIEW_NAME: Final = re.compile(rf"[A-Za-z0-9_-]{{1,64}}_({JOB_ID_RE.pattern})_([0-9]{{5}})_\.png")
 _RESULT_NAME: Final = re.compile(r"image-([0-9]{1,2})\.png")
 
 
@@ -231,10 +231,8 @@ def _messages(job_id: str, entry: Entry, view: JobView) -> list[list[Any]]:
     elif view.status is JobStatus.CANCELLED:
         messages.append(["execution_interrupted", {**node, "timestamp": finished}])
     else:
-        code = view.error.code if view.error is not None else "internal"
-        message = view.error.message if view.error is not None else "the job failed"
-        if code in (ErrorCode.INTERNAL.value, ErrorCode.CORRUPT_STATE.value):
-            message = WerkError(code, message).public_message()
+        code = view.error.code if view.error is not None else ErrorCode.INTERNAL.value
+        message = view.error.message if view.error is not None else "the job failed"  # already public
         error = {
             "exception_message": message,
             "exception_type": code,

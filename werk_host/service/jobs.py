@@ -185,7 +185,7 @@ class JobService:
                 self._one(job_id, principal, prepared)
             except Exception:  # the runner never dies: the job is failed, the next one runs
                 log.exception("job %s: unexpected error", job_id)
-                self._finish(job_id, JobStatus.FAILED, JobError(code="internal", message="internal error"))
+                self._finish(job_id, JobStatus.FAILED, _failure(job_id, WerkError(ErrorCode.INTERNAL, "unexpected")))
             finally:
                 with self._lock:
                     self._live.pop(job_id, None)
@@ -206,7 +206,7 @@ class JobService:
             if err.code is ErrorCode.CONFLICT and generation.cancel.is_set():
                 self._finish(job_id, JobStatus.CANCELLED, None)
             else:
-                self._finish(job_id, JobStatus.FAILED, JobError(code=err.code.value, message=err.message))
+                self._finish(job_id, JobStatus.FAILED, _failure(job_id, err))
             return
         files = [(f"image-{i}.png", PNG, data) for i, data in enumerate(result.images)]
         record = self.store.get(None, job_id)
@@ -232,3 +232,12 @@ class JobService:
             return
         record.status, record.error, record.finished_unix_ms = status, error, now_ms()
         self.store.update(record)
+
+
+def _failure(job_id: str, err: WerkError) -> JobError:
+    """A failed job's error as every reader sees it (the routes, /ui, ``werk jobs``): the error's
+    public message; a redacted one's own text goes to the log only."""
+    public = err.public_message()
+    if public != err.message:
+        log.warning("job %s failed: %s: %s", job_id, err.code.value, err.message)
+    return JobError(code=err.code.value, message=public)

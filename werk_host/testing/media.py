@@ -8,8 +8,8 @@ the image's seed ``seed + i``), so the same request gives the same PNG bytes and
 any field gives others, as a real pipeline does. It reports progress after every step and stops
 at the next step once cancelled, raising ``conflict``; ``step_delay_s`` (a manifest param) makes
 each step last that long, for tests that cancel or kill mid-job. ``fail_after`` (a plugin
-attribute) makes the next generation fail ``unavailable`` after that many steps, as a worker
-that died would.
+attribute) makes the next generation fail after that many steps with the plugin's ``failure``
+(default ``unavailable``, as a worker that died would).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class ReferenceMediaAdapter:
                 if self.plugin.fail_after is not None and step > self.plugin.fail_after:
                     self.plugin.fail_after = None
                     self.generation += 1  # "a new worker" for the next request
-                    raise WerkError(ErrorCode.UNAVAILABLE, "the reference worker stopped", retryable=True)
+                    raise self.plugin.failure
                 work.progress(step, steps)
             images = [reference_image(request, request.seed + i) for i in range(request.n)]
         info: dict[str, JsonValue] = {"sampler": request.sampler, "steps": request.steps, "pipeline": "reference"}
@@ -131,6 +131,9 @@ class ReferenceMediaPlugin:
     PLUGIN_NAME: str = MEDIA_BACKEND
     adapters: list[ReferenceMediaAdapter] = field(default_factory=list)
     fail_after: int | None = None
+    failure: WerkError = field(
+        default_factory=lambda: WerkError(ErrorCode.UNAVAILABLE, "the reference worker stopped", retryable=True)
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def create(self, config: HostConfig, model: ModelManifest | None) -> ReferenceMediaAdapter:
