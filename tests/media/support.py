@@ -1,8 +1,9 @@
-"""Shared helpers of the media route tests: a host serving the reference media backend, raw
-byte fetches, and polling a job to its end."""
+"""Shared helpers of the media route tests: hosts serving the reference media backend, raw
+byte requests, and polling a job to its end."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -31,10 +32,40 @@ def media_host(
         yield live, plugin
 
 
-def fetch(url: str, key: str | None, *, method: str = "GET") -> tuple[int, bytes, str]:
-    """``(status, body bytes, content type)`` of one request."""
+#: Two media instances: ``pix`` (instant, the default) and ``slow`` (50 ms a step).
+TWO_MODELS = """
+[[instance]]
+id = "pix"
+model = "pix"
+default = true
+
+[[instance]]
+id = "slow"
+model = "slow"
+"""
+
+
+@contextmanager
+def two_model_host(root: Path, keys: tuple[str, ...]) -> Iterator[tuple[LiveHost, ReferenceMediaPlugin]]:
+    """A served host with the instances of :data:`TWO_MODELS`, ``keys`` its API keys."""
+    home = root / "home"
+    home.mkdir(parents=True)
+    install_model(home, "pix", backend=MEDIA_BACKEND, params={})
+    install_model(home, "slow", backend=MEDIA_BACKEND, params={"step_delay_s": 0.05})
+    profile = root / "deployments.toml"
+    profile.write_text(TWO_MODELS)
+    plugin = ReferenceMediaPlugin()
+    with serving(home, plugin=plugin, model="pix", profile=profile, api_keys=keys) as live:
+        yield live, plugin
+
+
+def fetch(url: str, key: str | None, *, method: str = "GET", body: object = None) -> tuple[int, bytes, str]:
+    """``(status, body bytes, content type)`` of one request; ``body``, if given, sent as JSON."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    request = urllib.request.Request(url, headers=headers, method=method)
+    data = None if body is None else json.dumps(body).encode()
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, answer.read(), answer.headers.get("Content-Type", "")

@@ -10,8 +10,6 @@ import copy
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,20 +17,12 @@ import pytest
 
 from werk_host.protocol.media import ImageRequest
 from werk_host.testing.api import Api
-from werk_host.testing.hosts import LiveHost, install_model, serving
-from werk_host.testing.media import MEDIA_BACKEND, ReferenceMediaPlugin, reference_image
+from werk_host.testing.hosts import LiveHost
+from werk_host.testing.media import reference_image
+
+from .support import fetch, two_model_host
 
 KEY_A, KEY_B, KEY_C = "sk-a", "sk-b", "sk-c"
-PROFILE = """
-[[instance]]
-id = "pix"
-model = "pix"
-default = true
-
-[[instance]]
-id = "slow"
-model = "slow"
-"""
 #: ComfyUI's default workflow, as "Save (API format)" writes it (small and fast here).
 DEFAULT: dict[str, Any] = {
     "3": {
@@ -63,16 +53,7 @@ DEFAULT: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
     """One host for the module: ``pix`` (instant) and ``slow`` (50 ms a step), keys A, B, C."""
-    root = tmp_path_factory.mktemp("comfy")
-    home = root / "home"
-    home.mkdir()
-    install_model(home, "pix", backend=MEDIA_BACKEND, params={})
-    install_model(home, "slow", backend=MEDIA_BACKEND, params={"step_delay_s": 0.05})
-    profile = root / "deployments.toml"
-    profile.write_text(PROFILE)
-    with serving(
-        home, plugin=ReferenceMediaPlugin(), model="pix", profile=profile, api_keys=(KEY_A, KEY_B, KEY_C)
-    ) as live:
+    with two_model_host(tmp_path_factory.mktemp("comfy"), (KEY_A, KEY_B, KEY_C)) as (live, _plugin):
         yield live
 
 
@@ -86,16 +67,7 @@ def workflow(**inputs: dict[str, Any]) -> dict[str, Any]:
 
 def raw(live: LiveHost, method: str, path: str, key: str | None, body: object = None) -> tuple[int, bytes, str]:
     """``(status, body bytes, content type)`` of one request."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    data = None if body is None else json.dumps(body).encode()
-    if data is not None:
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(live.url + path, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, answer.read(), answer.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read(), err.headers.get("Content-Type", "")
+    return fetch(live.url + path, key, method=method, body=body)
 
 
 def submit(api: Api, graph: dict[str, Any]) -> str:

@@ -17,36 +17,20 @@ import webuiapi
 
 from werk_host.protocol.media import ImageRequest
 from werk_host.testing.api import Api
-from werk_host.testing.hosts import LiveHost, install_model, serving
-from werk_host.testing.media import MEDIA_BACKEND, ReferenceMediaPlugin, reference_image
+from werk_host.testing.hosts import LiveHost
+from werk_host.testing.media import ReferenceMediaPlugin, reference_image
+
+from .support import two_model_host
 
 KEY_A, KEY_B = "sk-a", "sk-b"
 SDAPI = "/sdapi/v1"
-PROFILE = """
-[[instance]]
-id = "pix"
-model = "pix"
-default = true
-
-[[instance]]
-id = "slow"
-model = "slow"
-"""
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveHost, ReferenceMediaPlugin]]:
     """One host for the module: ``pix`` (instant) and ``slow`` (50 ms a step), keys A and B."""
-    root = tmp_path_factory.mktemp("sdapi")
-    home = root / "home"
-    home.mkdir()
-    install_model(home, "pix", backend=MEDIA_BACKEND, params={})
-    install_model(home, "slow", backend=MEDIA_BACKEND, params={"step_delay_s": 0.05})
-    profile = root / "deployments.toml"
-    profile.write_text(PROFILE)
-    plugin = ReferenceMediaPlugin()
-    with serving(home, plugin=plugin, model="pix", profile=profile, api_keys=(KEY_A, KEY_B)) as live:
-        yield live, plugin
+    with two_model_host(tmp_path_factory.mktemp("sdapi"), (KEY_A, KEY_B)) as served:
+        yield served
 
 
 def client(live: LiveHost, key: str, *, basic: bool = True) -> webuiapi.WebUIApi:
