@@ -521,23 +521,29 @@ def _shape(parser: _Parser, outputs: list[str]) -> None:
         parser.fail(sampler, _custom("scheduler", why, "karras"))
 
 
+def _sources(parser: _Parser, sampler: str) -> dict[str, tuple[str, str]]:
+    """Each image request field's node and input in the graph of the ``KSampler`` ``sampler``."""
+    latent = _source(parser, sampler, "latent_image")
+    return {
+        "prompt": (_source(parser, sampler, "positive"), "text"),
+        "negative_prompt": (_source(parser, sampler, "negative"), "text"),
+        "width": (latent, "width"),
+        "height": (latent, "height"),
+        "n": (latent, "batch_size"),
+        "steps": (sampler, "steps"),
+        "guidance_scale": (sampler, "cfg"),
+        "seed": (sampler, "seed"),
+        "sampler": (sampler, "sampler_name"),
+    }
+
+
 def _workflow(parser: _Parser, outputs: list[str]) -> Workflow:
     decode = _source(parser, outputs[0], "images")
     sampler = _source(parser, decode, "samples")
     ks = parser.values[sampler]
-    latent = parser.values[_source(parser, sampler, "latent_image")]
+    fields = {name: parser.values[node_id][input_] for name, (node_id, input_) in _sources(parser, sampler).items()}
     mapped = COMFY_SAMPLERS[ks["sampler_name"]]
-    fields = {
-        "prompt": parser.values[_source(parser, sampler, "positive")]["text"],
-        "negative_prompt": parser.values[_source(parser, sampler, "negative")]["text"],
-        "width": latent["width"],
-        "height": latent["height"],
-        "n": latent["batch_size"],
-        "steps": ks["steps"],
-        "guidance_scale": ks["cfg"],
-        "seed": ks["seed"],
-        "sampler": f"{mapped} Karras" if ks["scheduler"] == "karras" else mapped,
-    }
+    fields["sampler"] = f"{mapped} Karras" if ks["scheduler"] == "karras" else mapped
     found: list[Output] = []
     for output in outputs:
         kind = OUTPUT_TYPES[parser.cls(output).name]
@@ -559,18 +565,7 @@ def _workflow(parser: _Parser, outputs: list[str]) -> Workflow:
 def _bounds(parser: _Parser, workflow: Workflow) -> None:
     """The image request's own bounds, each failure on the input that carries the field."""
     sampler = workflow.sampler_node
-    latent = _source(parser, sampler, "latent_image")
-    where = {
-        "prompt": (_source(parser, sampler, "positive"), "text"),
-        "negative_prompt": (_source(parser, sampler, "negative"), "text"),
-        "width": (latent, "width"),
-        "height": (latent, "height"),
-        "n": (latent, "batch_size"),
-        "steps": (sampler, "steps"),
-        "guidance_scale": (sampler, "cfg"),
-        "seed": (sampler, "seed"),
-        "sampler": (sampler, "sampler_name"),
-    }
+    where = _sources(parser, sampler)
     fields = workflow.fields
     if fields["seed"] + fields["n"] - 1 > MAX_SEED:
         parser.fail(sampler, _custom("seed", f"seed + batch_size - 1 must be at most {MAX_SEED}", fields["seed"]))
