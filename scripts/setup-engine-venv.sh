@@ -4,12 +4,20 @@
 #   bash scripts/setup-engine-venv.sh transformers   # werk-transformers (docs/transformers.md)
 #   bash scripts/setup-engine-venv.sh diffusers      # werk-diffusers (docs/diffusers.md)
 #   bash scripts/setup-engine-venv.sh onnx-genai     # werk-onnx-genai (docs/onnx-genai.md)
+#   bash scripts/setup-engine-venv.sh qwen-tts       # werk-qwen-tts (Qwen3-TTS speech)
 #
 # Packages (pinned below; the cache directory is keyed by them):
 #   transformers, diffusers  ONE shared venv (cache name torch-cpu): torch (CPU build),
 #                 transformers, tokenizers, safetensors, diffusers, pillow, scipy (LMS)
 #   onnx-genai    onnxruntime-genai, and for its model builder (tests, benches) onnx, onnx-ir,
 #                 torch (CPU build), transformers
+#   qwen-tts      qwen-tts (the Qwen3-TTS inference package) installed --no-deps, beside torch (CPU
+#                 build), transformers 4.57.3 (qwen-tts pins it exactly) and the libraries its
+#                 modules import at the top: librosa, soundfile, sox, onnxruntime, einops. Its other
+#                 declared requirements are left out: gradio (its demo only), accelerate (only for
+#                 device_map loading, which the worker does not use) and torchaudio (PyPI has no
+#                 build for this torch; qwen_tts imports only torchaudio.compliance.kaldi, for the
+#                 25 Hz tokenizer's x-vector extractor, which the worker stands in for).
 # torch is pinned to the CPU build `torch==<x>+cpu`: PyPI's default Linux wheel pulls several GB
 # of CUDA libraries. PyPI does not host the +cpu builds; pip finds one in a local wheel directory
 # (pip's find-links, as on the CI machines) or, without one, set
@@ -40,8 +48,14 @@ case "$ENGINE" in
     PACKAGES=("onnxruntime-genai==0.18.0" "onnx==1.23.2" "onnx-ir==1.1.0" "$TORCH" "$TRANSFORMERS")
     CACHE_NAME=onnx-genai
     ;;
+  qwen-tts)
+    # QWEN_TTS goes in a second pip call, --no-deps (the header); the rest satisfy its imports.
+    QWEN_TTS="qwen-tts==0.1.1"
+    PACKAGES=("$TORCH" "transformers==4.57.3" "librosa==0.11.0" "soundfile==0.14.0" "sox==1.5.0" "onnxruntime==1.32.0" "einops==0.8.2" "$QWEN_TTS")
+    CACHE_NAME=qwen-tts
+    ;;
   *)
-    echo "usage: $0 transformers|diffusers|onnx-genai" >&2
+    echo "usage: $0 transformers|diffusers|onnx-genai|qwen-tts" >&2
     exit 2
     ;;
 esac
@@ -108,19 +122,37 @@ mkdir -p "$DEST_DIR"
 log "creating $VENV with $("$PY" -V 2>&1)"
 "$PY" -m venv "$VENV" >&2
 read -r -a extra <<<"${WERK_ENGINE_PIP_ARGS:-}"
-log "pip install ${extra[*]:+${extra[*]} }${PACKAGES[*]} (about a minute on a warm pip cache)"
-if ! "$VPY" -m pip install --disable-pip-version-check --progress-bar off "${extra[@]}" "${PACKAGES[@]}" >&2; then
+install=("${PACKAGES[@]}")
+nodeps=()
+if [[ "$ENGINE" == qwen-tts ]]; then
+  install=("${PACKAGES[@]:0:${#PACKAGES[@]}-1}")
+  nodeps=("$QWEN_TTS")
+fi
+log "pip install ${extra[*]:+${extra[*]} }${install[*]} (about a minute on a warm pip cache)"
+if ! "$VPY" -m pip install --disable-pip-version-check --progress-bar off "${extra[@]}" "${install[@]}" >&2; then
   log "pip install failed. PyPI does not host $TORCH; without a local wheel set"
   log "  WERK_ENGINE_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'"
   exit 1
+fi
+if ((${#nodeps[@]})); then
+  log "pip install --no-deps ${nodeps[*]}"
+  "$VPY" -m pip install --disable-pip-version-check --progress-bar off --no-deps "${extra[@]}" "${nodeps[@]}" >&2
 fi
 case "$ENGINE" in
   transformers) probe='import torch, transformers, tokenizers, safetensors' ;;
   diffusers) probe='import torch, diffusers, PIL, scipy' ;;
   onnx-genai) probe='import onnxruntime_genai, onnx, onnx_ir, torch, transformers' ;;
+  # torchaudio is not installed: like the worker (plugins/qwen_tts/src/werk_qwen_tts/worker.py,
+  # import_qwen_tts), the probe stands in for the one torchaudio module qwen_tts imports, while
+  # it imports, after transformers (which must see no torchaudio).
+  qwen-tts)
+    stub='("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi")'
+    probe="import sys, types, torch, transformers, soundfile; sys.modules.update((n, types.ModuleType(n)) for n in $stub)"
+    probe+="; import qwen_tts; [sys.modules.pop(n) for n in $stub]"
+    ;;
 esac
 log "verifying: python -c '$probe'"
-"$VPY" -c "$probe"
+"$VPY" -c "$probe" >&2 # stdout carries only the venv's python
 {
   printf '%s\n' "${PACKAGES[@]}"
   printf 'python %s\ncreated %s\n' "$("$VPY" -c 'import sys; print(sys.version.split()[0])')" "$(date -u +%FT%TZ)"

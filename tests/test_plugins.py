@@ -52,6 +52,7 @@ from werk_host.testing.hosts import make_host
 from werk_host.testing.markers import covers_hooks
 from werk_host.testing.media import MEDIA_BACKEND, ReferenceMediaPlugin
 from werk_host.testing.reference import BACKEND_ID, CONTEXT_TOKENS, MemoryAdapter, MemoryBackendPlugin
+from werk_host.testing.speech import SPEECH_BACKEND, ReferenceSpeechPlugin
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The werk-host range a plugin built for this hook API declares.
@@ -86,6 +87,7 @@ def attached(host: PluginHost, adapter: MemoryAdapter, owner: str = "testbackend
 
 #: The operation hooks of media backends (docs/media.md), which the text reference leaves out.
 MEDIA_HOOKS = frozenset({hookspecs.werk_image_limits.__name__, hookspecs.werk_image_generation.__name__})
+SPEECH_HOOKS = frozenset({hookspecs.werk_speech_limits.__name__, hookspecs.werk_speech_synthesis.__name__})
 
 
 def test_the_reference_plugin_implements_every_hook() -> None:
@@ -97,8 +99,8 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     (factory,) = host.adapter_factories(HostConfig(home=Path("/nonexistent")))
     adapter = factory.create(HostConfig(home=Path("/nonexistent")), None)
     host.attach(adapter, factory)
-    # the text reference does every operation but the media ones, the media reference those
-    assert host.operations_of(adapter) == OPERATION_HOOKS - MEDIA_HOOKS
+    # the text reference does every operation but the media ones, the media and speech references those
+    assert host.operations_of(adapter) == OPERATION_HOOKS - MEDIA_HOOKS - SPEECH_HOOKS
     media = ReferenceMediaPlugin()
     host.register(media, MEDIA_BACKEND)
     config = HostConfig(home=Path("/nonexistent"))
@@ -106,6 +108,12 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     media_adapter = media_factory.create(HostConfig(home=Path("/nonexistent")), ModelManifest("pix", (), MEDIA_BACKEND))
     host.attach(media_adapter, media_factory)
     assert host.operations_of(media_adapter) == MEDIA_HOOKS | {"werk_capabilities"}
+    speech = ReferenceSpeechPlugin()
+    host.register(speech, SPEECH_BACKEND)
+    (speech_factory,) = (f for f in host.adapter_factories(config) if f.owner == SPEECH_BACKEND)
+    speech_adapter = speech_factory.create(config, ModelManifest("voice", (), SPEECH_BACKEND))
+    host.attach(speech_adapter, speech_factory)
+    assert host.operations_of(speech_adapter) == SPEECH_HOOKS | {"werk_capabilities"}
     assert set(hook_names()) - {"werk_adapter_factories", "werk_doctor_checks", "werk_cli_commands"} == OPERATION_HOOKS
 
 

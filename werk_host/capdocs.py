@@ -55,7 +55,7 @@ CAPABILITY_HOOKS: Final[Mapping[CapabilityId, Backing]] = {
     CapabilityId.RESERVATIONS: Backing(_names(_h.werk_memory_requirement), host=True),
     # a text backend's residency serves chats, a media backend's images (docs/media.md)
     CapabilityId.MODEL_RESIDENCY: Backing(
-        uses=_names(_h.werk_chat_completion, _h.werk_image_generation, _h.werk_workers)
+        uses=_names(_h.werk_chat_completion, _h.werk_image_generation, _h.werk_speech_synthesis, _h.werk_workers)
     ),
     CapabilityId.PREFIX_CACHE: Backing(_names(_h.werk_chat_completion)),
     CapabilityId.PROMPT_CACHE: Backing(_names(_h.werk_prompt_cache), host=True),
@@ -72,6 +72,9 @@ CAPABILITY_HOOKS: Final[Mapping[CapabilityId, Backing]] = {
     CapabilityId.PLACEMENT: Backing(_names(_h.werk_deployment_plan)),
     CapabilityId.IMAGE_TXT2IMG: Backing(_names(_h.werk_image_generation, _h.werk_image_limits)),
     CapabilityId.IMAGE_IMG2IMG: Backing(_names(_h.werk_image_generation, _h.werk_image_limits)),
+    CapabilityId.SPEECH_SYNTHESIS: Backing(_names(_h.werk_speech_synthesis, _h.werk_speech_limits)),
+    CapabilityId.SPEECH_INSTRUCTIONS: Backing(_names(_h.werk_speech_synthesis, _h.werk_speech_limits)),
+    CapabilityId.SPEECH_STREAMING: Backing(_names(_h.werk_speech_synthesis, _h.werk_speech_limits)),
 }
 
 

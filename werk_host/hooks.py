@@ -26,6 +26,7 @@ from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
 from werk_host.protocol.media import ImageLimits, ImageResult
+from werk_host.protocol.speech import SpeechLimits, SpeechResult
 from werk_host.protocol.telemetry import WorkerObservation
 from werk_host.seam import (
     Adapter,
@@ -43,6 +44,7 @@ from werk_host.seam import (
     PromptCache,
     SessionSlot,
     Snapshot,
+    SpeechWork,
     StoredStateRef,
 )
 
@@ -203,6 +205,12 @@ class BackendHooks:
 
     def generate_image(self, adapter: Adapter, work: ImageWork) -> ImageResult | None:
         return self._one(adapter, hookspecs.werk_image_generation, ImageResult, work=work)
+
+    def speech_limits(self, adapter: Adapter) -> SpeechLimits | None:
+        return self._one(adapter, hookspecs.werk_speech_limits, SpeechLimits)
+
+    def synthesize_speech(self, adapter: Adapter, work: SpeechWork) -> SpeechResult | None:
+        return self._one(adapter, hookspecs.werk_speech_synthesis, SpeechResult, work=work)
 
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:

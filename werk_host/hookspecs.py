@@ -42,6 +42,7 @@ from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
 from werk_host.protocol.media import ImageLimits, ImageResult
+from werk_host.protocol.speech import SpeechLimits, SpeechResult
 from werk_host.protocol.telemetry import WorkerObservation
 from werk_host.seam import (
     Adapter,
@@ -61,15 +62,17 @@ from werk_host.seam import (
     PromptCache,
     SessionSlot,
     Snapshot,
+    SpeechWork,
     StoredStateRef,
 )
 
 #: The version of this hook API. It changes with the host's minor version while the host is
-#: 0.x: a plugin declares ``werk-host>=0.4,<0.5`` in its requirements and the host refuses to
+#: 0.x: a plugin declares ``werk-host>=0.5,<0.6`` in its requirements and the host refuses to
 #: load a plugin whose declared range excludes the running host (docs/plugin-hooks.md). 0.3:
 #: operation hooks are adapter methods; ``AdapterFactory.plugin_name`` is derived. 0.4: the
-#: media hooks ``werk_image_limits`` and ``werk_image_generation`` (docs/media.md).
-HOOK_API_VERSION: Final = "0.4"
+#: media hooks ``werk_image_limits`` and ``werk_image_generation`` (docs/media.md). 0.5: the
+#: speech hooks ``werk_speech_limits`` and ``werk_speech_synthesis`` (docs/media.md, "Speech").
+HOOK_API_VERSION: Final = "0.5"
 
 hookspec = pluggy.HookspecMarker("werk")
 
@@ -380,3 +383,28 @@ def werk_image_generation(adapter: Adapter, work: ImageWork) -> ImageResult | No
     work, ``conflict`` when cancelled.
 
     Adapter method: ``@hookimpl(specname="werk_image_generation") def generate_image(self, work)``."""
+
+
+@hookspec(firstresult=True)
+def werk_speech_limits(adapter: Adapter) -> SpeechLimits | None:
+    """What this speech adapter offers: its model's voices and languages, the audio formats its
+    engine environment encodes (and its default), whether it takes ``instructions`` (a style
+    prompt) and a ``speed``, whether it streams, its sample rate (docs/media.md, "Speech"). The
+    host validates every speech request against it before any work, on every route. Cheap and
+    from evidence (the model's own files, the engine environment): no model load.
+
+    Adapter method: ``@hookimpl(specname="werk_speech_limits") def speech_limits(self)``."""
+
+
+@hookspec(firstresult=True)
+def werk_speech_synthesis(adapter: Adapter, work: SpeechWork) -> SpeechResult | None:
+    """Synthesize ``work.request.input`` in ``work.request.voice``, encoded as
+    ``work.request.response_format``, seeded with ``work.request.seed``: the same request gives
+    the same samples. Polls ``work.cancelled()`` where the engine allows and, once true, stops
+    and raises ``conflict`` ("cancelled"). Blocks until done; the host calls it from a request
+    thread or a job's (docs/media.md, "Jobs").
+
+    Errors: ``invalid_request`` for a request the model cannot run, ``unavailable`` (retryable)
+    when the engine is down or died during the work, ``conflict`` when cancelled.
+
+    Adapter method: ``@hookimpl(specname="werk_speech_synthesis") def synthesize(self, work)``."""

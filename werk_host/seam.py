@@ -21,6 +21,7 @@ from werk_host.protocol.base import CapabilityStatus, Tier
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.media import ImageRequest
 from werk_host.protocol.pd import MessagesInput, TextInput
+from werk_host.protocol.speech import SpeechRequest
 
 #: A JSON object as it crosses the seam (OpenAI bodies, model entries, adapter metadata).
 JsonObject = dict[str, JsonValue]
@@ -265,6 +266,19 @@ class ImageWork:
     once it is true the backend stops and raises ``WerkError(CONFLICT, "cancelled")``."""
 
     request: ImageRequest
+    progress: Callable[[int, int], None]
+    cancelled: Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class SpeechWork:
+    """One speech synthesis for a speech backend (docs/media.md, "Speech"): ``request``
+    validated against the adapter's :class:`~werk_host.protocol.speech.SpeechLimits` (its
+    ``seed``, ``voice`` and ``response_format`` concrete), ``progress(step, steps)`` to call as
+    the synthesis advances (where the engine can tell), and ``cancelled()``, which the backend
+    polls: once it is true the backend stops and raises ``WerkError(CONFLICT, "cancelled")``."""
+
+    request: SpeechRequest
     progress: Callable[[int, int], None]
     cancelled: Callable[[], bool]
 

@@ -1,5 +1,5 @@
-"""Shared helpers of the media route tests: hosts serving the reference media backend, raw
-byte requests, and polling a job to its end."""
+"""Shared helpers of the media route tests: hosts serving the reference media (and speech)
+backends, raw byte requests, and polling a job to its end."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 from werk_host.testing.api import Api
 from werk_host.testing.hosts import LiveHost, install_model, serving
 from werk_host.testing.media import MEDIA_BACKEND, ReferenceMediaPlugin
+from werk_host.testing.speech import SPEECH_BACKEND, ReferenceSpeechPlugin
 
 KEY_A, KEY_B = "sk-media-a", "sk-media-b"
 MODEL = "pix"
@@ -59,9 +60,46 @@ def two_model_host(root: Path, keys: tuple[str, ...]) -> Iterator[tuple[LiveHost
         yield live, plugin
 
 
-def fetch(url: str, key: str | None, *, method: str = "GET", body: object = None) -> tuple[int, bytes, str]:
-    """``(status, body bytes, content type)`` of one request; ``body``, if given, sent as JSON."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+SPEECH_PROFILE = """
+[[instance]]
+id = "voice"
+model = "voice"
+default = true
+
+[[instance]]
+id = "slowvoice"
+model = "slowvoice"
+
+[[instance]]
+id = "pix"
+model = "pix"
+"""
+
+
+@contextmanager
+def speech_host(root: Path) -> Iterator[tuple[LiveHost, ReferenceSpeechPlugin, ReferenceMediaPlugin]]:
+    """A served host: speech instances ``voice`` (instant) and ``slowvoice`` (0.1 s a step),
+    and the image instance ``pix``; keys A and B."""
+    home = root / "home"
+    home.mkdir(parents=True)
+    install_model(home, "voice", backend=SPEECH_BACKEND, params={})
+    install_model(home, "slowvoice", backend=SPEECH_BACKEND, params={"step_delay_s": 0.1})
+    install_model(home, "pix", backend=MEDIA_BACKEND, params={})
+    profile = root / "deployments.toml"
+    profile.write_text(SPEECH_PROFILE)
+    speech, media = ReferenceSpeechPlugin(), ReferenceMediaPlugin()
+    with serving(
+        home, plugin=speech, extra_plugins={MEDIA_BACKEND: media}, profile=profile, api_keys=(KEY_A, KEY_B)
+    ) as live:
+        yield live, speech, media
+
+
+def fetch(
+    url: str, key: str | None, *, method: str = "GET", body: object = None, headers: Mapping[str, str] | None = None
+) -> tuple[int, bytes, str]:
+    """``(status, body bytes, content type)`` of one request; ``body``, if given, sent as JSON;
+    ``headers`` added."""
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {key}"} if key else {})}
     data = None if body is None else json.dumps(body).encode()
     if data is not None:
         headers["Content-Type"] = "application/json"

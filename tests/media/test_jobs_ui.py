@@ -15,7 +15,7 @@ import pytest
 from tests.browser_support import chromium
 from tests.test_ui import _click, _no_page_errors, _sign_in, _text, _wait
 
-from .support import KEY_A, KEY_B, finished, media_host, running
+from .support import KEY_A, KEY_B, finished, media_host, running, speech_host
 
 
 @pytest.fixture(scope="module")
@@ -56,4 +56,35 @@ def test_the_jobs_view_lists_cancels_and_shows_a_key_s_own_jobs(chrome: Any, tmp
                 break
             time.sleep(0.1)
         assert widths == [64, 64]
+        _no_page_errors(chrome)
+
+
+def test_the_jobs_view_plays_a_speech_job_s_audio(chrome: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    chrome.get("about:blank")  # the previous test's page polled its host as it stopped:
+    chrome.get_log("browser")  # those refused connections are not this test's
+    with speech_host(tmp_path) as (live, _speech, _media):
+        fields = {"input": "a sentence for the page", "seed": 5}
+        done = live.api.post("/werk/v1/jobs", {"kind": "speech", "input": fields})[1]["data"]["id"]
+        view = finished(live.api, done)
+        assert view["status"] == "succeeded"
+        url = live.url.replace("127.0.0.1", "localhost")
+        _sign_in(chrome, url, KEY_A, "jobs")
+        _wait(
+            chrome, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr[data-job="{done}"] [data-action="show"]'), "the job"
+        )
+        assert "speech" in _text(chrome, f'tr[data-job="{done}"]')
+        _click(chrome, f'tr[data-job="{done}"] [data-action="show"]')
+        _wait(chrome, lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs-images audio.job-audio"), "the audio player")
+        deadline = time.monotonic() + 10
+        duration = None
+        while time.monotonic() < deadline:
+            duration = chrome.execute_script(
+                "const a = document.querySelector('#jobs-images audio'); return a.readyState >= 1 ? a.duration : null"
+            )
+            if duration:
+                break
+            time.sleep(0.1)
+        assert duration == pytest.approx(view["info"]["seconds"], abs=0.01)
         _no_page_errors(chrome)

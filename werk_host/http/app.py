@@ -11,7 +11,7 @@ import falcon
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http import anthropic, comfy, ollama, openai, responses, sdapi, ui
+from werk_host.http import anthropic, comfy, ollama, openai, responses, sdapi, speech, ui
 from werk_host.http import media as media_routes
 from werk_host.http.browser import BrowserPolicy
 from werk_host.http.errors import error_body, from_falcon, retry_after, status_for
@@ -146,6 +146,7 @@ def create_app(
         media_routes.add_routes(app, media, jobs)  # docs/media.md
         sdapi.add_routes(app, media, jobs)
         comfy.add_routes(app, media, jobs)
+        speech.add_routes(app, media)  # docs/media.md, "Speech"
     app.add_route(METRICS_PATH, metrics.resource)
     ui.add_routes(app)  # the operator's page, docs/ui.md
     # Registration order matters: Falcon picks the most specific handler class.

@@ -6,7 +6,7 @@ Every image route translates its own fields into one
 adapter's limits, the gate); the job routes go through
 :class:`~werk_host.service.jobs.JobService`. Here:
 
-* ``POST /werk/v1/jobs`` ``{"kind": "image", "model"?, "input": {...}}`` answers 202 with the
+* ``POST /werk/v1/jobs`` ``{"kind": "image" | "speech", "model"?, "input": {...}}`` answers 202 with the
   job (``data.id``, ``data.status``); ``GET /werk/v1/jobs`` lists the caller's jobs;
   ``GET /werk/v1/jobs/{id}`` one of them; ``GET /werk/v1/jobs/{id}/result/{name}`` a result
   file's bytes with its content type; ``POST /werk/v1/jobs/{id}/cancel``. Another key's job is
@@ -45,7 +45,7 @@ __all__ = ["add_routes", "disconnect_bound", "run_image", "EDITS_PATH"]
 
 EDITS_PATH: Final = "/v1/images/edits"
 _SIZE = re.compile(r"([1-9][0-9]{0,4})x([1-9][0-9]{0,4})")
-_RESULT_NAME = re.compile(r"image-[0-9]{1,2}\.png")
+_RESULT_NAME = re.compile(r"image-[0-9]{1,2}\.png|speech\.(?:wav|pcm|flac|mp3|opus|aac)")
 #: OpenAI's fields the image routes take, and Werk's extensions.
 _OPENAI_FIELDS: Final = frozenset({"model", "prompt", "n", "size", "response_format", "quality", "style", "user"})
 _EXTENSIONS: Final = frozenset({"negative_prompt", "steps", "guidance_scale", "seed", "sampler", "strength"})

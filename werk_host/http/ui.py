@@ -28,7 +28,7 @@ UI_PATH: Final = "/ui"
 
 #: The page's Content-Security-Policy (docs/ui.md, "Security").
 CONTENT_SECURITY_POLICY: Final = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; media-src 'self' data:; "
     "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
     "form-action 'self'; frame-ancestors 'none'"
 )

@@ -74,6 +74,7 @@ from werk_host.protocol.promptcache import (
     PromptCacheListQuery,
     PromptCachePruneRequest,
 )
+from werk_host.protocol.speech import SpeechLimits, SpeechRequest, SpeechResult
 from werk_host.protocol.states import (
     AllSelector,
     FilterSelector,
@@ -109,6 +110,9 @@ __all__ = [
     "JobCreate",
     "JobStatus",
     "JobView",
+    "SpeechLimits",
+    "SpeechRequest",
+    "SpeechResult",
     "AllSelector",
     "CAPABILITY_OPERATIONS",
     "Capability",

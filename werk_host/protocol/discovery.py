@@ -70,6 +70,9 @@ class CapabilityId(StrEnum):
     #: media (docs/media.md, "Capabilities"): additive to the seed's text ids
     IMAGE_TXT2IMG = "media.image.txt2img"
     IMAGE_IMG2IMG = "media.image.img2img"
+    SPEECH_SYNTHESIS = "media.speech.synthesis"
+    SPEECH_INSTRUCTIONS = "media.speech.instructions"
+    SPEECH_STREAMING = "media.speech.streaming"
 
     @classmethod
     def tier(cls, tier: str) -> CapabilityId:
@@ -110,4 +113,7 @@ CAPABILITY_OPERATIONS: Final[dict[CapabilityId, tuple[str, ...]]] = {
     CapabilityId.PLACEMENT: ("plan",),
     CapabilityId.IMAGE_TXT2IMG: ("generate", "progress", "cancel"),
     CapabilityId.IMAGE_IMG2IMG: ("generate", "progress", "cancel"),
+    CapabilityId.SPEECH_SYNTHESIS: ("synthesize", "voices", "languages", "formats"),
+    CapabilityId.SPEECH_INSTRUCTIONS: ("synthesize",),
+    CapabilityId.SPEECH_STREAMING: ("stream",),
 }

@@ -14,9 +14,10 @@ sampler names it accepts (A1111's names: ``Euler``, ``Euler a``, ``DDIM``, ...),
 sampler, size and steps, and whether it can do image-to-image. A request naming a sampler
 outside the list is ``invalid_request`` before any work.
 
-Jobs (:class:`JobView`): a job-backed route stores the request, status and eventual result
-under ``WERK_HOME/jobs`` (werk_host/store/jobs.py); statuses move ``queued`` → ``running`` →
-one of the terminal ``succeeded``, ``failed``, ``cancelled``.
+Jobs (:class:`JobView`): a job (``kind`` ``image``, or ``speech`` with a
+:class:`~werk_host.protocol.speech.SpeechRequest`) stores the request, status and eventual
+result under ``WERK_HOME/jobs`` (werk_host/store/jobs.py); statuses move ``queued`` →
+``running`` → one of the terminal ``succeeded``, ``failed``, ``cancelled``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Final, Literal, Self
 
-from pydantic import BeforeValidator, Field, JsonValue, StrictInt, StrictStr, model_validator
+from pydantic import BeforeValidator, Field, JsonValue, RootModel, StrictInt, StrictStr, model_validator
 
 from werk_host.protocol.base import DataModel, JsonFloat, StrictModel, integral_number
+from werk_host.protocol.speech import SpeechInput
 
 #: The largest image side and pixel count a request may ask for.
 MAX_IMAGE_SIDE: Final = 2048
@@ -128,16 +130,27 @@ class JobStatus(StrEnum):
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
-JobKind = Literal["image"]
+JobKind = Literal["image", "speech"]
 
 
-class JobCreate(StrictModel):
-    """``POST /werk/v1/jobs``: ``input`` is the kind's request (for ``image``, an
-    :class:`ImageInput`)."""
+class ImageJobCreate(StrictModel):
+    """A ``kind: image`` job: ``input`` is an :class:`ImageInput`."""
 
-    kind: JobKind
+    kind: Literal["image"]
     model: StrictStr | None = None
     input: ImageInput
+
+
+class SpeechJobCreate(StrictModel):
+    """A ``kind: speech`` job: ``input`` is a :class:`~werk_host.protocol.speech.SpeechInput`."""
+
+    kind: Literal["speech"]
+    model: StrictStr | None = None
+    input: SpeechInput
+
+
+class JobCreate(RootModel[Annotated[ImageJobCreate | SpeechJobCreate, Field(discriminator="kind")]]):
+    """``POST /werk/v1/jobs``: ``input`` is the kind's request (``root`` is the job of that kind)."""
 
 
 class JobProgress(DataModel):

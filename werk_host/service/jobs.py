@@ -3,14 +3,16 @@
 
 * **Submit** (:meth:`JobService.submit`) validates the whole request first, exactly as the
   synchronous routes do (:meth:`~werk_host.service.media.MediaService.prepare`: the bounds, the
-  sampler, image-to-image), then stores the exact request and a ``queued`` record owned by the
-  caller, then queues it. A refused request leaves no record.
+  sampler, image-to-image; :meth:`~werk_host.service.media.MediaService.prepare_speech` for a
+  ``kind: speech`` job: the voice, format, language, speed, instructions), then stores the
+  exact request and a ``queued`` record owned by the caller, then queues it. A refused request
+  leaves no record.
 * **Run.** One runner thread per host takes queued jobs in order (the media workers are
   serialized anyway) and runs each through the same :meth:`MediaService.generate` as a
   synchronous request: the owner's gate ticket and a seat on its instance (tried again until
   seated: a queued job waits, it is not refused), progress per step into the record (kept in
   memory; written to ``status.json`` when the status changes), results written before the
-  status names them.
+  status names them: ``image-<i>.png`` per image, ``speech.<format>`` for speech.
 * **Cancel** (:meth:`JobService.cancel`): a queued job becomes ``cancelled`` at once; a
   running one is told to stop (the backend polls at every step) and becomes ``cancelled`` when
   it has; a terminal one is answered as it is.
@@ -34,12 +36,13 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from werk_host.errors import ErrorCode, WerkError, validation_message
-from werk_host.protocol.media import ImageRequest, JobCreate, JobError, JobProgress, JobStatus, JobView
-from werk_host.service.media import Generation, MediaService, Prepared
+from werk_host.protocol.media import ImageJobCreate, ImageRequest, JobCreate, JobError, JobProgress, JobStatus, JobView
+from werk_host.protocol.speech import SpeechRequest
+from werk_host.service.media import Generation, MediaService, Prepared, PreparedSpeech
 from werk_host.service.principals import Principal
 from werk_host.store.jobs import JobPurge, JobRecord, JobStore, now_ms
 
-__all__ = ["JobService", "image_request", "request_document"]
+__all__ = ["JobService", "image_request", "request_document", "speech_request"]
 
 log = logging.getLogger(__name__)
 PNG: Final = "image/png"
@@ -58,6 +61,18 @@ def image_request(fields: dict[str, Any], model: str | None) -> ImageRequest:
         doc["init_image"] = decode_image(init, "init_image")
     try:
         return ImageRequest.model_validate(doc)
+    except ValidationError as err:
+        raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
+
+
+def speech_request(fields: dict[str, Any], model: str | None) -> SpeechRequest:
+    """A job's (or a route's) speech fields as a :class:`SpeechRequest`, every bound checked
+    (``invalid_request``)."""
+    doc = dict(fields)
+    if model is not None:
+        doc["model"] = model
+    try:
+        return SpeechRequest.model_validate(doc)
     except ValidationError as err:
         raise WerkError(ErrorCode.INVALID_REQUEST, validation_message(err)) from err
 
@@ -95,7 +110,7 @@ class JobService:
     def __init__(self, store: JobStore, media: MediaService) -> None:
         self.store = store
         self.media = media
-        self._queue: queue.Queue[tuple[str, Principal, Prepared] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[str, Principal, Prepared | PreparedSpeech] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._live: dict[str, Generation] = {}
         self._stopping = threading.Event()
@@ -128,17 +143,39 @@ class JobService:
     # -- the protocol's operations -----------------------------------------------------------
     def submit(self, principal: Principal, create: JobCreate) -> JobView:
         """``POST /werk/v1/jobs`` (module docstring)."""
-        return self.submit_image(principal, create.model, create.input.model_dump(exclude_none=True))
+        job = create.root
+        fields = job.input.model_dump(exclude_none=True)
+        if isinstance(job, ImageJobCreate):
+            return self.submit_image(principal, job.model, fields)
+        return self.submit_speech(principal, job.model, fields)
 
     def submit_image(self, principal: Principal, model: str | None, fields: dict[str, Any]) -> JobView:
         """A ``kind: image`` job of ``fields`` (an :class:`ImageRequest`'s, ``init_image``
         base64) for ``model``, every route's one way in (module docstring)."""
         request = image_request(fields, model)
         prepared = self.media.prepare(request)
-        document = json.dumps({"kind": "image", "request": request_document(prepared.request)}).encode()
-        record = self.store.create(principal.id, "image", prepared.model, document)
-        generation = Generation(principal.id, prepared.model, job_id=record.id)
+        document = {"kind": "image", "request": request_document(prepared.request)}
+        generation = Generation(principal.id, prepared.model)
         generation.steps = prepared.request.steps or 0
+        return self._queued(principal, prepared, document, generation)
+
+    def submit_speech(self, principal: Principal, model: str | None, fields: dict[str, Any]) -> JobView:
+        """A ``kind: speech`` job of ``fields`` (a :class:`SpeechRequest`'s) for ``model``."""
+        prepared = self.media.prepare_speech(speech_request(fields, model))
+        document = {"kind": "speech", "request": prepared.request.model_dump(mode="json")}
+        return self._queued(principal, prepared, document, Generation(principal.id, prepared.model, kind="speech"))
+
+    def _queued(
+        self,
+        principal: Principal,
+        prepared: Prepared | PreparedSpeech,
+        document: dict[str, Any],
+        generation: Generation,
+    ) -> JobView:
+        """The job's exact request stored with a ``queued`` record owned by ``principal``, then
+        queued (module docstring, "Submit")."""
+        record = self.store.create(principal.id, generation.kind, prepared.model, json.dumps(document).encode())
+        generation.job_id = record.id
         with self._lock:
             self._live[record.id] = generation
         self._queue.put((record.id, principal, prepared))
@@ -190,7 +227,7 @@ class JobService:
                 with self._lock:
                     self._live.pop(job_id, None)
 
-    def _one(self, job_id: str, principal: Principal, prepared: Prepared) -> None:
+    def _one(self, job_id: str, principal: Principal, prepared: Prepared | PreparedSpeech) -> None:
         record = self.store.get(None, job_id)
         with self._lock:
             generation = self._live.get(job_id)
@@ -198,17 +235,27 @@ class JobService:
             return  # cancelled while queued
         record.status, record.started_unix_ms = JobStatus.RUNNING, now_ms()
         self.store.update(record)
+
+        def wait() -> bool:  # the runner's "keep trying" for a seat
+            return not self._stopping.is_set()
+
+        files: list[tuple[str, str, bytes]]
         try:
-            result = self.media.generate(
-                principal, prepared, generation=generation, wait_for_seat=lambda: not self._stopping.is_set()
-            )
+            if isinstance(prepared, PreparedSpeech):
+                speech = self.media.speak(principal, prepared, generation=generation, wait_for_seat=wait)
+                files = [(f"speech.{speech.format}", speech.content_type, speech.audio)]
+                info = {**speech.info, "seed": prepared.request.seed, "sample_rate": speech.sample_rate}
+                info["seconds"] = speech.seconds
+            else:
+                result = self.media.generate(principal, prepared, generation=generation, wait_for_seat=wait)
+                files = [(f"image-{i}.png", PNG, data) for i, data in enumerate(result.images)]
+                info = {**result.info, "seeds": list(result.seeds)}
         except WerkError as err:
             if err.code is ErrorCode.CONFLICT and generation.cancel.is_set():
                 self._finish(job_id, JobStatus.CANCELLED, None)
             else:
                 self._finish(job_id, JobStatus.FAILED, _failure(job_id, err))
             return
-        files = [(f"image-{i}.png", PNG, data) for i, data in enumerate(result.images)]
         record = self.store.get(None, job_id)
         try:
             saved = self.store.save_results(record, files)
@@ -218,7 +265,7 @@ class JobService:
             self._finish(job_id, JobStatus.FAILED, JobError(code="resource_exhausted", message=message))
             return
         record.results = saved
-        record.info = {**result.info, "seeds": list(result.seeds)}
+        record.info = info
         record.progress = JobProgress(step=generation.steps, steps=generation.steps, fraction=1.0)
         record.status, record.finished_unix_ms = JobStatus.SUCCEEDED, now_ms()
         self.store.update(record)

@@ -25,6 +25,13 @@ job). The contract:
   principal (:meth:`MediaService.active`: step, steps) until it ends, for AUTOMATIC1111's
   ``/sdapi/v1/progress``; :meth:`MediaService.interrupt` cancels that principal's running
   generations (``/sdapi/v1/interrupt``, Comfy's ``/interrupt``), never another key's.
+* **Speech** (docs/media.md, "Speech") takes the same path: ``model`` routes among the
+  instances whose backend declares ``media.speech.synthesis``;
+  :meth:`MediaService.prepare_speech` checks the request against the adapter's
+  :class:`~werk_host.protocol.speech.SpeechLimits` (an unknown voice, language or format,
+  ``instructions`` or a ``speed`` other than 1 where the model takes none: ``invalid_request``)
+  and makes it exact (voice, format, a seed drawn when absent); :meth:`MediaService.speak`
+  runs it under the same gate ticket and seat as an image.
 """
 
 from __future__ import annotations
@@ -35,26 +42,39 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Literal, TypeVar
 
 from werk_host.deployments.instances import Instance
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.protocol.discovery import CapabilityId
 from werk_host.protocol.media import MAX_SEED, ImageLimits, ImageRequest, ImageResult
-from werk_host.seam import Adapter, ImageWork, client_disconnected
+from werk_host.protocol.speech import MAX_SPEECH_SEED, SpeechLimits, SpeechRequest, SpeechResult
+from werk_host.seam import Adapter, ImageWork, SpeechWork, client_disconnected
 from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, Ticket
 from werk_host.service.principals import Principal
 
-__all__ = ["Generation", "MediaService", "Prepared", "is_media"]
+__all__ = ["Generation", "MediaKind", "MediaService", "Prepared", "PreparedSpeech", "is_media"]
 
 #: How long the job runner waits between tries for a seat (werk_host/service/jobs.py).
 SEAT_RETRY_S = 0.5
-_IMAGE_CAPS = (CapabilityId.IMAGE_TXT2IMG, CapabilityId.IMAGE_IMG2IMG)
+MediaKind = Literal["image", "speech"]
+_CAPS: dict[MediaKind, tuple[CapabilityId, ...]] = {
+    "image": (CapabilityId.IMAGE_TXT2IMG, CapabilityId.IMAGE_IMG2IMG),
+    "speech": (CapabilityId.SPEECH_SYNTHESIS,),
+}
+#: What a route says when no instance, or the named one, does the kind.
+_NONE: dict[MediaKind, str] = {
+    "image": "image generation is not supported: no media model is served",
+    "speech": "speech is not supported: no speech model is served",
+}
+_NOT: dict[MediaKind, str] = {"image": "does not generate images", "speech": "does not synthesize speech"}
+R = TypeVar("R")
 
 
-def is_media(instance: Instance) -> bool:
-    """Whether ``instance``'s backend declares an image capability (no start needed)."""
-    return any(cap in instance.factory.capabilities for cap in _IMAGE_CAPS)
+def is_media(instance: Instance, kind: MediaKind = "image") -> bool:
+    """Whether ``instance``'s backend declares a capability of ``kind`` (no start needed)."""
+    return any(cap in instance.factory.capabilities for cap in _CAPS[kind])
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,19 @@ class Prepared:
     instance: Instance
     request: ImageRequest
     limits: ImageLimits
+
+    @property
+    def model(self) -> str:
+        return self.request.model or self.instance.id
+
+
+@dataclass(frozen=True)
+class PreparedSpeech:
+    """A speech request ready to run: its instance and the exact request (voice, format, seed)."""
+
+    instance: Instance
+    request: SpeechRequest
+    limits: SpeechLimits
 
     @property
     def model(self) -> str:
@@ -81,6 +114,7 @@ class Generation:
     steps: int = 0
     cancel: threading.Event = field(default_factory=threading.Event)
     job_id: str | None = None
+    kind: MediaKind = "image"
 
     def progress(self, step: int, steps: int) -> None:
         self.step, self.steps = step, steps
@@ -100,25 +134,25 @@ class MediaService:
         self._running: list[Generation] = []
 
     # -- instances -------------------------------------------------------------------------
-    def instances(self) -> list[Instance]:
-        """The media instances, in profile order."""
+    def instances(self, kind: MediaKind = "image") -> list[Instance]:
+        """The instances of ``kind``, in profile order."""
         deployments = self.fleet.deployments
         if deployments is not None:
-            return [i for i in deployments.instances.values() if is_media(i)]
+            return [i for i in deployments.instances.values() if is_media(i, kind)]
         default = self.fleet.default
-        return [default] if default is not None and is_media(default) else []
+        return [default] if default is not None and is_media(default, kind) else []
 
-    def resolve(self, model: str | None) -> Instance:
-        """The instance serving ``model`` (module docstring)."""
+    def resolve(self, model: str | None, kind: MediaKind = "image") -> Instance:
+        """The instance serving ``model`` for ``kind`` (module docstring)."""
         deployments = self.fleet.deployments
         if model is None or deployments is None:
-            found = self.instances()
+            found = self.instances(kind)
             if not found:
-                raise WerkError(ErrorCode.UNSUPPORTED, "image generation is not supported: no media model is served")
+                raise WerkError(ErrorCode.UNSUPPORTED, _NONE[kind])
             return found[0]
         instance = deployments.route(model)
-        if not is_media(instance):
-            raise WerkError(ErrorCode.UNSUPPORTED, f"model {model} does not generate images")
+        if not is_media(instance, kind):
+            raise WerkError(ErrorCode.UNSUPPORTED, f"model {model} {_NOT[kind]}")
         return instance
 
     def limits(self, instance: Instance) -> ImageLimits:
@@ -150,6 +184,50 @@ class MediaService:
         )
         return Prepared(instance, exact, limits)
 
+    def speech_limits(self, instance: Instance) -> SpeechLimits:
+        """The adapter's speech limits (its instance started when cold)."""
+        adapter = instance.use()
+        limits = self.fleet.hooks.speech_limits(adapter)
+        if limits is None:
+            raise WerkError(ErrorCode.UNSUPPORTED, f"speech is not supported by backend {adapter.backend}")
+        return limits
+
+    def prepare_speech(self, request: SpeechRequest) -> PreparedSpeech:
+        """``request`` routed and checked against its adapter's limits, its voice, format and
+        seed made concrete (module docstring)."""
+        instance = self.resolve(request.model, "speech")
+        limits = self.speech_limits(instance)
+        voices = {v.lower(): v for v in limits.voices}
+        voice = request.voice if request.voice is not None else limits.default_voice
+        if voices and (voice is None or voice.lower() not in voices):
+            raise WerkError(ErrorCode.INVALID_REQUEST, f"unknown voice (known: {', '.join(limits.voices)})")
+        if not voices and request.voice is not None:
+            raise WerkError(ErrorCode.INVALID_REQUEST, f"model {instance.id} has no named voices: leave voice out")
+        fmt = request.response_format or limits.default_format
+        if fmt not in limits.formats:
+            raise WerkError(
+                ErrorCode.INVALID_REQUEST, f"unsupported response_format (supported: {', '.join(limits.formats)})"
+            )
+        languages = {v.lower(): v for v in limits.languages}
+        language = None
+        if request.language is not None:
+            language = languages.get(request.language.lower())
+            if language is None:
+                known = ", ".join(limits.languages) or "none"
+                raise WerkError(ErrorCode.INVALID_REQUEST, f"unsupported language (supported: {known})")
+        if request.speed is not None and request.speed != 1.0 and not limits.speed:
+            raise WerkError(ErrorCode.INVALID_REQUEST, f"model {instance.id} has no speed control: speed must be 1.0")
+        if request.instructions and not limits.instructions:
+            raise WerkError(ErrorCode.INVALID_REQUEST, f"model {instance.id} takes no instructions (style prompt)")
+        seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SPEECH_SEED + 1)
+        update = {
+            "voice": voices[voice.lower()] if voice is not None and voices else None,
+            "response_format": fmt,
+            "language": language,
+            "seed": seed,
+        }
+        return PreparedSpeech(instance, request.model_copy(update=update), limits)
+
     # -- running ---------------------------------------------------------------------------
     @contextmanager
     def _running_as(self, generation: Generation) -> Iterator[Generation]:
@@ -161,12 +239,12 @@ class MediaService:
             with self._lock:
                 self._running.remove(generation)
 
-    def active(self, principal: Principal) -> list[Generation]:
+    def active(self, principal: Principal, kind: MediaKind = "image") -> list[Generation]:
         with self._lock:
-            return [g for g in self._running if g.principal_id == principal.id]
+            return [g for g in self._running if g.principal_id == principal.id and g.kind == kind]
 
     def interrupt(self, principal: Principal) -> int:
-        """Cancel ``principal``'s running generations; how many."""
+        """Cancel ``principal``'s running image generations; how many."""
         found = self.active(principal)
         for generation in found:
             generation.cancel.set()
@@ -185,15 +263,48 @@ class MediaService:
         ``wait_for_seat``: the job runner's "keep trying" (called between refused tries until
         it answers ``False``), where a request thread is refused at once."""
         generation = generation or Generation(principal.id, prepared.model)
+        return self._admitted(principal, prepared.instance, generation, wait_for_seat, self._image(prepared))
+
+    def speak(
+        self,
+        principal: Principal,
+        prepared: PreparedSpeech,
+        *,
+        generation: Generation | None = None,
+        wait_for_seat: Callable[[], bool] | None = None,
+    ) -> SpeechResult:
+        """Synthesize ``prepared`` for ``principal``, admitted exactly as :meth:`generate`."""
+        generation = generation or Generation(principal.id, prepared.model, kind="speech")
+        return self._admitted(principal, prepared.instance, generation, wait_for_seat, self._speech(prepared))
+
+    def _admitted(
+        self,
+        principal: Principal,
+        instance: Instance,
+        generation: Generation,
+        wait_for_seat: Callable[[], bool] | None,
+        run: Callable[[Adapter, Generation, Callable[[], bool]], R],
+    ) -> R:
+        """``run`` on ``instance``'s adapter under the gate's ticket and a seat, the instance in
+        use throughout (module docstring, "Admission"); its third argument says whether the
+        generation is cancelled or the waiting client has gone."""
+        gone = client_disconnected.get()
+
+        def cancelled() -> bool:
+            return generation.cancel.is_set() or (gone is not None and gone())
+
         ticket = None
         if self.gate is not None:
-            ticket = self._ticket(principal, prepared.instance, generation, wait_for_seat)
+            ticket = self._ticket(principal, instance, generation, wait_for_seat)
         try:
-            adapter = prepared.instance.use(enter=True)
+            adapter = instance.use(enter=True)
             try:
-                return self._run(adapter, prepared, generation)
+                with self._running_as(generation):
+                    if cancelled():
+                        raise WerkError(ErrorCode.CONFLICT, "cancelled")
+                    return run(adapter, generation, cancelled)
             finally:
-                prepared.instance.leave()
+                instance.leave()
         finally:
             if ticket is not None:
                 ticket.release()
@@ -223,20 +334,31 @@ class MediaService:
                         raise WerkError(ErrorCode.CONFLICT, "cancelled") from err
                     raise
 
-    def _run(self, adapter: Adapter, prepared: Prepared, generation: Generation) -> ImageResult:
-        gone = client_disconnected.get()
-
-        def cancelled() -> bool:
-            return generation.cancel.is_set() or (gone is not None and gone())
-
-        work = ImageWork(prepared.request, generation.progress, cancelled)
-        with self._running_as(generation):
-            if cancelled():
-                raise WerkError(ErrorCode.CONFLICT, "cancelled")
+    def _image(self, prepared: Prepared) -> Callable[[Adapter, Generation, Callable[[], bool]], ImageResult]:
+        def run(adapter: Adapter, generation: Generation, cancelled: Callable[[], bool]) -> ImageResult:
+            work = ImageWork(prepared.request, generation.progress, cancelled)
             result = self.fleet.hooks.generate_image(adapter, work)
-        if result is None:
-            raise WerkError(ErrorCode.UNSUPPORTED, f"image generation is not supported by backend {adapter.backend}")
-        if len(result.images) != prepared.request.n or len(result.seeds) != prepared.request.n:
-            owner = self.fleet.plugins.owner_of(adapter)
-            raise WerkError(ErrorCode.INTERNAL, f"plugin {owner} answered {prepared.request.n} image(s) wrongly")
-        return result
+            if result is None:
+                raise WerkError(
+                    ErrorCode.UNSUPPORTED, f"image generation is not supported by backend {adapter.backend}"
+                )
+            n = prepared.request.n
+            if len(result.images) != n or len(result.seeds) != n:
+                owner = self.fleet.plugins.owner_of(adapter)
+                raise WerkError(ErrorCode.INTERNAL, f"plugin {owner} answered {n} image(s) wrongly")
+            return result
+
+        return run
+
+    def _speech(self, prepared: PreparedSpeech) -> Callable[[Adapter, Generation, Callable[[], bool]], SpeechResult]:
+        def run(adapter: Adapter, generation: Generation, cancelled: Callable[[], bool]) -> SpeechResult:
+            work = SpeechWork(prepared.request, generation.progress, cancelled)
+            result = self.fleet.hooks.synthesize_speech(adapter, work)
+            if result is None:
+                raise WerkError(ErrorCode.UNSUPPORTED, f"speech is not supported by backend {adapter.backend}")
+            if result.format != prepared.request.response_format or not result.audio:
+                owner = self.fleet.plugins.owner_of(adapter)
+                raise WerkError(ErrorCode.INTERNAL, f"plugin {owner} answered the speech request wrongly")
+            return result
+
+        return run

@@ -70,9 +70,9 @@ export async function call(method, path, body) {
   return doc;
 }
 
-/** A file's bytes as a data: URL (a job's result image: the page's CSP allows data: images). */
+/** A file's bytes as a data: URL (a job's result image or audio: the page's CSP allows data: for both). */
 export async function dataUrl(path) {
-  const resp = await fetch(path, { headers: headers({ Accept: "image/png, application/json" }), cache: "no-store", credentials: "omit" });
+  const resp = await fetch(path, { headers: headers({ Accept: "image/png, audio/*, application/json" }), cache: "no-store", credentials: "omit" });
   if (!resp.ok) {
     refused(resp.status);
     throw new ApiError(resp.status, "", `${resp.status} ${resp.statusText}`);

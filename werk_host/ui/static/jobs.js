@@ -1,7 +1,8 @@
 // This key's media jobs (docs/media.md, "Jobs"): GET /werk/v1/jobs, polled while shown, with
 // each job's status and step progress; a queued or running job can be cancelled
-// (POST /werk/v1/jobs/{id}/cancel); a finished one shows its images (GET .../result/{name},
-// fetched with the key and shown as data: URLs).
+// (POST /werk/v1/jobs/{id}/cancel); a finished one shows its results (GET .../result/{name},
+// fetched with the key and shown as data: URLs): an image job's images, a speech job's audio
+// with the browser's own player.
 
 import { call, dataUrl } from "./api.js";
 import { ago, bytes, fill, h, say } from "./util.js";
@@ -73,9 +74,15 @@ export class JobsView {
       const urls = await Promise.all(
         job.results.map((f) => dataUrl(`/werk/v1/jobs/${encodeURIComponent(job.id)}/result/${encodeURIComponent(f.name)}`)),
       );
-      fill(this.images, h("h3", {}, job.id), ...urls.map((src, i) => h("img", { src, alt: job.results[i].name, class: "job-image" })));
+      const shown = urls.map((src, i) => {
+        const file = job.results[i];
+        return file.content_type.startsWith("audio/")
+          ? h("audio", { src, controls: true, "aria-label": file.name, class: "job-audio" })
+          : h("img", { src, alt: file.name, class: "job-image" });
+      });
+      fill(this.images, h("h3", {}, job.id), ...shown);
     } catch (err) {
-      say(this.status, `Could not fetch the images of ${job.id}: ${err.message}`, true);
+      say(this.status, `Could not fetch the results of ${job.id}: ${err.message}`, true);
     }
   }
 }

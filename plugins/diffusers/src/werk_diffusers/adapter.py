@@ -14,21 +14,19 @@ nothing): the samplers :data:`SAMPLERS` (AUTOMATIC1111's names), default ``Euler
 the UNet's ``sample_size`` times the VAE's scale factor as the default size (512 when unknown),
 image-to-image for the pipeline classes in :data:`IMG2IMG_CLASSES`.
 
-``werk_image_generation``: holds the worker's one seat, streams ``POST /images`` (the worker's
-NDJSON lines) and calls ``work.progress`` per progress line; between lines it polls
-``work.cancelled()`` and, once true, closes the stream (the worker stops at its next step) and
-raises ``conflict`` ("cancelled"). A worker that dies during the work is ``unavailable``
-(retryable): the next request starts a new worker.
+``werk_image_generation``: streams ``POST /images`` through the kit's
+:func:`~werk_host.plugin.streams.run_streamed` (the worker's one seat, ``work.progress`` per
+progress line, ``work.cancelled()`` polled between lines: the stream closed and ``conflict``
+raised once true). A worker that dies during the work is ``unavailable`` (retryable): the next
+request starts a new worker.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import json
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +42,13 @@ from werk_host.plugin import (
     ImageWork,
     ModelManifest,
     WerkError,
-    client_disconnected,
     hookimpl,
 )
 from werk_host.plugin.checkpoints import DIFFUSERS_INDEX, diffusers_dir
 from werk_host.plugin.engines import EngineWorker, started
-from werk_host.plugin.http import BackendCut, ClientGone, forward, post_json
+from werk_host.plugin.http import post_json
 from werk_host.plugin.pool import WorkerPool, files_identity
+from werk_host.plugin.streams import run_streamed
 
 from .settings import PYTHON_ENV, Settings, cache_size, parse_options
 
@@ -91,7 +89,6 @@ IMG2IMG_CLASSES = frozenset(
     }
 )
 MAX_JSON_BYTES = 1 << 20
-MAX_LINE_BYTES = 256 << 20
 
 
 def _small_json(path: Path) -> dict[str, Any]:
@@ -122,21 +119,6 @@ def read_limits(directory: Path) -> ImageLimits:
         default_size=size,
         img2img=index.get("_class_name") in IMG2IMG_CLASSES,
     )
-
-
-def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """The NDJSON lines of a streamed body, as they complete."""
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            if line.strip():
-                yield line
-        if len(pending) > MAX_LINE_BYTES:
-            raise ValueError("a line of the worker's stream is too long")
-    if pending.strip():
-        yield pending
 
 
 class DiffusersAdapter(EngineWorker):
@@ -242,71 +224,22 @@ class DiffusersAdapter(EngineWorker):
     @hookimpl(specname="werk_image_generation")
     def generate_image(self, work: ImageWork) -> ImageResult:
         body = self.request_body(work)
-        if work.cancelled():
-            raise WerkError(ErrorCode.CONFLICT, "cancelled")
-        outer = client_disconnected.get()
-
-        def gone() -> bool:
-            return work.cancelled() or (outer is not None and outer())
-
-        token = client_disconnected.set(gone)  # the seat's wait and the first byte's give up on it
+        event = run_streamed(
+            self.pool,
+            self.slot,
+            self._start,
+            "/images",
+            body,
+            label="diffusers",
+            cancelled=work.cancelled,
+            progress=work.progress,
+        )
         try:
-            with self.pool.use(self.slot, self._start) as current, self.slot.hold():
-                response = forward(current.pool, "/images", body)
-                try:
-                    return self._read(response.status, response.body, work)
-                finally:
-                    response.close()
-        except (ClientGone, WerkError) as err:
-            if work.cancelled() and not isinstance(err, BackendCut):
-                raise WerkError(ErrorCode.CONFLICT, "cancelled") from err
-            raise
-        finally:
-            client_disconnected.reset(token)
-
-    def _read(self, status: int, chunks: Iterator[bytes], work: ImageWork) -> ImageResult:
-        if status != 200:
-            raw = b"".join(chunks)[:4096]
-            message = ""
-            with contextlib.suppress(ValueError, AttributeError):
-                message = str(json.loads(raw).get("error", {}).get("message", ""))[:300]
-            if status == 400:
-                raise WerkError(ErrorCode.INVALID_REQUEST, f"the diffusers worker refused the request: {message}")
-            raise WerkError(
-                ErrorCode.UNAVAILABLE, f"the diffusers worker could not run the pipeline ({status})", retryable=True
-            )
-        try:
-            for line in _lines(chunks):
-                if work.cancelled():
-                    raise WerkError(ErrorCode.CONFLICT, "cancelled")
-                event = json.loads(line)
-                kind = event.get("event") if isinstance(event, dict) else None
-                if kind == "progress":
-                    work.progress(int(event["step"]), int(event["steps"]))
-                elif kind == "result":
-                    return _result(event)
-                elif kind == "cancelled":
-                    raise WerkError(ErrorCode.CONFLICT, "cancelled")
-                elif kind == "error":
-                    _raise_error(event)
-        except BackendCut as err:
-            raise _stopped() from err
+            return _result(event)
         except (ValueError, KeyError, TypeError) as err:
             raise WerkError(
                 ErrorCode.UNAVAILABLE, "the diffusers worker answered a malformed stream", retryable=True
             ) from err
-        raise _stopped()
-
-
-def _stopped() -> WerkError:
-    return WerkError(ErrorCode.UNAVAILABLE, "the diffusers worker stopped during the generation", retryable=True)
-
-
-def _raise_error(event: dict[str, Any]) -> None:
-    kind, message = str(event.get("type", "")), str(event.get("message", ""))[:300]
-    if kind in ("ValueError", "TypeError", "KeyError"):
-        raise WerkError(ErrorCode.INVALID_REQUEST, f"the diffusers pipeline refused the request: {message}")
-    raise WerkError(ErrorCode.UNAVAILABLE, f"the diffusers pipeline failed ({kind}): {message}", retryable=True)
 
 
 def _result(event: dict[str, Any]) -> ImageResult:
