@@ -28,6 +28,11 @@ if [ -z "${WERK_ONNX_GENAI_PYTHON:-}" ] && [ -f scripts/setup-engine-venv.sh ]; 
   WERK_ONNX_GENAI_PYTHON=$(bash scripts/setup-engine-venv.sh onnx-genai | tail -n 1)
 fi
 if [ -n "${WERK_ONNX_GENAI_PYTHON:-}" ]; then export WERK_ONNX_GENAI_PYTHON; fi
+# The Qwen3-TTS engine virtualenv (cached; docs/media.md, "Speech").
+if [ -z "${WERK_QWEN_TTS_PYTHON:-}" ] && [ -f scripts/setup-engine-venv.sh ]; then
+  WERK_QWEN_TTS_PYTHON=$(bash scripts/setup-engine-venv.sh qwen-tts | tail -n 1)
+fi
+if [ -n "${WERK_QWEN_TTS_PYTHON:-}" ]; then export WERK_QWEN_TTS_PYTHON; fi
 plugin_sources=()
 for init in plugins/*/src/*/__init__.py; do
   plugin_sources+=("$(dirname "$init")")

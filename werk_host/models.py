@@ -104,14 +104,19 @@ class ModelManifest:
 
 #: The file that makes a directory a Diffusers pipeline folder (docs/diffusers.md).
 DIFFUSERS_INDEX = "model_index.json"
+#: The file that makes a directory a Qwen3-TTS folder, its codec in a subfolder (docs/media.md).
+SPEECH_TOKENIZER_CONFIG = "speech_tokenizer/config.json"
+#: Files whose presence makes a model span its directory's subfolders.
+NESTED_MODEL_MARKERS = (DIFFUSERS_INDEX, SPEECH_TOKENIZER_CONFIG)
 
 
 def model_dir_files(directory: Path) -> list[Path]:
     """The files a model directory's manifest lists (``werk models add DIR``, the kit's
-    ``checkpoint_manifest``): the regular, non-hidden files directly in it, sorted; for a
-    Diffusers folder (one holding :data:`DIFFUSERS_INDEX`) every regular file under it,
+    ``checkpoint_manifest``): the regular, non-hidden files directly in it, sorted; for a folder
+    whose model spans subfolders (one holding a file of :data:`NESTED_MODEL_MARKERS`: a
+    Diffusers pipeline, a Qwen3-TTS model with its speech tokenizer) every regular file under it,
     recursively, none under a hidden name, sorted by relative path."""
-    if not (directory / DIFFUSERS_INDEX).is_file():
+    if not any((directory / marker).is_file() for marker in NESTED_MODEL_MARKERS):
         return sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
     found = [p for p in directory.rglob("*") if p.is_file()]
     visible = [p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts)]

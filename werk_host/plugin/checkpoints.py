@@ -50,6 +50,7 @@ __all__ = [
     "diffusers_files",
     "is_checkpoint_dir",
     "is_diffusers_dir",
+    "model_root",
     "read_config",
     "safetensors_metadata",
 ]
@@ -85,14 +86,22 @@ def is_diffusers_dir(directory: Path) -> bool:
 def diffusers_dir(manifest: ModelManifest | None) -> Path | None:
     """The folder of ``manifest`` when it is one Diffusers folder (a ``model_index.json`` and
     every other file under its directory), judged by its recorded files alone; else ``None``."""
+    return model_root(manifest, DIFFUSERS_INDEX)
+
+
+def model_root(manifest: ModelManifest | None, marker: str) -> Path | None:
+    """The folder of ``manifest`` when its recorded files are one folder holding ``marker`` (a
+    path relative to it, e.g. ``model_index.json`` or ``speech_tokenizer/config.json``) and
+    every other file under it, judged by the recorded files alone; else ``None``."""
     if manifest is None or not manifest.files:
         return None
     paths = [Path(f.path) for f in manifest.files]
-    roots = [p.parent for p in paths if p.name == DIFFUSERS_INDEX]
+    depth = len(Path(marker).parts)
+    roots = [p.parents[depth - 1] for p in paths if p.parts[-depth:] == Path(marker).parts]
     if len(roots) != 1:
         return None
     root = roots[0]
-    if not all(p == root / DIFFUSERS_INDEX or p.is_relative_to(root) for p in paths):
+    if not all(p.is_relative_to(root) for p in paths):
         return None
     return root
 
@@ -221,7 +230,7 @@ def checkpoint_manifest(
         detected["architecture"] = found
     return ModelManifest.from_paths(
         name or _model_name(target.name),
-        checkpoint_files(target),
+        model_dir_files(target),  # its files, and a nested model's subfolders (werk_host.models)
         backend=backend,
         params={**detected, **(params or {})},
     )

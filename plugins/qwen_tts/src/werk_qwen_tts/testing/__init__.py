@@ -1,0 +1,1 @@
+"""werk_qwen_tts.testing: what tests and benchmarks use (the tiny model writer), never the backend itself."""
