@@ -15,9 +15,10 @@ Contract:
 * ``POST /speech`` ``{"model_dir", "identity", "input", "voice": str|null, "language":
   str|null, "instructions": str|null, "format": "wav"|"pcm"|"flac"|"mp3", "seed": int,
   "max_new_tokens": int|null}`` streams NDJSON lines: ``{"event": "progress", "step": k,
-  "steps": N}`` after every talker step (one 12.5 Hz codec frame; N is ``max_new_tokens``, or
-  the model's ``generation_config.json`` value when null, an upper bound: the model usually
-  stops earlier), then ``{"event": "result", "audio": base64, "format", "content_type",
+  "steps": N}`` after the first talker step (one 12.5 Hz codec frame) and then at most every
+  :data:`PROGRESS_S` (a line per step slows the synthesis measurably); ``k`` counts the steps
+  done, N is ``max_new_tokens``, or the model's ``generation_config.json`` value when null, an
+  upper bound: the model usually stops earlier. Then ``{"event": "result", "audio": base64, "format", "content_type",
   "sample_rate", "samples", "seconds", "info": {"tts_model_type", "voice", "language",
   "seed"}}``, or ``{"event": "cancelled"}`` once the client went away (the kit sets
   ``cancelled``; the next talker step stops the generation). A bad body, an unknown voice or
@@ -54,6 +55,7 @@ import queue
 import shutil
 import sys
 import threading
+import time
 import types
 import wave
 from collections import OrderedDict
@@ -67,6 +69,8 @@ CONTENT_TYPES: dict[str, str] = {"wav": "audio/wav", "pcm": "audio/pcm", "flac":
 #: soundfile's (format, subtype) for the formats it encodes.
 SOUNDFILE: dict[str, tuple[str, str]] = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III")}
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
+#: The least time between two progress lines (the first step always sends one).
+PROGRESS_S = 0.1
 #: The package's fallback when neither the request nor generation_config.json sets it.
 PACKAGE_MAX_NEW_TOKENS = 2048
 #: The one torchaudio module qwen_tts imports (at the top of its 25 Hz tokenizer), and its parents.
@@ -406,12 +410,16 @@ class Engine:
         steps = max_new_tokens(loaded.tts, request)
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
         done = [0]
+        last = [0.0]
 
         def on_step(module: Any, args: Any) -> None:
             if cancelled.is_set():
                 raise _Stop()
             done[0] += 1
-            events.put(("progress", done[0]))
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_S:  # a line per step would cost the synthesis time
+                last[0] = now
+                events.put(("progress", done[0]))
 
         def work() -> None:
             # one talker forward is one generated frame (the package's model.generate drops

@@ -3,8 +3,9 @@
 * :func:`tiny_model`: the tiny random-weight Qwen3-TTS folder of
   :mod:`~werk_qwen_tts.testing.testmodel`, written once by the engine interpreter and cached
   by the generator's hash under ``${XDG_CACHE_HOME:-~/.cache}/werk/models/``;
-* :func:`direct`: one synthesis with the ``qwen-tts`` package called directly in the engine
-  interpreter (``Qwen3TTSModel.from_pretrained``, ``torch.manual_seed``, then
+* :class:`Direct` (and :func:`direct`, one call of it): syntheses by the ``qwen-tts`` package
+  called directly in a process of the engine interpreter that keeps the model loaded
+  (``Qwen3TTSModel.from_pretrained`` once, then per body ``torch.manual_seed`` and
   ``generate_custom_voice`` or ``generate_voice_design``; nothing of Werk or its worker in
   between, only the worker's torchaudio stand-in for the import): the 16-bit samples a request
   through Werk must equal, and its sample rate.
@@ -22,13 +23,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from werk_host.plugin import user_cache_dir
 
-__all__ = ["SRC", "TESTMODEL", "WORKER", "direct", "tiny_model"]
+__all__ = ["SRC", "TESTMODEL", "WORKER", "Direct", "direct", "tiny_model"]
 
 TESTMODEL = Path(__file__).with_name("testmodel.py")
 WORKER = Path(__file__).parents[1] / "worker.py"
@@ -47,12 +47,11 @@ import numpy as np, torch
 threads = int(sys.argv[3])
 if threads > 0:
     torch.set_num_threads(threads)
-body = json.loads(sys.stdin.read())
 started = time.perf_counter()
 tts = qwen_tts.Qwen3TTSModel.from_pretrained(sys.argv[2], dtype=torch.float32)
-loaded = time.perf_counter()
-times = []
-for _ in range(int(body.get("repeat", 1))):
+print(json.dumps({"load_s": time.perf_counter() - started}), flush=True)
+for line in sys.stdin:
+    body = json.loads(line)
     begin = time.perf_counter()
     torch.manual_seed(int(body["seed"]))
     with torch.inference_mode():
@@ -63,10 +62,10 @@ for _ in range(int(body.get("repeat", 1))):
             wavs, rate = tts.generate_custom_voice(body["input"], speaker=body["voice"],
                                                    language=body.get("language") or "Auto",
                                                    instruct=body.get("instructions"), non_streaming_mode=True)
-    times.append(time.perf_counter() - begin)
-samples = np.round(np.clip(np.asarray(wavs[0], dtype=np.float32).reshape(-1), -1.0, 1.0) * 32767.0).astype("<i2")
-print(json.dumps({"pcm": base64.b64encode(samples.tobytes()).decode(), "sample_rate": int(rate),
-                  "load_s": loaded - started, "synth_s": times}))
+    elapsed = time.perf_counter() - begin
+    samples = np.round(np.clip(np.asarray(wavs[0], dtype=np.float32).reshape(-1), -1.0, 1.0) * 32767.0)
+    pcm = base64.b64encode(samples.astype("<i2").tobytes()).decode()
+    print(json.dumps({"pcm": pcm, "sample_rate": int(rate), "synth_s": elapsed}), flush=True)
 """
 
 
@@ -101,25 +100,61 @@ def tiny_model(python: str, *, kind: str = "custom_voice", seed: int = 0, timeou
     return dest
 
 
-def direct(python: str, model_dir: Path, body: dict[str, Any], *, threads: int = 1, repeat: int = 1) -> dict[str, Any]:
-    """The package's own synthesis of ``body`` (``input``, ``voice``, ``language``,
-    ``instructions``, ``seed``) on ``model_dir``, ``repeat`` times in one process: ``pcm``
-    (the 16-bit little-endian samples, as bytes), ``sample_rate``, ``load_s`` and ``synth_s``
-    (each run's seconds)."""
-    started = time.monotonic()
-    done = subprocess.run(
-        [python, "-c", DIRECT, str(WORKER), str(model_dir), str(threads)],
-        input=json.dumps({**body, "repeat": repeat}),
-        env={**os.environ, **ENV},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"the direct synthesis failed after {time.monotonic() - started:.1f} s: {done.stderr[-2000:]}"
+class Direct:
+    """The package's own synthesis in one engine-interpreter process that keeps ``model_dir``
+    loaded (module docstring): call it with a body (``input``, ``voice``, ``language``,
+    ``instructions``, ``seed``) for ``pcm`` (the 16-bit little-endian samples, as bytes),
+    ``sample_rate`` and ``synth_s`` (the package call's seconds); ``load_s`` is the load's.
+    A context manager: the process ends with the block."""
+
+    def __init__(self, python: str, model_dir: Path, *, threads: int = 1) -> None:
+        self.proc = subprocess.Popen(
+            [python, "-c", DIRECT, str(WORKER), str(model_dir), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **ENV},
+            text=True,
         )
-    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    answer["pcm"] = base64.b64decode(answer["pcm"])
-    return answer
+        self.load_s = float(self._answer()["load_s"])
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            stderr = self.proc.stderr.read() if self.proc.stderr is not None else ""
+            raise RuntimeError(f"the direct synthesis failed: {stderr[-2000:]}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(body) + "\n")
+        self.proc.stdin.flush()
+        answer = self._answer()
+        answer["pcm"] = base64.b64decode(answer["pcm"])
+        return answer
+
+    def __enter__(self) -> Direct:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def direct(python: str, model_dir: Path, body: dict[str, Any], *, threads: int = 1) -> dict[str, Any]:
+    """One synthesis of ``body`` by the package called directly (:class:`Direct`)."""
+    with Direct(python, model_dir, threads=threads) as synth:
+        return synth(body)
