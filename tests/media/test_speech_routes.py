@@ -199,3 +199,21 @@ def test_speech_capabilities_and_no_speech_model(tmp_path: Path) -> None:
     with serving(home, plugin=ReferenceMediaPlugin(), model="pix", api_keys=(KEY_A,)) as live:
         status, data, _type = fetch(live.url + "/v1/audio/speech", KEY_A, method="POST", body={"input": "hi"})
         assert status == 501 and "no speech model" in json.loads(data)["error"]["message"]
+
+
+def test_a_cross_site_form_post_to_the_speech_route_is_refused_before_any_work(tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    with speech_host(tmp_path) as (live, speech, _media):
+        request = urllib.request.Request(
+            live.url + "/v1/audio/speech",
+            data=b'{"input": "a form post"}',
+            headers={"Authorization": f"Bearer {KEY_A}", "Content-Type": "text/plain;charset=UTF-8"},
+            method="POST",
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=30)
+        assert caught.value.code == 415
+        assert json.loads(caught.value.read())["error"]["type"] == "invalid_request_error"
+        assert sum(a.runs for a in speech.adapters) == 0

@@ -390,7 +390,7 @@ class Engine:
             while len(self.models) >= self.capacity:
                 self.models.popitem(last=False)
         if not Path(model_dir).is_dir():
-            raise ValueError(f"model_dir {model_dir!r} is not a directory")
+            raise ValueError("the model folder is not a directory")
         gc.collect()
         if self.device.startswith("cuda"):
             self.torch.cuda.empty_cache()
