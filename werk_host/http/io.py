@@ -23,10 +23,16 @@ def json_body(req: falcon.Request) -> Any:
     return decode_json_body(raw)
 
 
-def parse_body(req: falcon.Request, model: type[M]) -> M:
+def object_body(req: falcon.Request) -> dict[str, Any]:
+    """The request's JSON document, which must be an object (``invalid_request`` otherwise)."""
     payload = json_body(req)
     if not isinstance(payload, dict):
         raise WerkError(ErrorCode.INVALID_REQUEST, "the request body must be a JSON object")
+    return payload
+
+
+def parse_body(req: falcon.Request, model: type[M]) -> M:
+    payload = object_body(req)
     try:
         return model.model_validate(payload)
     except ValidationError as err:

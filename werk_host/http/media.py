@@ -34,7 +34,7 @@ from typing import Any, Final
 import falcon
 
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http.io import json_body, parse_body, principal, render_data
+from werk_host.http.io import object_body, parse_body, principal, render_data
 from werk_host.protocol.media import MAX_IMAGE_BATCH, ImageRequest, ImageResult, JobCreate
 from werk_host.seam import client_disconnected
 from werk_host.service.jobs import JobService, image_request
@@ -185,10 +185,7 @@ class ImageGenerations:
         self.media = media
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = json_body(req)
-        if not isinstance(body, dict):
-            raise WerkError(ErrorCode.INVALID_REQUEST, "the request body must be a JSON object")
-        doc = _openai_request(body, self.media)
+        doc = _openai_request(object_body(req), self.media)
         image_request(doc, None)  # the bounds, before any instance starts
         _default_size(doc, self.media)
         _prepared, result = run_image(req, self.media, image_request(doc, None))

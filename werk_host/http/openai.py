@@ -28,7 +28,7 @@ import falcon
 
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http.io import json_body, principal
+from werk_host.http.io import object_body, principal
 from werk_host.logs import RateLimitFilter
 from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
 from werk_host.service.loading import LoadFailed
@@ -72,13 +72,6 @@ def render_error(resp: falcon.Response, status: int, error: WerkError) -> None:
     )
 
 
-def _object_body(req: falcon.Request) -> dict[str, Any]:
-    body = json_body(req)
-    if not isinstance(body, dict):
-        raise WerkError(ErrorCode.INVALID_REQUEST, "the request body must be a JSON object")
-    return body
-
-
 def _stream(response: InferenceResponse) -> Iterator[bytes]:
     """The relayed body; a failure inside it ends the answer as the module docstring says."""
     try:
@@ -115,7 +108,7 @@ def _relay(req: falcon.Request, resp: falcon.Response, call: Call) -> None:
     check = req.env.get("waitress.client_disconnected")
     token = client_disconnected.set(check if callable(check) else None)
     try:
-        response = call(principal(req), _object_body(req))
+        response = call(principal(req), object_body(req))
     finally:
         client_disconnected.reset(token)
     resp.status = response.status

@@ -18,7 +18,7 @@ from typing import Any, Final
 import falcon
 
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http.io import json_body, principal
+from werk_host.http.io import object_body, principal
 from werk_host.http.media import disconnect_bound
 from werk_host.service.jobs import speech_request
 from werk_host.service.media import MediaService
@@ -37,9 +37,7 @@ class Speech:
         self.media = media
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        body = json_body(req)
-        if not isinstance(body, dict):
-            raise WerkError(ErrorCode.INVALID_REQUEST, "the request body must be a JSON object")
+        body = object_body(req)
         unknown = sorted(set(body) - _OPENAI_FIELDS - _EXTENSIONS)
         if unknown:
             raise WerkError(ErrorCode.INVALID_REQUEST, f"unknown field {unknown[0][:64]!r}")

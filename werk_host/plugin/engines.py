@@ -55,6 +55,7 @@ The settings helpers (:func:`model_cache_size`, :func:`engine_options`) and
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
@@ -83,6 +84,7 @@ __all__ = [
     "engine_options",
     "model_cache_size",
     "started",
+    "torch_runtime",
 ]
 
 #: The kit's worker side, passed to every worker as ``--kit`` (module docstring).
@@ -346,6 +348,24 @@ def model_cache_size(name: str, env: Mapping[str, str] | None = None) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{name} must be a positive integer")
     return int(raw)
+
+
+#: A torch engine's ``device`` option (docs/plugin-kit.md, "Engine workers").
+TORCH_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d{1,2})?")
+
+
+def torch_runtime(options: Mapping[str, JsonValue]) -> tuple[str, int]:
+    """A torch engine's ``(device, threads)`` options: ``device`` ``auto`` (CUDA when torch sees
+    one, else CPU; the default), ``cpu``, ``cuda`` or ``cuda:N``; ``threads`` torch's CPU
+    threads, 0 to 1024 (0, the default: torch's own). Raises :class:`ValueError` naming the
+    option, never its value."""
+    device = options.get("device", "auto")
+    if not isinstance(device, str) or not TORCH_DEVICE_RE.fullmatch(device):
+        raise ValueError("device must be auto, cpu, cuda or cuda:N")
+    threads = options.get("threads", 0)
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= 1024:
+        raise ValueError("threads must be an integer from 0 to 1024")
+    return device, threads
 
 
 def engine_options(

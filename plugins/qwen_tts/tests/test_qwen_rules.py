@@ -6,6 +6,7 @@ the plugin loads at run time imports its testing package."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,22 @@ def test_the_runtime_never_imports_the_testing_package() -> None:
     probe = "import sys, werk_qwen_tts.plugin; print(any(m.startswith('werk_qwen_tts.testing') for m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.engine
+def test_the_tiny_model_command_from_werk_s_environment_writes_the_cached_model(
+    tmp_path: Path, engine: str, model: Path
+) -> None:
+    out = tmp_path / "tiny"
+    done = subprocess.run(
+        [sys.executable, "-m", "werk_qwen_tts.testing.testmodel", str(out)],
+        env={**os.environ, PYTHON_ENV: engine},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    written = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert written == sorted(p.relative_to(model) for p in model.rglob("*") if p.is_file())
+    assert all((out / p).read_bytes() == (model / p).read_bytes() for p in written)

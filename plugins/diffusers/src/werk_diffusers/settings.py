@@ -16,19 +16,17 @@ value), which the factory's ``validate_options`` turns into a refused profile.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from werk_host.plugin.engines import engine_options, model_cache_size
+from werk_host.plugin.engines import engine_options, model_cache_size, torch_runtime
 
 __all__ = ["CACHE_SIZE_ENV", "PYTHON_ENV", "Settings", "cache_size", "parse_options"]
 
 PYTHON_ENV = "WERK_DIFFUSERS_PYTHON"
 CACHE_SIZE_ENV = "WERK_MEDIA_PIPELINE_CACHE_SIZE"
-DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d{1,2})?")
 
 
 @dataclass(frozen=True)
@@ -41,12 +39,7 @@ class Settings:
 
 def parse_options(options: Mapping[str, JsonValue], env: Mapping[str, str] | None = None) -> Settings:
     python, timeout = engine_options(options, PYTHON_ENV, env, extra=("device", "threads"))
-    device = options.get("device", "auto")
-    if not isinstance(device, str) or not DEVICE_RE.fullmatch(device):
-        raise ValueError("device must be auto, cpu, cuda or cuda:N")
-    threads = options.get("threads", 0)
-    if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= 1024:
-        raise ValueError("threads must be an integer from 0 to 1024")
+    device, threads = torch_runtime(options)
     return Settings(python, device, threads, timeout)
 
 

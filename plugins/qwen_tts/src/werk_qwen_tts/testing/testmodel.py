@@ -9,7 +9,10 @@ and ``torch``, ``transformers`` and ``qwen_tts`` inside :func:`write`::
     PYTHONPATH=plugins/qwen_tts/src <venv>/bin/python -m werk_qwen_tts.testing.testmodel OUT \\
         [--type=custom_voice|voice_design|base] [--seed N]
 
-(or by path: ``<venv>/bin/python .../testing/testmodel.py OUT ...``). OUT is replaced. Contract:
+(or by path: ``<venv>/bin/python .../testing/testmodel.py OUT ...``; or from Werk's own
+environment, where ``werk_qwen_tts`` is installed and torch is not, ``python -m
+werk_qwen_tts.testing.testmodel OUT``, which runs itself by path in the engine interpreter that
+``WERK_QWEN_TTS_PYTHON`` names). OUT is replaced. Contract:
 
 * files: ``config.json``, ``model.safetensors``, ``generation_config.json`` (the package's
   ``Qwen3TTSConfig`` / ``Qwen3TTSForConditionalGeneration``); a byte-level BPE
@@ -34,6 +37,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -357,7 +361,27 @@ def write(out: Path, tts_type: str = "custom_voice", seed: int = 0) -> dict[str,
     }
 
 
+#: The engine interpreter a run without torch and qwen-tts hands itself to.
+PYTHON_ENV = "WERK_QWEN_TTS_PYTHON"
+_HANDED = "WERK_QWEN_TTS_TESTMODEL_HANDED"
+
+
+def _in_engine() -> None:
+    """Without torch or qwen-tts here (Werk's own environment, where ``werk_qwen_tts`` is
+    installed), run this file by path in the engine interpreter ``WERK_QWEN_TTS_PYTHON`` names
+    (``os.execv``: its exit status is this command's); without one, exit naming the variable."""
+    if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("qwen_tts") is not None:
+        return
+    engine = os.environ.get(PYTHON_ENV, "")
+    if engine and Path(engine).is_file() and not os.environ.get(_HANDED):  # handed over once at most
+        os.environ[_HANDED] = "1"
+        os.execv(engine, [engine, str(Path(__file__).resolve()), *sys.argv[1:]])
+    sys.exit(f"testmodel: needs torch and qwen-tts: set {PYTHON_ENV} (bash scripts/setup-engine-venv.sh qwen-tts)")
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        _in_engine()
     parser = argparse.ArgumentParser(prog="testmodel", description="Write a tiny random-weight Qwen3-TTS folder.")
     parser.add_argument("out", type=Path)
     parser.add_argument("--type", choices=TYPES, default="custom_voice", dest="tts_type")
