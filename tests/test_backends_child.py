@@ -46,15 +46,18 @@ GUARDS = [pytest.param("pdeathsig", marks=linux_only), "watchdog"]
 
 
 def program(pid: int, timeout: float = 5.0) -> psutil.Process:
-    """The ``sleep`` a spawned process runs: the process itself, or the watchdog wrapper's child."""
+    """The ``sleep`` a spawned process runs: the process itself, or the watchdog wrapper's child
+    once that has exec'd it (until then the child is a fork of the wrapper, its command line
+    the wrapper's)."""
     deadline = time.monotonic() + timeout
     while True:
         proc = psutil.Process(pid)
         if proc.cmdline()[:1] == ["sleep"]:
             return proc
-        kids = proc.children()
-        if kids:
-            return kids[0]
+        for kid in proc.children():
+            with contextlib.suppress(psutil.Error):
+                if kid.cmdline()[:1] == ["sleep"]:
+                    return kid
         assert time.monotonic() < deadline, f"{pid} started no program"
         time.sleep(0.02)
 

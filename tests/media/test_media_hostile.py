@@ -1,6 +1,6 @@
-"""Hostile bodies on the image and job routes (werk_host.testing.hostile's wrong values and
-checks): every reply below 500, in its route family's error shape, with no key, path or
-traceback in it, against a served host with the reference media backend. The text routes' own
+"""Hostile bodies on the image, speech and job routes (werk_host.testing.hostile's wrong values
+and checks): every reply below 500, in its route family's error shape, with no key, path or
+traceback in it, against a served host with the reference media (and speech) backends. The text routes' own
 corpus (tests/test_hostile_bodies.py) covers every other compat route."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from werk_host.testing import hostile
 from werk_host.testing.hosts import LiveHost
 
-from .support import KEY_A, MODEL, media_host
+from .support import KEY_A, MODEL, media_host, speech_host
 
 #: (path, family, a valid body, the fields to give wrong values); the A1111 shape
 #: ({"error": str, ...}) is checked as Ollama's, Comfy's ({"error": {"type", "message"}}) as OpenAI's.
@@ -40,12 +40,25 @@ ROUTES: tuple[tuple[str, hostile.Family, dict[str, Any], str], ...] = (
     ),
     ("/sdapi/v1/options", "ollama", {"sd_model_checkpoint": MODEL}, "sd_model_checkpoint samples_format"),
     ("/prompt", "openai", {"prompt": {}}, "prompt client_id extra_data"),
+    (
+        "/v1/audio/speech",
+        "openai",
+        {"model": "voice", "input": "x", "voice": "alloy"},
+        "model input voice response_format speed instructions stream_format seed language",
+    ),
 )
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
     with media_host(tmp_path_factory.mktemp("media-hostile") / "home") as (served, _plugin):
+        yield served
+
+
+@pytest.fixture(scope="module")
+def spoken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveHost]:
+    """A host with speech models (``voice``) beside an image one."""
+    with speech_host(tmp_path_factory.mktemp("speech-hostile")) as (served, _speech, _media):
         yield served
 
 
@@ -65,8 +78,9 @@ def _cases(path: str, family: hostile.Family, template: dict[str, Any], fields: 
 
 @pytest.mark.parametrize(("path", "family", "template", "fields"), ROUTES, ids=[r[0] for r in ROUTES])
 def test_hostile_bodies_get_typed_client_errors(
-    live: LiveHost, path: str, family: hostile.Family, template: dict[str, Any], fields: str
+    request: pytest.FixtureRequest, path: str, family: hostile.Family, template: dict[str, Any], fields: str
 ) -> None:
+    live: LiveHost = request.getfixturevalue("spoken" if path.startswith("/v1/audio/") else "live")
     leaks = _leaks(live)
     failures: list[str] = []
     for case in _cases(path, family, template, fields):
@@ -75,8 +89,23 @@ def test_hostile_bodies_get_typed_client_errors(
     assert not failures, "\n".join(failures[:20])
 
 
-def test_hostile_job_bodies_get_the_protocol_s_typed_errors(live: LiveHost) -> None:
-    template = {"kind": "image", "model": MODEL, "input": {"prompt": "x", "width": 64, "height": 64, "steps": 1}}
+JOBS: tuple[tuple[dict[str, Any], str], ...] = (
+    (
+        {"kind": "image", "model": MODEL, "input": {"prompt": "x", "width": 64, "height": 64, "steps": 1}},
+        "prompt width height steps seed n sampler init_image strength",
+    ),
+    (
+        {"kind": "speech", "model": "voice", "input": {"input": "x", "voice": "alloy"}},
+        "input voice response_format speed instructions seed language",
+    ),
+)
+
+
+@pytest.mark.parametrize(("template", "fields"), JOBS, ids=[j[0]["kind"] for j in JOBS])
+def test_hostile_job_bodies_get_the_protocol_s_typed_errors(
+    request: pytest.FixtureRequest, template: dict[str, Any], fields: str
+) -> None:
+    live: LiveHost = request.getfixturevalue("spoken" if template["kind"] == "speech" else "live")
     route = hostile.Route("POST", "/werk/v1/jobs", "openai", template, ("kind", "model", "input"))
     failures: list[str] = []
     values = hostile.WRONG_VALUES + hostile.HUGE_NUMBERS
@@ -87,7 +116,7 @@ def test_hostile_job_bodies_get_the_protocol_s_typed_errors(live: LiveHost) -> N
     ]
     bodies += [
         json.dumps({**template, "input": {**template["input"], name: "\x00S\x00"}}).replace('"\\u0000S\\u0000"', v)
-        for name in ("prompt", "width", "height", "steps", "seed", "n", "sampler", "init_image", "strength")
+        for name in fields.split()
         for v in values
     ]
     for index, body in enumerate(bodies):
@@ -114,7 +143,7 @@ NOT_FUZZED = {
 }
 
 
-def test_the_media_corpus_covers_every_image_route(live: LiveHost) -> None:
+def test_the_media_corpus_covers_every_image_and_speech_route(live: LiveHost) -> None:
     from falcon.inspect import inspect_routes
 
     posts = {
@@ -122,6 +151,9 @@ def test_the_media_corpus_covers_every_image_route(live: LiveHost) -> None:
         for route in inspect_routes(live.host.app)
         # A1111's routes answer 405 in its shape for a method they don't serve (_not_allowed).
         if any(m.method == "POST" and m.function_name != "_not_allowed" for m in route.methods)
-        and (route.path.startswith(("/v1/images/", "/sdapi/")) or route.path in ("/prompt", "/interrupt", "/queue"))
+        and (
+            route.path.startswith(("/v1/images/", "/v1/audio/", "/sdapi/"))
+            or route.path in ("/prompt", "/interrupt", "/queue")
+        )
     }
     assert posts == {path for path, *_ in ROUTES} | set(NOT_FUZZED)

@@ -44,8 +44,11 @@ AUDIO_CONTENT_TYPES: Final[dict[str, str]] = {
 
 
 def _as_float(value: object) -> object:
-    """A JSON integer as the float it means (``1`` is ``1.0``); anything else unchanged."""
-    return float(value) if type(value) is int else value
+    """A JSON integer as the float it means (``1`` is ``1.0``); anything else, and an integer
+    too large for a float, unchanged (the strict float then refuses it)."""
+    if type(value) is int and abs(value) <= 2**53:
+        return float(value)
+    return value
 
 
 Name = Annotated[StrictStr, Field(min_length=1, max_length=64)]
