@@ -48,6 +48,9 @@ for dir in plugins/*/; do
   [ -f "$dir/pyproject.toml" ] || continue
   full_dirs+=("${dir%/}")
 done
+for dir in integrations/*/; do # the front ends that are Python distributions (werk-comfyui)
+  [ -f "$dir/pyproject.toml" ] && full_dirs+=("${dir%/}")
+done
 if [ "$mode" = serve ]; then dirs=("${serve_dirs[@]}"); else dirs=("${full_dirs[@]}"); fi
 
 dist_name() { sed -n 's/^name *= *"\([^"]*\)".*/\1/p' "$1/pyproject.toml" | head -n 1; }

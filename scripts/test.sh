@@ -38,15 +38,22 @@ for init in plugins/*/src/*/__init__.py; do
   plugin_sources+=("$(dirname "$init")")
 done
 echo "[test] ruff check, ruff format --check, mypy --strict werk_host ${plugin_sources[*]}" >&2
-.venv/bin/ruff check --no-cache werk_host plugins tests bench
-.venv/bin/ruff format --check --no-cache werk_host plugins tests bench
+.venv/bin/ruff check --no-cache werk_host plugins integrations tests bench
+.venv/bin/ruff format --check --no-cache werk_host plugins integrations tests bench
 .venv/bin/mypy --strict werk_host "${plugin_sources[@]}"
+# werk-comfyui's folder is itself ComfyUI's module (its __init__.py), so its package is named.
+MYPYPATH=integrations/comfyui .venv/bin/mypy --strict -p werk_comfyui
 status=0
 echo "[test] host: pytest tests" >&2
 .venv/bin/python -m pytest tests "$@" || status=$?
 for dir in plugins/*/; do
   [ -d "$dir/tests" ] || continue
   echo "[test] plugin: cd $dir && pytest" >&2
+  (cd "$dir" && ../../.venv/bin/python -m pytest "$@") || status=$?
+done
+for dir in integrations/*/; do
+  [ -f "$dir/pyproject.toml" ] && [ -d "$dir/tests" ] || continue
+  echo "[test] integration: cd $dir && pytest" >&2
   (cd "$dir" && ../../.venv/bin/python -m pytest "$@") || status=$?
 done
 exit "$status"

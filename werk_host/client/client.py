@@ -22,24 +22,20 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode
 
 from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 
 from werk_host import __version__
+from werk_host.client.envelope import Answer, open_envelope, open_openai
 from werk_host.client.errors import (
-    API_ERRORS,
     ClientConfigError,
-    IncompatibleVersionError,
     ProtocolViolationError,
     RequestTooLargeError,
-    VersionHeaderMismatchError,
     WerkClientError,
 )
 from werk_host.client.transport import Endpoint, RawResponse, exchange, parse_base_url
-from werk_host.errors import ErrorCode
 from werk_host.protocol import (
     DEFAULT_OUTPUT_TOKENS,
     MAX_REQUEST_BYTES,
@@ -60,6 +56,8 @@ from werk_host.protocol import (
     ExpertActionResult,
     ExpertListQuery,
     ExpertPage,
+    JobCreate,
+    JobView,
     MemoryReport,
     Observability,
     PrefillRequest,
@@ -84,34 +82,11 @@ DEFAULT_TIMEOUT: Final = 30.0
 MAX_RESPONSE_BYTES: Final = 8 << 20
 CLIENT_VERSION: Final = f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
 MAX_MESSAGE_CHARS: Final = 2048
-MAX_REQUEST_ID_CHARS: Final = 256
+#: A job's result file (an image or audio) may be larger than a JSON answer.
+MAX_RESULT_BYTES: Final = 64 << 20
 _REDACTED: Final = "[redacted]"
 
 _CAPABILITIES: Final = TypeAdapter(list[Capability])
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError("duplicate JSON object key")
-        out[key] = value
-    return out
-
-
-def _parse_version(text: str) -> tuple[int, int] | None:
-    major, dot, minor = text.strip().partition(".")
-    if not dot or not major.isdigit() or not minor.isdigit() or len(major) > 6 or len(minor) > 6:
-        return None
-    return int(major), int(minor)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _printable_token(value: object, limit: int) -> bool:
@@ -125,13 +100,6 @@ def _validation_summary(err: ValidationError) -> str:
         loc = ".".join(str(p) for p in item.get("loc", ())) or "value"
         parts.append(f"{loc}: {item.get('msg', 'invalid')}")
     return "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    data: Any
-    request_id: str
-    status: int
 
 
 class WerkProtocolClient:
@@ -200,7 +168,7 @@ class WerkProtocolClient:
         if isinstance(answer.data, list):  # ids this client does not know (a newer server's) are left out
             known = {c.value for c in CapabilityId}
             kept = [c for c in answer.data if not isinstance(c, dict) or c.get("id") in known]
-            answer = _Answer(kept, answer.request_id, answer.status)
+            answer = Answer(kept, answer.request_id, answer.status)
         return self._convert(answer, _CAPABILITIES, "capabilities")
 
     def memory(self) -> MemoryReport:
@@ -287,6 +255,43 @@ class WerkProtocolClient:
             params["model"] = model
         return self._call("GET", "/werk/v1/chat/reasoning", ReasoningProfile, params=params)
 
+    # -- inference and jobs -------------------------------------------------------------
+    def chat(self, request: ChatRequest) -> dict[str, Any]:
+        """``POST /v1/chat/completions`` (not streamed): OpenAI's completion object, with Werk's
+        chat options in ``request.werk`` (docs/compat.md). Its errors are the typed errors of
+        Werk's code in OpenAI's ``error.code``."""
+        if request.stream:
+            raise ClientConfigError("chat() does not stream: leave stream unset")
+        raw = self._exchange("POST", "/v1/chat/completions", body=self._chat_body(request))
+        completion = open_openai(raw, lambda text: self._scrub(text, ()))
+        choices = completion.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise ProtocolViolationError("the chat completion has no choices", status=raw.status)
+        return completion
+
+    def create_job(self, request: JobCreate) -> JobView:
+        """``POST /werk/v1/jobs``: an image or speech job, queued (202)."""
+        body = self._encode(request.model_dump(mode="json", exclude_none=True))
+        return self._call("POST", "/werk/v1/jobs", JobView, body=body)
+
+    def job(self, job_id: str) -> JobView:
+        """``GET /werk/v1/jobs/{id}``: one of the caller's jobs (another key's is ``not_found``)."""
+        return self._call("GET", f"/werk/v1/jobs/{self._path_segment(job_id, 'job id')}", JobView)
+
+    def cancel_job(self, job_id: str) -> JobView:
+        """``POST /werk/v1/jobs/{id}/cancel``."""
+        return self._call("POST", f"/werk/v1/jobs/{self._path_segment(job_id, 'job id')}/cancel", JobView)
+
+    def job_result(self, job_id: str, name: str) -> tuple[bytes, str]:
+        """``GET /werk/v1/jobs/{id}/result/{name}``: a result file's bytes and content type
+        (bounded at :data:`MAX_RESULT_BYTES`)."""
+        path = f"/werk/v1/jobs/{self._path_segment(job_id, 'job id')}/result/{self._path_segment(name, 'file name')}"
+        raw = self._exchange("GET", path, max_response_bytes=MAX_RESULT_BYTES)
+        if not 200 <= raw.status < 300:
+            open_envelope(raw, lambda text: self._scrub(text, ()))  # raises the typed error
+            raise ProtocolViolationError(f"HTTP {raw.status} without an error envelope", status=raw.status)
+        return raw.body, raw.single("Content-Type") or "application/octet-stream"
+
     # -- plumbing ------------------------------------------------------------------------
     @staticmethod
     def _path_segment(value: str, what: str) -> str:
@@ -335,7 +340,7 @@ class WerkProtocolClient:
         return self._convert(answer, TypeAdapter(model), model.__name__)
 
     @staticmethod
-    def _convert(answer: _Answer, adapter: TypeAdapter[T], name: str) -> T:
+    def _convert(answer: Answer, adapter: TypeAdapter[T], name: str) -> T:
         try:
             return adapter.validate_python(answer.data)
         except ValidationError as err:
@@ -354,15 +359,15 @@ class WerkProtocolClient:
         text = "".join(c if c.isprintable() else " " for c in text)
         return text[:MAX_MESSAGE_CHARS]
 
-    def _request(
+    def _exchange(
         self,
         method: str,
         path: str,
         *,
         params: dict[str, str] | None = None,
         body: bytes | None = None,
-        secrets: tuple[str, ...] = (),
-    ) -> _Answer:
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> RawResponse:
         target = path + (f"?{urlencode(params, quote_via=quote)}" if params else "")
         headers = [
             ("Accept", "application/json"),
@@ -376,121 +381,33 @@ class WerkProtocolClient:
         if body is not None:
             headers.append(("Content-Type", "application/json"))
         try:
-            raw = exchange(
+            return exchange(
                 self._endpoint,
                 method,
                 target,
                 headers,
                 body,
                 timeout=self._timeout,
-                max_response_bytes=MAX_RESPONSE_BYTES,
+                max_response_bytes=max_response_bytes,
             )
         except WerkClientError as err:
             log.debug("%s %s failed: %s", method, path, err.code)
             raise
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: bytes | None = None,
+        secrets: tuple[str, ...] = (),
+    ) -> Answer:
+        raw = self._exchange(method, path, params=params, body=body)
         try:
-            data = self._open_envelope(raw, secrets)
+            data = open_envelope(raw, lambda text: self._scrub(text, secrets))
         except WerkClientError as err:
             log.debug("%s %s -> %s (%s, request %s)", method, path, raw.status, err.code, err.request_id)
             raise
         log.debug("%s %s -> %s (request %s)", method, path, raw.status, data.request_id)
         return data
-
-    def _open_envelope(self, raw: RawResponse, secrets: tuple[str, ...]) -> _Answer:
-        status = raw.status
-        header_version = raw.single("X-Werk-Protocol-Version")
-        header_request_id = raw.single("X-Werk-Request-Id")
-
-        def violation(message: str, cls: type[ProtocolViolationError] = ProtocolViolationError) -> Exception:
-            rid = header_request_id if header_request_id and len(header_request_id) <= MAX_REQUEST_ID_CHARS else None
-            return cls(message, status=status, request_id=rid)
-
-        content_type = raw.single("Content-Type")
-        media = (content_type or "").split(";", 1)[0].strip().lower()
-        if media != "application/json":
-            raise violation(
-                f"the response (HTTP {status}) is not a Werk Protocol envelope: Content-Type is not application/json"
-            )
-        try:
-            envelope = json.loads(
-                raw.body.decode("utf-8"), object_pairs_hook=_unique_object, parse_constant=_reject_constant
-            )
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise violation(f"the response (HTTP {status}) is not valid JSON") from None
-        if not isinstance(envelope, dict) or "protocol" not in envelope:
-            raise violation(f"the response (HTTP {status}) has no Werk Protocol envelope")
-        protocol = envelope["protocol"]
-        if (
-            not isinstance(protocol, dict)
-            or set(protocol) != {"major", "minor"}
-            or not _is_int(protocol["major"])
-            or not _is_int(protocol["minor"])
-        ):
-            raise violation("the response envelope has a malformed protocol version")
-        major, minor = protocol["major"], protocol["minor"]
-        if header_version is not None and _parse_version(header_version) != (major, minor):
-            raise violation(
-                f"X-Werk-Protocol-Version disagrees with the envelope's version {major}.{minor}",
-                VersionHeaderMismatchError,
-            )
-        if major != PROTOCOL_MAJOR or minor > PROTOCOL_MINOR:
-            raise violation(
-                f"the server speaks Werk Protocol {major}.{minor}; this client consumes "
-                f"{PROTOCOL_MAJOR}.0 through {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}",
-                IncompatibleVersionError,
-            )
-        request_id = envelope.get("request_id")
-        if (
-            not isinstance(request_id, str)
-            or not 1 <= len(request_id) <= MAX_REQUEST_ID_CHARS
-            or not request_id.isprintable()
-        ):
-            raise violation("the response envelope has no valid request_id")
-        if header_request_id is not None and header_request_id != request_id:
-            raise violation("X-Werk-Request-Id disagrees with the envelope's request_id")
-
-        if 200 <= status < 300:
-            if set(envelope) != {"protocol", "request_id", "data"}:
-                raise ProtocolViolationError(
-                    f"a success response (HTTP {status}) must carry exactly protocol, request_id and data",
-                    status=status,
-                    request_id=request_id,
-                )
-            return _Answer(envelope["data"], request_id, status)
-        error = envelope.get("error")
-        if set(envelope) != {"protocol", "request_id", "error"} or not isinstance(error, dict):
-            raise ProtocolViolationError(
-                f"an error response (HTTP {status}) must carry exactly protocol, request_id and error",
-                status=status,
-                request_id=request_id,
-            )
-        code, message, retryable = error.get("code"), error.get("message"), error.get("retryable")
-        details = error.get("details")
-        if (
-            not set(error) <= {"code", "message", "retryable", "details"}
-            or not isinstance(code, str)
-            or not isinstance(message, str)
-            or not isinstance(retryable, bool)
-            or not (details is None or isinstance(details, dict))
-        ):
-            raise ProtocolViolationError(
-                f"the error envelope (HTTP {status}) is malformed", status=status, request_id=request_id
-            )
-        try:
-            error_code = ErrorCode(code)
-        except ValueError:
-            raise ProtocolViolationError(
-                f"the error envelope (HTTP {status}) has an unknown code", status=status, request_id=request_id
-            ) from None
-        public: dict[str, Any] = {}
-        if error_code is ErrorCode.INCOMPATIBLE_STATE and details is not None:
-            fields = details.get("mismatch_fields")
-            if isinstance(fields, list) and all(isinstance(f, str) for f in fields):
-                public["mismatch_fields"] = [self._scrub(f, secrets) for f in fields[:64]]
-        raise API_ERRORS[error_code](
-            self._scrub(message, secrets),
-            retryable=retryable,
-            request_id=request_id,
-            status=status,
-            details=public,
-        )
