@@ -1,4 +1,6 @@
-"""``WerkProtocolClient``: typed methods for every ``/werk/v1`` route.
+"""``WerkProtocolClient``: typed methods for every ``/werk/v1`` route, the job routes'
+result files, and OpenAI's ``/v1/chat/completions`` (:meth:`WerkProtocolClient.chat`, whose
+answer is OpenAI's object and whose errors are the same typed errors; docs/comfyui.md uses it).
 
 The client talks to one explicit ``http://HOST:PORT`` (no TLS; loopback or a trusted
 private hop), sends ``Accept: application/json`` and ``X-Werk-Protocol-Version: 1.0``,
