@@ -73,10 +73,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def loads_strict(text: str) -> Any:
+    """``text`` as strict JSON: unique object keys, no NaN/Infinity (``ValueError`` otherwise)."""
+    return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
+
+
 def _strict_json(raw: RawResponse, violation: Callable[[str], Exception]) -> Any:
-    """The body as strict JSON (unique keys, no NaN/Infinity) or the violation."""
+    """The body as strict JSON or the violation."""
     try:
-        return json.loads(raw.body.decode("utf-8"), object_pairs_hook=_unique_object, parse_constant=_reject_constant)
+        return loads_strict(raw.body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise violation(f"the response (HTTP {raw.status}) is not valid JSON") from None
 

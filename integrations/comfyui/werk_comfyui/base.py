@@ -16,6 +16,8 @@ import json
 import math
 from typing import Any, ClassVar, Final
 
+from werk_host.client.envelope import loads_strict
+
 from .errors import WerkNodeError, invalid
 
 CATEGORY: Final = "Werk"
@@ -96,20 +98,8 @@ def json_object(inputs: dict[str, Any], name: str) -> dict[str, Any]:
     raw = text(inputs, name, required=False, limit=64 << 10)
     if raw is None:
         return {}
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise ValueError("duplicate key")
-            out[key] = value
-        return out
-
-    def constant(word: str) -> Any:
-        raise ValueError(word)
-
     try:
-        value = json.loads(raw, object_pairs_hook=unique, parse_constant=constant)
+        value = loads_strict(raw)
     except (ValueError, RecursionError):
         raise invalid(f"{name}: must be a JSON object (strict JSON, no duplicate keys)") from None
     if not isinstance(value, dict):
