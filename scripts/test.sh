@@ -51,6 +51,19 @@ for dir in plugins/*/; do
   echo "[test] plugin: cd $dir && pytest" >&2
   (cd "$dir" && ../../.venv/bin/python -m pytest "$@") || status=$?
 done
+# n8n-nodes-werk: its own build, lint and unit tests, then real n8n (scripts/setup-n8n.sh,
+# cached) running workflows through werk serve (docs/n8n.md, "Tests").
+if [ -f integrations/n8n/package.json ]; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "[test] integration: cd integrations/n8n && npm ci && npm run build && npm run lint && npm test" >&2
+    (cd integrations/n8n && npm ci --no-audit --no-fund --loglevel=error && npm run build && npm run lint && npm test) ||
+      status=$?
+    echo "[test] integration: cd integrations/n8n/e2e && pytest" >&2
+    (cd integrations/n8n/e2e && ../../../.venv/bin/python -m pytest "$@") || status=$?
+  else
+    echo "[test] npm not found: integrations/n8n is not built or tested" >&2
+  fi
+fi
 for dir in integrations/*/; do
   [ -f "$dir/pyproject.toml" ] && [ -d "$dir/tests" ] || continue
   echo "[test] integration: cd $dir && pytest" >&2
