@@ -199,10 +199,9 @@ def open_openai(raw: RawResponse, scrub: Scrub) -> dict[str, Any]:
     if 200 <= status < 300:
         return document
     error = document.get("error")
-    message = error.get("message") if isinstance(error, dict) else None
-    if not isinstance(message, str):
+    if not isinstance(error, dict) or not isinstance(message := error.get("message"), str):
         raise violation(f"the error response (HTTP {status}) has no error.message")
-    code = error.get("code") if isinstance(error, dict) else None
+    code = error.get("code")
     try:
         error_code = ErrorCode(code if isinstance(code, str) else "")
     except ValueError:

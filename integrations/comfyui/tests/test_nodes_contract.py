@@ -7,6 +7,7 @@ import copy
 import json
 import pickle
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -201,3 +202,14 @@ def test_expert_nodes_refuse_without_opt_in_before_any_request(nodes: dict[str, 
     watcher.join()
     listener.close()
     assert accepted == []
+
+
+def test_a_refused_decode_input_leaves_the_handoff_unspent(nodes: dict[str, type]) -> None:
+    prompt = {"1": {"class_type": "WerkConnection", "inputs": _connection(base_url="http://127.0.0.1:9")}}
+    (connection,) = execute(prompt, nodes)["1"]
+    module = sys.modules[nodes["WerkDecode"].__module__]  # the package ComfyUI loaded
+    handoff = module.StateHandoff(connection, SecretStr(SECRET), "st_1", 3)
+    bad = {"max_tokens": 0, "temperature": 0.0, "seed": 0, "allow_experimental": True}
+    with pytest.raises(Exception, match="max_tokens"):
+        nodes["WerkDecode"]().run(handoff, **bad)  # type: ignore[attr-defined]
+    assert not handoff.spent

@@ -194,7 +194,7 @@ class WerkDecodeNode(WerkNode):
     def build(cls, **inputs: Any) -> DecodeRequest:
         stops = [line for line in (text(inputs, "stop", required=False) or "").splitlines() if line]
         body = {
-            "handoff": inputs.get("_secret", "validation-placeholder"),
+            "handoff": "placeholder",  # the real one is put in by run(), once every input passed
             "max_tokens": integer(inputs, "max_tokens", 1, 4096),
             "temperature": number(inputs, "temperature", 0.0, 2.0),
             "seed": integer(inputs, "seed", 0, MAX_SEED),
@@ -206,8 +206,8 @@ class WerkDecodeNode(WerkNode):
     def run(self, handoff: StateHandoff, **inputs: Any) -> tuple[str, StateHandoff | None]:
         if not isinstance(handoff, StateHandoff):
             raise invalid("handoff: connect a Werk Prefill node's handoff output")
-        self.build(**inputs)  # every input checked before the handoff is spent
-        request = self.build(**inputs, _secret=handoff.take())
+        checked_request = self.build(**inputs)  # every input checked before the handoff is spent
+        request = checked_request.model_copy(update={"handoff": handoff.take()})
         connection = handoff.connection
         with served(connection.base_url):
             result = connection.client.decode(request)
