@@ -122,6 +122,10 @@ class HostConfig:
     #: a positive value enables it where the runtime offers it (docs/chat.md, "Warmup").
     warmup_tokens: int = 0
     backend_bounds: BackendBounds = field(default_factory=BackendBounds)
+    #: ``--model-cache-release``: ``auto``, ``on`` or ``off`` (docs/operations.md, "Model file
+    #: cache"); ``None``: ``WERK_MODEL_CACHE_RELEASE``, else ``auto``. A profile entry's own
+    #: ``model_cache_release`` wins for that instance.
+    model_cache_release: str | None = None
     store_bounds: StoreBounds = field(default_factory=StoreBounds)
 
     def served_models(self) -> tuple[str, ...]:

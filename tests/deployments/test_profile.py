@@ -219,7 +219,7 @@ CASES: list[tuple[str, str, int | None, str]] = [
         9,
         "unknown key; did you mean keep_alive? (an instance takes id, model, backend, options, preload, "
         "keep_alive, keep_alive_max, default, endpoint, api_key_env, output_limit, pin, memory, prompt_cache, "
-        "loading_notice)",
+        "loading_notice, model_cache_release)",
     ),
     ('[[instance]]\nmodel = "tiny"\n', "instance[0]", 1, 'missing required key "id"'),
     ('[[instance]]\nid = "a"\n\n[[instance]]\nid = "b"\n', "instance[0]", 1, 'missing required key "model"'),

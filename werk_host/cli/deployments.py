@@ -23,7 +23,7 @@ from werk_host.cli.connection import SERVER_ENV, client_for, connection_options,
 from werk_host.cli.output import add_json_flag
 from werk_host.client import WerkClientError
 from werk_host.protocol import DeploymentActionRequest, Deployments
-from werk_host.protocol.deployments import DeploymentLogs
+from werk_host.protocol.deployments import DeploymentLogs, InstanceInventory
 
 COLUMNS = ("ID", "BACKEND", "MODEL", "STATE", "SINCE", "PID", "IN-FLIGHT", "SLOTS", "KEEP-ALIVE", "ALIASES")
 #: The operator actions ``werk deployments ACTION ID`` sends.
@@ -67,7 +67,22 @@ def render_table(doc: Deployments) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines += [f"{inv.id}: {inv.error}" for inv in doc.inventory if inv.error]
+    lines += [f"{inv.id}: {text}" for inv in doc.inventory if (text := _file_cache(inv))]
     return "\n".join(lines)
+
+
+def _file_cache(inv: InstanceInventory) -> str | None:
+    """The last unload's page-cache release (docs/operations.md, "Model file cache")."""
+    cache = inv.file_cache
+    if cache is None or cache.last_release is None:
+        return None
+    if not cache.release:
+        return f"file cache kept at the last unload (model_cache_release {cache.mode})"
+    done = [f for f in cache.last_release if f.released]
+    freed = sum(f.bytes for f in done)
+    text = f"file cache released for {len(done)} of {len(cache.last_release)} file(s), {freed} bytes"
+    kept = sorted({f"{f.file}: {f.why}" for f in cache.last_release if not f.released})
+    return text + (f" (kept {'; '.join(kept)})" if kept else "")
 
 
 def _log_text(logs: DeploymentLogs) -> str:

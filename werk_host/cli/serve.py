@@ -26,6 +26,8 @@ from werk_host.cli.output import fail
 from werk_host.config import BackendBounds, HostConfig, PersistenceDefaults, ServerLimits, StoreBounds
 from werk_host.deployments.durations import MAX_DURATION_S
 from werk_host.deployments.rules import parse_memory
+from werk_host.filecache import ENV as CACHE_RELEASE_ENV
+from werk_host.filecache import MODES, release_mode
 from werk_host.models import parse_param
 from werk_host.paths import werk_home
 from werk_host.protocol import MAX_TTL_SECONDS, PersistenceMode, ReusePolicy
@@ -177,6 +179,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as err:
         fail(None, str(err), f"set {PORT_ENV} to 1..65535, or pass --port N")
         return 2
+    try:
+        release_mode(args.model_cache_release)
+    except ValueError as err:
+        fail(None, str(err), f"set {CACHE_RELEASE_ENV} to auto, on or off, or pass --model-cache-release")
+        return 2
     keys = collect_api_keys(args, dict(os.environ))
     operator_keys = collect_operator_keys(args, dict(os.environ))
     config = HostConfig(
@@ -206,6 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         persistence=persistence_defaults(args),
         backend_options=_backend_options(args),
         warmup_tokens=args.warmup_tokens,
+        model_cache_release=args.model_cache_release,
         backend_bounds=BackendBounds(
             call_s=args.backend_timeout, first_byte_s=args.backend_first_byte_timeout, idle_s=args.backend_idle_timeout
         ),
@@ -482,6 +490,12 @@ def register(sub: Any) -> None:
         type=non_negative,
         default=0,
         help="0 (default): native servers skip their synthetic warmup; N > 0 enables it where offered",
+    )
+    p.add_argument(
+        "--model-cache-release",
+        choices=MODES,
+        help="drop a model's files from the page cache when its instance unloads: on, off, or auto "
+        "(on under WSL only); default: $WERK_MODEL_CACHE_RELEASE, else auto (docs/operations.md)",
     )
     bounds = BackendBounds()
     p.add_argument(

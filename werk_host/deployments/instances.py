@@ -39,9 +39,10 @@ from werk_host.config import HostConfig
 from werk_host.deployments.durations import too_long
 from werk_host.deployments.profile import InstanceSpec
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.filecache import ModelFiles, ReleaseMode, ReleaseReport, release_enabled, release_mode
 from werk_host.models import ModelManifest
 from werk_host.pluginhost import PluginHost
-from werk_host.protocol.deployments import InstanceStateName
+from werk_host.protocol.deployments import FileCacheFile, InstanceFileCache, InstanceStateName
 from werk_host.seam import Adapter, AdapterFactory
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ class InstanceView:
     load_s: float | None = None
     #: never unloaded to make room (the profile's ``pin``, or an operator's pin/unpin)
     pinned: bool = False
+    #: the model files' page-cache guard (``None`` for a remote instance)
+    file_cache: InstanceFileCache | None = None
 
     @property
     def status(self) -> str:
@@ -167,6 +170,19 @@ class Instance:
         self._load_s: float | None = None
         self._pinned = spec.pin
         self._events: deque[str] = deque(maxlen=EVENTS_KEPT)
+        # the model-lifetime guard (docs/operations.md, "Model file cache"): leases on the
+        # manifest's files while an adapter lives, released after it closed
+        self._cache_mode: ReleaseMode | None = None if spec.endpoint is not None else self._mode(spec, config)
+        self._files: ModelFiles | None = None
+        self._last_release: ReleaseReport | None = None
+
+    @staticmethod
+    def _mode(spec: InstanceSpec, config: HostConfig) -> ReleaseMode:
+        try:
+            return release_mode(spec.model_cache_release, config.model_cache_release)
+        except ValueError as err:  # the CLI and the profile refuse it first; a library caller may not
+            log.warning("instance %s: %s; the file cache is kept", spec.id, err)
+            return "off"
 
     @property
     def id(self) -> str:
@@ -191,7 +207,19 @@ class Instance:
                 self._since_ms,
                 self._load_s,
                 self._pinned,
+                self._file_cache_locked(),
             )
+
+    def _file_cache_locked(self) -> InstanceFileCache | None:
+        if self._cache_mode is None:
+            return None
+        last = self._last_release
+        return InstanceFileCache(
+            mode=self._cache_mode,
+            release=release_enabled(self._cache_mode),
+            leased_files=0 if self._files is None else self._files.leased,
+            last_release=None if last is None else [FileCacheFile.model_validate(f.as_dict()) for f in last.files],
+        )
 
     def _set_state_locked(self, state: InstanceStateName) -> None:
         self._state = state
@@ -292,6 +320,10 @@ class Instance:
     def _start(self, began: float) -> Adapter:
         """Create the adapter of an admitted start."""
         adapter: Adapter | None = None
+        if self._cache_mode is not None:
+            files = ModelFiles.lease(f.path for f in self.manifest.files)
+            with self._lock:
+                self._files = files
         try:
             adapter = self.factory.create(self.config, self.manifest)
             if self._plugins is not None:
@@ -299,6 +331,8 @@ class Instance:
         except BaseException as err:
             if adapter is not None:
                 self._close(adapter)
+            else:
+                self._release_files()
             self._start_failed(err)
             self._room.settled(self)
             with self._lock:
@@ -475,3 +509,20 @@ class Instance:
         finally:
             if self._plugins is not None:
                 self._plugins.detach(adapter)
+            self._release_files()
+
+    def _release_files(self) -> None:
+        """After the adapter closed (its processes reaped): the guard's release, logged."""
+        with self._lock:
+            files, self._files = self._files, None
+        if files is None or self._cache_mode is None:
+            return
+        try:
+            report = files.release(advise=release_enabled(self._cache_mode))
+        except OSError:
+            log.warning("instance %s: the model files' release failed", self.id, exc_info=True)
+            return
+        with self._lock:
+            self._last_release = report
+        self._event(report.summary())
+        log.info("instance %s: %s", self.id, report.summary())

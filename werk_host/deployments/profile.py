@@ -58,10 +58,13 @@ INSTANCE_KEYS = (
     "memory",
     "prompt_cache",
     "loading_notice",
+    "model_cache_release",
 )
 #: ``output_limit``: how ``/v1`` admission treats a requested output above the ceiling
 #: (werk_host/service/inference.py): ``refuse`` (``output_limit_exceeded``) or ``clamp``.
 OUTPUT_LIMITS = ("refuse", "clamp")
+#: ``model_cache_release`` (werk_host/memory/filecache.py)
+CACHE_RELEASE_MODES = ("auto", "on", "off")
 _ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ALIAS_KEYS = ("replicas", "match")
@@ -123,6 +126,9 @@ class InstanceSpec:
     prompt_cache_bytes: int | None = None
     #: a loading notice on streamed chat while it starts (``None``: ``[residency]``'s)
     loading_notice: bool | None = None
+    #: ``auto``, ``on`` or ``off``: the model files' page-cache release at unload (``None``: the
+    #: host's, ``werk serve --model-cache-release``; docs/operations.md, "Model file cache")
+    model_cache_release: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
@@ -356,7 +362,14 @@ class _Checker:
                 else None
             ),
             loading_notice=self.boolean(raw, at, "loading_notice") if "loading_notice" in raw else None,
+            model_cache_release=self.cache_release(at, raw),
         )
+
+    def cache_release(self, at: _DocPath, raw: dict[str, object]) -> str | None:
+        value = self.string(raw, at, "model_cache_release")
+        if value is not None and value not in CACHE_RELEASE_MODES:
+            self.fail((*at, "model_cache_release"), f"{_quote(value)} is not one of {', '.join(CACHE_RELEASE_MODES)}")
+        return value
 
     def keep_alive_max(self, at: _DocPath, raw: dict[str, object], keep_alive: float | None) -> float | None:
         if "keep_alive_max" not in raw:

@@ -24,6 +24,27 @@ class EndpointKind(StrEnum):
     REMOTE = "remote"
 
 
+class FileCacheFile(DataModel):
+    """One model file at the last release: its name (never its directory) and why it was kept."""
+
+    file: str
+    bytes: int
+    released: bool
+    why: str | None = None
+
+
+class InstanceFileCache(DataModel):
+    """The model-lifetime guard of a local instance (docs/operations.md, "Model file cache")."""
+
+    #: the switch as configured, and whether it releases here (``auto``: under WSL only)
+    mode: Literal["auto", "on", "off"]
+    release: bool
+    #: the model files holding a shared lease now (0 while cold)
+    leased_files: int
+    #: the outcome of the last unload's release (null before the first)
+    last_release: list[FileCacheFile] | None = None
+
+
 class InstanceInventory(DataModel):
     id: str
     backend: str
@@ -50,6 +71,8 @@ class InstanceInventory(DataModel):
     group: str | None = None
     #: the memory the instance needs loaded: declared, or estimated (docs/deployments.md)
     memory_estimate_bytes: int | None = None
+    #: the model files' page-cache guard (null for a remote instance)
+    file_cache: InstanceFileCache | None = None
 
 
 class DeploymentPlan(DataModel):

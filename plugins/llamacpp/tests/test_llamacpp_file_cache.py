@@ -1,0 +1,240 @@
+"""The model-lifetime guard over a real llama-server (docs/operations.md, "Model file cache").
+
+While an instance is loaded its GGUF holds Werk's shared lease; an operator's unload first
+stops the llama-server child, then, with ``model_cache_release = "on"``, drops the file's pages
+from the page cache (``mincore`` over the file falls to almost nothing), and with ``off`` keeps
+them. Another Werk reader's lease keeps them too, and the inventory and the instance log say
+why. A ``werk serve`` killed with SIGKILL (and a child killed so) leaves no lease or mapping
+behind: the next start's unload releases the file again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werk_llamacpp import plugin as llama_plugin
+from werk_llamacpp.testing.testmodel import generate_model
+
+from werk_host.plugin import HostConfig, ModelManifest
+from werk_host.plugin.filecache import ModelFiles
+from werk_host.plugin.pages import resident_bytes
+from werk_host.testing.api import Api
+from werk_host.testing.host import ModelRegistry, PluginHost, build_host
+from werk_host.testing.hosts import running, serve_process
+
+pytestmark = pytest.mark.llamaserver
+KEY, OPERATOR = "sk-werk-cache-0123", "sk-werk-cache-op-0123"
+
+
+def _profile(release: str) -> str:
+    return f'[[instance]]\nid = "tiny"\nmodel = "tiny"\nkeep_alive = "10m"\nmodel_cache_release = "{release}"\n'
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~20 MB generated GGUF, written through to disk so its cached pages are clean."""
+    path = generate_model(tmp_path_factory.mktemp("cache") / "tiny.gguf", dim=256, layers=4)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _home(tmp_path: Path, model: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    ModelRegistry(home).add(ModelManifest.from_paths("tiny", [model], backend="llama.cpp"))
+    return home
+
+
+@pytest.fixture
+def served(tmp_path: Path, model: Path, llama_server_path: Path) -> Iterator[Any]:
+    def serve(release: str) -> Api:
+        home = _home(tmp_path, model)
+        profile = tmp_path / "deployments.toml"
+        profile.write_text(_profile(release))
+        plugins = PluginHost()
+        plugins.register(llama_plugin, "llamacpp")
+        config = HostConfig(
+            home=home,
+            api_keys=(KEY,),
+            operator_api_keys=(OPERATOR,),
+            profile=profile,
+            backend_options={"llamacpp": {"llama_server": str(llama_server_path)}},
+        )
+        url = stack.enter_context(running(build_host(config, plugins=plugins)))
+        return Api(url, OPERATOR)
+
+    with contextlib.ExitStack() as stack:
+        yield serve
+
+
+def _chat(api: Api) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, doc = api.post("/v1/chat/completions", body)
+    assert status == 200, doc
+
+
+def _cached(model: Path) -> int:
+    """Read the whole file (into the page cache) and return its resident bytes."""
+    with open(model, "rb") as f:
+        while f.read(1 << 20):
+            pass
+    return resident_bytes(model)
+
+
+def _unload(api: Api) -> dict[str, Any]:
+    status, doc = api.post("/werk/v1/deployments/tiny/actions", {"action": "unload"})
+    assert status == 200, doc
+    status, doc = api.get("/werk/v1/deployments")
+    assert status == 200, doc
+    inventory: dict[str, Any] = doc["data"]["inventory"][0]
+    assert inventory["state"] == "cold"
+    return inventory
+
+
+def _log(api: Api) -> str:
+    status, doc = api.get("/werk/v1/deployments/tiny/logs")
+    assert status == 200, doc
+    return "\n".join(doc["data"]["lines"])
+
+
+def _leased_by_someone(model: Path) -> bool:
+    fd = os.open(model, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _mapped_anywhere(model: Path) -> list[int]:
+    ino = os.stat(model).st_ino
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            maps = (entry / "maps").read_text()
+        except OSError:
+            continue
+        if any(line.split()[4:5] == [str(ino)] and str(model) in line for line in maps.splitlines()):
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_release_on_drops_the_pages_after_the_child_is_gone(served: Any, model: Path) -> None:
+    api = served("on")
+    _chat(api)
+    status, doc = api.get("/werk/v1/deployments")
+    cache = doc["data"]["inventory"][0]["file_cache"]
+    assert cache["mode"] == "on" and cache["release"] is True and cache["leased_files"] == 1, cache
+    assert _leased_by_someone(model)  # Werk's shared lease while the instance lives
+    size = model.stat().st_size
+    assert _cached(model) >= 0.9 * size
+    inventory = _unload(api)
+    assert resident_bytes(model) <= 0.05 * size
+    assert inventory["file_cache"]["leased_files"] == 0
+    assert inventory["file_cache"]["last_release"] == [
+        {"file": model.name, "bytes": size, "released": True, "why": None}
+    ]
+    assert "file cache released for 1 file(s)" in _log(api)
+    assert not _leased_by_someone(model) and not _mapped_anywhere(model)
+
+
+def test_release_off_keeps_the_pages(served: Any, model: Path) -> None:
+    api = served("off")
+    _chat(api)
+    size = model.stat().st_size
+    assert _cached(model) >= 0.9 * size
+    inventory = _unload(api)
+    assert resident_bytes(model) >= 0.9 * size
+    assert inventory["file_cache"]["release"] is False
+    assert inventory["file_cache"]["last_release"][0]["why"] == "release is off"
+    assert "file cache kept (release is off)" in _log(api)
+
+
+def test_another_werk_readers_lease_keeps_the_pages(served: Any, model: Path) -> None:
+    api = served("on")
+    _chat(api)
+    other = ModelFiles.lease([model])  # a second Werk reader of the same file
+    try:
+        assert other.leased == 1
+        size = model.stat().st_size
+        assert _cached(model) >= 0.9 * size
+        inventory = _unload(api)
+        assert resident_bytes(model) >= 0.9 * size
+        assert inventory["file_cache"]["last_release"][0] == {
+            "file": model.name,
+            "bytes": size,
+            "released": False,
+            "why": "another Werk reader holds a lease",
+        }
+    finally:
+        other.release(advise=False)
+
+
+def _werk_pid(log: Path) -> int:
+    """The ``werk serve`` process: the one whose stderr is ``log``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "fd" / "2") == str(log):
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise AssertionError("werk serve not found")
+
+
+def _wait(what: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_sigkill_leaves_no_lease_or_mapping_behind(tmp_path: Path, model: Path, llama_server_path: Path) -> None:
+    home = _home(tmp_path, model)
+    args = ("--model", "tiny", "--model-cache-release", "on", "--backend-option")
+    args += (f"llamacpp.llama_server={llama_server_path}",)
+    env = {"WERK_OPERATOR_API_KEYS": OPERATOR}
+    with serve_process(home, *args, keys=(KEY,), env=env) as first:
+        api = Api(first.url, OPERATOR)
+        _chat(api)
+        status, doc = api.get("/werk/v1/deployments")
+        child = doc["data"]["inventory"][0]["pid"]
+        assert child is not None and _leased_by_someone(model)
+        os.kill(_werk_pid(first.log), signal.SIGKILL)
+        _wait(lambda: not Path(f"/proc/{child}").exists() or _zombie(child))
+        _wait(lambda: not _leased_by_someone(model) and not _mapped_anywhere(model))
+    with serve_process(home, *args, keys=(KEY,), env=env) as second:
+        api = Api(second.url, OPERATOR)
+        _chat(api)
+        status, doc = api.get("/werk/v1/deployments")
+        child = doc["data"]["inventory"][0]["pid"]
+        os.kill(child, signal.SIGKILL)  # the child dies under a live instance
+        _wait(lambda: not Path(f"/proc/{child}").exists() or _zombie(child))
+        size = model.stat().st_size
+        assert _cached(model) >= 0.9 * size
+        inventory = _unload(api)
+        assert inventory["file_cache"]["last_release"][0]["released"] is True, inventory
+        assert resident_bytes(model) <= 0.05 * size
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
