@@ -10,6 +10,15 @@ context and the partial-cache check all read it) gets the first reading, and a l
 the reading remembered under the user cache by the same status
 (:func:`werk_host.plugin.remembered_by_status`; docs/operations.md, "Start-up").
 
+:func:`read_tensors` goes on past the key/value pairs through the tensor directory (the CPU
+expert page preparation, :mod:`.prefetch`, needs it): each tensor's name, ggml type, dims and
+offset relative to the data section, whose absolute start is the directory's end rounded up to
+``general.alignment`` (default 32). A tensor's byte size comes from :data:`GGML_TYPE_SIZES`
+(elements per block, bytes per block); no payload is read, so a scalar (no dims) I32 tensor is
+just four bytes at its offset. Bounded: an unknown type, more than :data:`MAX_TENSORS`
+tensors, more than four dims, a misaligned offset or a tensor past the file's end is a
+:class:`GgufError`, never a guess.
+
 :func:`default_context` is the per-slot context a llama.cpp instance gets when its profile
 names no ``ctx`` (docs/deployments.md, "llama.cpp options"): the model's trained context
 (``<arch>.context_length``), at least :data:`MIN_SLOT_CONTEXT`, and only as much as the KV
@@ -39,14 +48,21 @@ __all__ = [
     "KV_MEMORY_SHARE",
     "MIN_SLOT_CONTEXT",
     "CACHE_TYPE_BYTES",
+    "DEFAULT_ALIGNMENT",
+    "GGML_TYPE_SIZES",
+    "MAX_TENSORS",
     "GgufError",
     "KvShape",
+    "TensorDirectory",
+    "TensorInfo",
     "default_context",
+    "file_identity",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_shape",
     "partial_cache",
     "read_metadata",
+    "read_tensors",
 ]
 
 #: The smallest per-slot context a default gives (the default before the trained context was read).
@@ -162,26 +178,160 @@ def _is_header(value: object) -> TypeGuard[dict[str, Value]]:
 
 def _read_header(path: str) -> dict[str, Value]:
     with open(path, "rb", buffering=1 << 16) as f:
-        if _read(f, 4) != _MAGIC:
-            raise GgufError("not a GGUF file")
-        (version,) = struct.unpack("<I", _read(f, 4))
-        if version not in (2, 3):
-            raise GgufError(f"GGUF version {version} is not read here")
-        _tensors, keys = struct.unpack("<QQ", _read(f, 16))
-        if keys > _MAX_KEYS:
-            raise GgufError("the GGUF header claims too many keys")
-        found: dict[str, Value] = {}
-        for _ in range(keys):
-            key = _string(f)
-            (kind,) = struct.unpack("<I", _read(f, 4))
-            if kind == _STRING:
-                found[key] = _string(f)
-            elif kind == _ARRAY:
-                _skip_array(f)
-                found[key] = None
-            else:
-                found[key] = _scalar(f, kind)
-        return found
+        return _read_kv(f)[0]
+
+
+def _read_kv(f: BinaryIO) -> tuple[dict[str, Value], int]:
+    """The key/value pairs and the tensor count; ``f`` is left at the first tensor info."""
+    if _read(f, 4) != _MAGIC:
+        raise GgufError("not a GGUF file")
+    (version,) = struct.unpack("<I", _read(f, 4))
+    if version not in (2, 3):
+        raise GgufError(f"GGUF version {version} is not read here")
+    tensors, keys = struct.unpack("<QQ", _read(f, 16))
+    if keys > _MAX_KEYS:
+        raise GgufError("the GGUF header claims too many keys")
+    found: dict[str, Value] = {}
+    for _ in range(keys):
+        key = _string(f)
+        (kind,) = struct.unpack("<I", _read(f, 4))
+        if kind == _STRING:
+            found[key] = _string(f)
+        elif kind == _ARRAY:
+            _skip_array(f)
+            found[key] = None
+        else:
+            found[key] = _scalar(f, kind)
+    return found, tensors
+
+
+#: ggml tensor type → (elements per block, bytes per block): ggml's type traits, as the ``gguf``
+#: package lists them (``GGML_QUANT_SIZES``), copied so that reading needs neither it nor numpy.
+GGML_TYPE_SIZES: Final[dict[int, tuple[int, int]]] = {
+    0: (1, 4),  # F32
+    1: (1, 2),  # F16
+    2: (32, 18),  # Q4_0
+    3: (32, 20),  # Q4_1
+    6: (32, 22),  # Q5_0
+    7: (32, 24),  # Q5_1
+    8: (32, 34),  # Q8_0
+    9: (32, 40),  # Q8_1
+    10: (256, 84),  # Q2_K
+    11: (256, 110),  # Q3_K
+    12: (256, 144),  # Q4_K
+    13: (256, 176),  # Q5_K
+    14: (256, 210),  # Q6_K
+    15: (256, 292),  # Q8_K
+    16: (256, 66),  # IQ2_XXS
+    17: (256, 74),  # IQ2_XS
+    18: (256, 98),  # IQ3_XXS
+    19: (256, 50),  # IQ1_S
+    20: (32, 18),  # IQ4_NL
+    21: (256, 110),  # IQ3_S
+    22: (256, 82),  # IQ2_S
+    23: (256, 136),  # IQ4_XS
+    24: (1, 1),  # I8
+    25: (1, 2),  # I16
+    26: (1, 4),  # I32
+    27: (1, 8),  # I64
+    28: (1, 8),  # F64
+    29: (256, 56),  # IQ1_M
+    30: (1, 2),  # BF16
+    34: (256, 54),  # TQ1_0
+    35: (256, 66),  # TQ2_0
+    39: (32, 17),  # MXFP4
+}
+#: The alignment of the data section and of every tensor in it when ``general.alignment`` is absent.
+DEFAULT_ALIGNMENT: Final = 32
+#: Bounds of the tensor directory (a large MoE model has a few thousand tensors of ≤ 4 dims).
+MAX_TENSORS: Final = 1 << 16
+_MAX_DIMS: Final = 4
+_MAX_NAME: Final = 1 << 12
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the directory: ``dims`` in ggml order (innermost first; none: a scalar),
+    ``offset`` relative to the data section, ``nbytes`` from :data:`GGML_TYPE_SIZES`. Its
+    payload is never read."""
+
+    name: str
+    ggml_type: int
+    dims: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorDirectory:
+    """A GGUF file's tensor directory (:func:`read_tensors`): the header's key/value pairs, the
+    data section's absolute start and alignment, and the identity (device, inode, size,
+    modification time) of the very file that was read."""
+
+    path: Path
+    metadata: dict[str, Value]
+    alignment: int
+    data_start: int
+    file_size: int
+    identity: tuple[int, int, int, int]
+    tensors: tuple[TensorInfo, ...]
+
+    def span(self, tensor: TensorInfo) -> tuple[int, int]:
+        """The absolute ``[start, end)`` of ``tensor``'s bytes in the file."""
+        start = self.data_start + tensor.offset
+        return start, start + tensor.nbytes
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What names one version of a file: device, inode, size and modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_tensors(path: Path, *, max_tensors: int = MAX_TENSORS) -> TensorDirectory:
+    """The tensor directory of a GGUF (version 2 or 3) file, bounded (module docstring):
+    :class:`GgufError` for an unknown ggml type, more than ``max_tensors`` tensors, more than 4
+    dims, a misaligned offset or a tensor past the file's end; :class:`OSError` as reading
+    raises it."""
+    with open(path, "rb", buffering=1 << 16) as f:
+        st = os.fstat(f.fileno())
+        meta, count = _read_kv(f)
+        if count > max_tensors:
+            raise GgufError(f"the GGUF header claims {count} tensors (at most {max_tensors} are read)")
+        align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+            raise GgufError(f"general.alignment {align!r} is not a power of two")
+        tensors = tuple(_tensor_info(f) for _ in range(count))
+        data_start = -(-f.tell() // align) * align
+    names: set[str] = set()
+    for t in tensors:
+        if t.name in names:
+            raise GgufError(f"tensor {t.name!r} is listed twice")
+        names.add(t.name)
+        if t.offset % align or data_start + t.offset + t.nbytes > st.st_size:
+            raise GgufError(f"tensor {t.name!r} is misaligned or extends past the file's end")
+    return TensorDirectory(Path(path), meta, align, data_start, st.st_size, file_identity(st), tensors)
+
+
+def _tensor_info(f: BinaryIO) -> TensorInfo:
+    (size,) = _U64.unpack(_read(f, 8))
+    if size > _MAX_NAME:
+        raise GgufError("a GGUF tensor name is too long")
+    name = _read(f, size).decode("utf-8", "replace")
+    (n_dims,) = struct.unpack("<I", _read(f, 4))
+    if n_dims > _MAX_DIMS:
+        raise GgufError(f"tensor {name!r} has {n_dims} dims")
+    dims = struct.unpack(f"<{n_dims}Q", _read(f, 8 * n_dims))
+    kind, offset = struct.unpack("<IQ", _read(f, 12))
+    sizes = GGML_TYPE_SIZES.get(kind)
+    if sizes is None:
+        raise GgufError(f"tensor {name!r} has ggml type {kind}, which is not known here")
+    block, block_bytes = sizes
+    elements = 1
+    for d in dims:
+        elements *= d
+    if dims and dims[0] % block:
+        raise GgufError(f"tensor {name!r} has rows that are not whole blocks of its type")
+    return TensorInfo(name, kind, tuple(dims), offset, elements // block * block_bytes)
 
 
 def _int(meta: dict[str, Value], key: str) -> int | None:

@@ -44,6 +44,13 @@
   a changed file turns native persistence off for this child
   (:meth:`LlamaServerProcess.persistence_off`; the clients' slot saves and restores wait for
   the check and then raise :class:`~werk_llamacpp.native.NativePersistenceOff`).
+* Before the child spawns (the argv final), the CPU expert page preparation
+  (:mod:`werk_llamacpp.prefetch`, ``WERK_LLAMA_PREFETCH``) may map and populate the pages of
+  the MoE expert tensors the argv places on the CPU; its outcome is
+  :attr:`LlamaServerProcess.prefetch`. What it keeps mapped (with its own lease on the model
+  files) lives as long as the child: :meth:`LlamaServerProcess.stop` cancels a preparation in
+  progress and, once the child is reaped, unmaps and releases it. An unknown
+  ``WERK_LLAMA_PREFETCH`` is a startup error; nothing else of it ever fails a start.
 * Fingerprints: executable SHA-256 and help hash (from
   :func:`~werk_llamacpp.binary.inspect_executable`), :attr:`args_hash` over
   the effective arguments (port and private paths normalized),
@@ -76,6 +83,7 @@ from werk_host.plugin.process import (
     reserve,
 )
 
+from . import prefetch as _prefetch
 from .binary import BinaryInfo, ExecutableCheck, find_llama_server, inspect_executable, parse_help_flags
 from .native import LlamaServerClient, NativeConnectionError, NativeError, NativePersistenceOff
 
@@ -296,6 +304,10 @@ class LlamaServerProcess:
         """The host's managed child, once :meth:`start` spawned it."""
         self.executable_check: ExecutableCheck | None = None
         """The executable checked again once the child is ready (module docstring)."""
+        self.prefetch: _prefetch.Outcome | None = None
+        """The last CPU expert page preparation's outcome (module docstring; ``.as_dict()``)."""
+        self._preparation: _prefetch.Preparation | None = None
+        self._prefetch_cancel: threading.Event | None = None
         self._api_key = ""
         self._stopped = False
         self._lock = threading.RLock()
@@ -463,7 +475,15 @@ class LlamaServerProcess:
                 final_port = last_flag_value(tail, _PORT_FLAGS)
                 if final_port is not None and final_port.isdigit():
                     self.port = int(final_port)
+                self._prefetch_cancel = cancel = threading.Event()
+                try:
+                    deadline = min(_prefetch.DEADLINE_S, self.startup_timeout)
+                    self._preparation = _prefetch.prepare_for(tail, cancel=cancel, deadline_s=deadline)
+                except _prefetch.PrefetchConfigError as err:
+                    raise LlamaServerError(str(err)) from err
+                self.prefetch = self._preparation.outcome
             except BaseException:
+                self._drop_prefetch()
                 if not self.keep_files and cleanup_dir is not None:
                     shutil.rmtree(cleanup_dir, ignore_errors=True)
                 if owner_fd is not None:
@@ -484,7 +504,11 @@ class LlamaServerProcess:
                 error_type=LlamaServerStartupError,
                 launch=reservation,
             )
-            self.managed.start()
+            try:
+                self.managed.start()
+            except BaseException:
+                self._drop_prefetch()
+                raise
             self.started_at = self.managed.started_at
             self.client = self.new_client()
         try:
@@ -514,16 +538,30 @@ class LlamaServerProcess:
         return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
 
     def stop(self, timeout: float | None = None) -> int | None:
-        """Terminate (SIGTERM), then kill after ``timeout`` seconds, and reap. Idempotent. Returns the exit status."""
+        """Terminate (SIGTERM), then kill after ``timeout`` seconds, and reap; then drop the
+        prepared expert pages and their lease. Idempotent. Returns the exit status."""
+        cancel = self._prefetch_cancel
+        if cancel is not None:
+            cancel.set()  # before the lock: a preparation in start() stops at its next chunk
         with self._lock:
             managed = self.managed
             if managed is None:
+                self._drop_prefetch()
                 return None
             if not self._stopped:
                 self._stopped = True
                 if self.client is not None:
                     self.client.close()
-            return managed.stop(self.stop_timeout if timeout is None else timeout)
+            try:
+                return managed.stop(self.stop_timeout if timeout is None else timeout)
+            finally:
+                self._drop_prefetch()
+
+    def _drop_prefetch(self) -> None:
+        """Cancel, join and unmap the preparation, then release its lease (idempotent)."""
+        preparation, self._preparation = self._preparation, None
+        if preparation is not None:
+            preparation.close()
 
     def __enter__(self) -> LlamaServerProcess:
         if self.managed is None:

@@ -20,10 +20,21 @@ Qwen3-style ChatML template with a thinking switch (the ``enable_thinking`` vari
 renders an empty ``<think></think>`` block after the generation prompt), and the vocabulary also
 holds ``<think>`` and ``</think>`` as single user-defined tokens, as Qwen3's does.
 
+Mixture of experts: with ``experts=N`` (``--experts N``, N ≥ 2) every layer's dense feed-forward
+(``ffn_gate``/``ffn_up``/``ffn_down``) is replaced by a Mixtral-style MoE block: a router
+``blk.i.ffn_gate_inp.weight`` (ggml ``[dim, N]``) and the stacked 3-D expert tensors
+``blk.i.ffn_gate_exps.weight``/``ffn_up_exps.weight`` (``[dim, ffn, N]``) and
+``ffn_down_exps.weight`` (``[ffn, dim, N]``); the header gains ``llama.expert_count`` and
+``llama.expert_used_count`` (``experts_used``, ``--experts-used K``, default 2, at most N).
+llama-server loads it as a llama MoE model and routes each token to K experts; ``--cpu-moe``
+and ``--n-cpu-moe`` select its ``*_exps`` tensors. ``experts=0`` (the default) writes the dense
+model, byte-identical to what it always was.
+
 CLI::
 
     python -m werk_llamacpp.testing.testmodel OUT.gguf [--dim 64] [--layers 2] [--heads 4]
         [--kv-heads N] [--ffn N] [--ctx 4096] [--seed 0] [--thinking]
+        [--experts N [--experts-used K]]
 """
 
 from __future__ import annotations
@@ -166,13 +177,17 @@ def generate_model(
     kv_heads: int | None = None,
     ffn: int | None = None,
     thinking: bool = False,
+    experts: int = 0,
+    experts_used: int = 2,
 ) -> Path:
     """Write a tiny random-weight llama GGUF to ``path`` and return the path.
 
     ``dim`` must be divisible by ``heads`` and ``heads`` by ``kv_heads``
     (default: ``heads``). ``ffn`` defaults to ``4 * dim``. ``thinking`` embeds
     :data:`THINKING_TEMPLATE` and adds the thinking tags to the vocabulary (module
-    docstring). The same arguments always produce a byte-identical file.
+    docstring). ``experts`` (0, or at least 2) makes every layer's feed-forward a mixture of
+    that many experts, ``experts_used`` of them per token (module docstring). The same
+    arguments always produce a byte-identical file.
     """
     kv = heads if kv_heads is None else kv_heads
     ff = 4 * dim if ffn is None else ffn
@@ -183,6 +198,8 @@ def generate_model(
     head_dim = dim // heads
     if head_dim % 2:
         raise ValueError("head dimension (dim / heads) must be even for RoPE")
+    if experts < 0 or experts == 1 or (experts and not 1 <= experts_used <= experts):
+        raise ValueError("experts must be 0 or at least 2, and experts_used between 1 and experts")
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -194,17 +211,24 @@ def generate_model(
         # numpy (rows, cols) becomes ggml ne = [cols, rows]: cols is the input dim.
         return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)).astype(np.float32)
 
+    def stack(n: int, rows: int, cols: int) -> np.ndarray:
+        # numpy (n, rows, cols) becomes ggml ne = [cols, rows, n]: one (rows, cols) matrix per expert.
+        return (rng.standard_normal((n, rows, cols), dtype=np.float32) * np.float32(0.02)).astype(np.float32)
+
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
     tmp = out.with_name(out.name + ".tmp")
     writer = gguf.GGUFWriter(str(tmp), arch="llama")
     try:
-        writer.add_name(f"werk-test-llama-{dim}d-{layers}l")
+        writer.add_name(f"werk-test-llama-{dim}d-{layers}l" + (f"-{experts}x" if experts else ""))
         writer.add_context_length(ctx)
         writer.add_embedding_length(dim)
         writer.add_block_count(layers)
         writer.add_feed_forward_length(ff)
+        if experts:
+            writer.add_expert_count(experts)
+            writer.add_expert_used_count(experts_used)
         writer.add_head_count(heads)
         writer.add_head_count_kv(kv)
         writer.add_rope_dimension_count(head_dim)
@@ -232,9 +256,15 @@ def generate_model(
             writer.add_tensor(f"blk.{i}.attn_v.weight", mat(kv * head_dim, dim))
             writer.add_tensor(f"blk.{i}.attn_output.weight", mat(dim, heads * head_dim))
             writer.add_tensor(f"blk.{i}.ffn_norm.weight", ones(dim))
-            writer.add_tensor(f"blk.{i}.ffn_gate.weight", mat(ff, dim))
-            writer.add_tensor(f"blk.{i}.ffn_up.weight", mat(ff, dim))
-            writer.add_tensor(f"blk.{i}.ffn_down.weight", mat(dim, ff))
+            if experts:
+                writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", mat(experts, dim))
+                writer.add_tensor(f"blk.{i}.ffn_gate_exps.weight", stack(experts, ff, dim))
+                writer.add_tensor(f"blk.{i}.ffn_up_exps.weight", stack(experts, ff, dim))
+                writer.add_tensor(f"blk.{i}.ffn_down_exps.weight", stack(experts, dim, ff))
+            else:
+                writer.add_tensor(f"blk.{i}.ffn_gate.weight", mat(ff, dim))
+                writer.add_tensor(f"blk.{i}.ffn_up.weight", mat(ff, dim))
+                writer.add_tensor(f"blk.{i}.ffn_down.weight", mat(dim, ff))
         writer.add_tensor("output_norm.weight", ones(dim))
         writer.add_tensor("output.weight", mat(n_vocab, dim))
 
@@ -261,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--thinking", action="store_true", help="Qwen3-style template with a thinking switch")
+    parser.add_argument("--experts", type=int, default=0, help="experts per layer (MoE; default 0: dense)")
+    parser.add_argument("--experts-used", type=int, default=2, help="experts routed per token (default 2)")
     ns = parser.parse_args(argv)
     try:
         out = generate_model(
@@ -273,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_heads=ns.kv_heads,
             ffn=ns.ffn,
             thinking=ns.thinking,
+            experts=ns.experts,
+            experts_used=ns.experts_used,
         )
     except ValueError as exc:
         parser.error(str(exc))
