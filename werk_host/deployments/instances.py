@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -325,7 +325,11 @@ class Instance:
             with self._lock:
                 self._files = files
         try:
-            adapter = self.factory.create(self.config, self.manifest)
+            # the adapter sees its instance's own switch (a plugin's own files beyond the manifest)
+            config = self.config
+            if self._cache_mode is not None and config.model_cache_release != self._cache_mode:
+                config = replace(config, model_cache_release=self._cache_mode)
+            adapter = self.factory.create(config, self.manifest)
             if self._plugins is not None:
                 self._plugins.attach(adapter, self.factory)
         except BaseException as err:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from werk_llamacpp import plugin as llama_plugin
+from werk_llamacpp.modelfiles import ExtraFiles, extra_files, release_wanted
 from werk_llamacpp.testing.testmodel import generate_model
 
 from werk_host.plugin import HostConfig, ModelManifest
@@ -238,3 +239,32 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except (OSError, IndexError):
         return True
+
+
+def _clean_file(path: Path, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    path.read_bytes()
+    return path
+
+
+def test_the_shards_and_projector_beyond_the_manifest_are_leased_and_released(tmp_path: Path) -> None:
+    size = 4 << 20
+    first, second, projector = (
+        _clean_file(tmp_path / name, size) for name in ("m-00001-of-00002.gguf", "m-00002-of-00002.gguf", "mmproj.gguf")
+    )
+    argv = ["-m", str(first), "--mmproj", str(projector), "-c", "512"]
+    assert extra_files(argv, first) == [second, projector]
+    assert extra_files([f"--mmproj={tmp_path / 'absent.gguf'}"], first) == [second]
+    assert release_wanted("on") and not release_wanted("off") and not release_wanted("bogus")
+    kept = ExtraFiles(argv, first, release=False)
+    assert _leased_by_someone(second) and _leased_by_someone(projector)
+    kept.close()
+    assert not _leased_by_someone(second) and resident_bytes(second) >= 0.9 * size
+    released = ExtraFiles(argv, first, release=True)
+    released.close()
+    released.close()  # idempotent
+    assert resident_bytes(second) <= 0.05 * size and resident_bytes(projector) <= 0.05 * size
+    assert resident_bytes(first) >= 0.9 * size  # the manifest's own file is the host's to release

@@ -33,6 +33,7 @@ from .binary import find_llama_server, inspect_executable
 from .capabilities import capability_reports
 from .gguf_meta import GgufError, default_context, partial_cache, read_metadata
 from .integrity import key_id, load_key
+from .modelfiles import release_wanted
 from .native import LlamaServerClient, NativeConnectionError, NativeError, NativeHTTPError
 from .probe import ProbeResult, run_probe
 from .process import LlamaServerProcess, LlamaServerStartupError, last_flag_value
@@ -151,6 +152,7 @@ class LlamaServerCore:
                 warmup_tokens=self.warmup_tokens,
                 threads=self.threads,
                 extra_args=self._extra_args(),
+                cache_release=release_wanted(self.config.model_cache_release),
             )
             try:
                 proc.start()

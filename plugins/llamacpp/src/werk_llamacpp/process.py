@@ -85,6 +85,7 @@ from werk_host.plugin.process import (
 
 from . import prefetch as _prefetch
 from .binary import BinaryInfo, ExecutableCheck, find_llama_server, inspect_executable, parse_help_flags
+from .modelfiles import ExtraFiles
 from .native import LlamaServerClient, NativeConnectionError, NativeError, NativePersistenceOff
 
 __all__ = [
@@ -258,6 +259,7 @@ class LlamaServerProcess:
         stop_timeout: float = 10.0,
         keep_files: bool = False,
         slot_save: bool = True,
+        cache_release: bool = False,
     ) -> None:
         """Configure (nothing starts until :meth:`start`).
 
@@ -266,7 +268,8 @@ class LlamaServerProcess:
         ``env_args`` defaults to ``$WERK_LLAMA_ARGS``. ``work_dir`` is the
         private parent of the per-generation run directory (default: a fresh
         temporary directory removed on stop). ``slot_save=False`` omits
-        ``--slot-save-path`` (slot save/restore then is unusable).
+        ``--slot-save-path`` (slot save/restore then is unusable). ``cache_release``: the files
+        beyond the manifest are released with advice after the child stops (:mod:`.modelfiles`).
         """
         if parallel < 1 or ctx < 1:
             raise ValueError("parallel and ctx must be positive")
@@ -308,6 +311,8 @@ class LlamaServerProcess:
         """The last CPU expert page preparation's outcome (module docstring; ``.as_dict()``)."""
         self._preparation: _prefetch.Preparation | None = None
         self._prefetch_cancel: threading.Event | None = None
+        self.cache_release = cache_release
+        self._extra_files: ExtraFiles | None = None
         self._api_key = ""
         self._stopped = False
         self._lock = threading.RLock()
@@ -475,6 +480,7 @@ class LlamaServerProcess:
                 final_port = last_flag_value(tail, _PORT_FLAGS)
                 if final_port is not None and final_port.isdigit():
                     self.port = int(final_port)
+                self._extra_files = ExtraFiles(tail, self.model, release=self.cache_release)
                 self._prefetch_cancel = cancel = threading.Event()
                 try:
                     deadline = min(_prefetch.DEADLINE_S, self.startup_timeout)
@@ -558,10 +564,14 @@ class LlamaServerProcess:
                 self._drop_prefetch()
 
     def _drop_prefetch(self) -> None:
-        """Cancel, join and unmap the preparation, then release its lease (idempotent)."""
+        """Cancel, join and unmap the preparation, release its lease, then the leases of the
+        files beyond the manifest (idempotent)."""
         preparation, self._preparation = self._preparation, None
         if preparation is not None:
             preparation.close()
+        extra, self._extra_files = self._extra_files, None
+        if extra is not None:
+            extra.close()
 
     def __enter__(self) -> LlamaServerProcess:
         if self.managed is None:
