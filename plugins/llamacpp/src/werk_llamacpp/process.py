@@ -63,12 +63,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shlex
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -87,6 +89,8 @@ from . import prefetch as _prefetch
 from .binary import BinaryInfo, ExecutableCheck, find_llama_server, inspect_executable, parse_help_flags
 from .modelfiles import ExtraFiles
 from .native import LlamaServerClient, NativeConnectionError, NativeError, NativePersistenceOff
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ENV_ARGS",
@@ -445,7 +449,9 @@ class LlamaServerProcess:
             if self.managed is not None or self._stopped:
                 raise LlamaServerError("process already started")
             path = find_llama_server(self._binary_arg)
+            began = time.monotonic()
             info = inspect_executable(path)
+            log.info("runtime inspection: %s in %.3f s", info.path.name, time.monotonic() - began)
             self.binary = info
 
             cleanup_dir: str | None = None
@@ -518,7 +524,9 @@ class LlamaServerProcess:
             self.started_at = self.managed.started_at
             self.client = self.new_client()
         try:
+            waited = time.monotonic()
             self.managed.wait_ready(self._healthy, timeout=self.startup_timeout)
+            log.info("native readiness: pid %s healthy after %.3f s", self.pid, time.monotonic() - waited)
             self.executable_check = ExecutableCheck(info.identity)
             self.total_slots = self._read_total_slots()
             eff = self.effective_parallel()
