@@ -134,10 +134,13 @@ def test_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_profile_and_werk_serve_refuse_an_unknown_switch(tmp_path: Path) -> None:
     text = '[[instance]]\nid = "a"\nmodel = "tiny"\nmodel_cache_release = "%s"\n'
-    known = {"known_model": lambda name: name == "tiny"}
-    assert parse_profile(text % "on", source="p.toml", **known).instances[0].model_cache_release == "on"
+
+    def known(name: str) -> bool:
+        return name == "tiny"
+
+    assert parse_profile(text % "on", source="p.toml", known_model=known).instances[0].model_cache_release == "on"
     with pytest.raises(ProfileError, match='instance\\[0\\].model_cache_release: "always" is not one of auto, on, off'):
-        parse_profile(text % "always", source="p.toml", **known)
+        parse_profile(text % "always", source="p.toml", known_model=known)
     env = {**os.environ, "WERK_HOME": str(tmp_path), "WERK_MODEL_CACHE_RELEASE": "always"}
     run = [sys.executable, "-m", "werk_host", "serve", "--port", "0"]
     done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60)
@@ -164,3 +167,30 @@ def test_an_instance_leases_its_files_and_records_the_release(tmp_path: Path) ->
         released = f"file cache released for 1 file(s), {after.last_release[0].bytes} bytes"
         assert any(line.endswith(released) for line in instance.events())
         assert instance.view().state.value == "cold"
+
+
+def test_werk_deployments_prints_the_last_release() -> None:
+    from werk_host.cli.deployments import render_table
+    from werk_host.protocol import Deployments
+    from werk_host.protocol.deployments import FileCacheFile, InstanceFileCache, InstanceInventory
+
+    def inventory(cache: InstanceFileCache | None) -> InstanceInventory:
+        return InstanceInventory(
+            id="m", backend="llama.cpp", model="m", aliases=[], default=True, state="cold", pid=None,
+            endpoint="local", started_unix_ms=None, last_used_unix_ms=None, in_flight=0,
+            keep_alive_seconds=None, error=None, file_cache=cache,
+        )  # fmt: skip
+
+    files = [
+        FileCacheFile(file="a.gguf", bytes=10, released=True),
+        FileCacheFile(file="b.gguf", bytes=5, released=False, why="another Werk reader holds a lease"),
+    ]
+    text = render_table(Deployments(inventory=[inventory(InstanceFileCache(mode="on", release=True, leased_files=0,
+                                                                            last_release=files))], plans=[], slots=[]))  # fmt: skip
+    assert (
+        "m: file cache released for 1 of 2 file(s), 10 bytes (kept b.gguf: another Werk reader holds a lease)" in text
+    )
+    kept = InstanceFileCache(mode="auto", release=False, leased_files=0, last_release=files[1:])
+    text = render_table(Deployments(inventory=[inventory(kept)], plans=[], slots=[]))
+    assert "m: file cache kept at the last unload (model_cache_release auto)" in text
+    assert "file cache" not in render_table(Deployments(inventory=[inventory(None)], plans=[], slots=[]))

@@ -206,7 +206,7 @@ def _wait(what: Any, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_sigkill_leaves_no_lease_or_mapping_behind(tmp_path: Path, model: Path, llama_server_path: Path) -> None:
+def test_sigkill_leaves_no_lease_or_mapping_behind_and_sigterm_releases(tmp_path: Path, model: Path, llama_server_path: Path) -> None:
     home = _home(tmp_path, model)
     args = ("--model", "tiny", "--model-cache-release", "on", "--backend-option")
     args += (f"llamacpp.llama_server={llama_server_path}",)
@@ -232,6 +232,12 @@ def test_sigkill_leaves_no_lease_or_mapping_behind(tmp_path: Path, model: Path, 
         inventory = _unload(api)
         assert inventory["file_cache"]["last_release"][0]["released"] is True, inventory
         assert resident_bytes(model) <= 0.05 * size
+    with serve_process(home, *args, keys=(KEY,), env=env) as third:
+        _chat(Api(third.url, OPERATOR))
+        assert _cached(model) >= 0.9 * size
+    # the block ended with SIGTERM: the signal path closes the instance, then releases
+    assert resident_bytes(model) <= 0.05 * size
+    assert "file cache released for 1 file(s)" in third.log.read_text()
 
 
 def _zombie(pid: int) -> bool:
