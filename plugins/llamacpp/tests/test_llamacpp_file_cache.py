@@ -4,8 +4,12 @@ While an instance is loaded its GGUF holds Werk's shared lease; an operator's un
 stops the llama-server child, then, with ``model_cache_release = "on"``, drops the file's pages
 from the page cache (``mincore`` over the file falls to almost nothing), and with ``off`` keeps
 them. Another Werk reader's lease keeps them too, and the inventory and the instance log say
-why. A ``werk serve`` killed with SIGKILL (and a child killed so) leaves no lease or mapping
-behind: the next start's unload releases the file again.
+why; on a generated model and on SmolLM2. With CPU experts (``--cpu-moe``, a generated MoE
+GGUF) the expert page preparation's mappings are dropped before the release, which then drops
+the whole file. A ``werk serve`` killed with SIGKILL (and a child killed so) leaves no lease or
+mapping behind: the next start's unload releases the file again; SIGTERM's path releases too.
+The files a child reads beyond its manifest (split shards, a projector) are leased and released
+by the plugin (``werk_llamacpp.modelfiles``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,18 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated MoE GGUF (8 experts in each of 4 layers), written through to disk."""
+    path = generate_model(tmp_path_factory.mktemp("moe") / "moe.gguf", dim=256, layers=4, ffn=512, experts=8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
 def _home(tmp_path: Path, model: Path) -> Path:
     home = tmp_path / "home"
     home.mkdir()
@@ -60,8 +76,8 @@ def _home(tmp_path: Path, model: Path) -> Path:
 
 @pytest.fixture
 def served(tmp_path: Path, model: Path, llama_server_path: Path) -> Iterator[Any]:
-    def serve(release: str) -> Api:
-        home = _home(tmp_path, model)
+    def serve(release: str, gguf: Path = model) -> Api:
+        home = _home(tmp_path, gguf)
         profile = tmp_path / "deployments.toml"
         profile.write_text(_profile(release))
         plugins = PluginHost()
@@ -136,8 +152,13 @@ def _mapped_anywhere(model: Path) -> list[int]:
     return pids
 
 
-def test_release_on_drops_the_pages_after_the_child_is_gone(served: Any, model: Path) -> None:
-    api = served("on")
+@pytest.mark.parametrize("which", ["generated", "smollm2"])
+def test_release_on_drops_the_pages_after_the_child_is_gone(
+    served: Any, model: Path, which: str, request: pytest.FixtureRequest
+) -> None:
+    if which == "smollm2":
+        model = request.getfixturevalue("smollm2_gguf")
+    api = served("on", model)
     _chat(api)
     status, doc = api.get("/werk/v1/deployments")
     cache = doc["data"]["inventory"][0]["file_cache"]
@@ -153,6 +174,22 @@ def test_release_on_drops_the_pages_after_the_child_is_gone(served: Any, model: 
     ]
     assert "file cache released for 1 file(s)" in _log(api)
     assert not _leased_by_someone(model) and not _mapped_anywhere(model)
+
+
+def test_prepared_expert_pages_are_unmapped_before_the_release(
+    served: Any, moe: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WERK_LLAMA_ARGS", "--cpu-moe")
+    monkeypatch.setenv("WERK_LLAMA_PREFETCH", "auto")
+    api = served("on", moe)
+    _chat(api)
+    assert os.getpid() in _mapped_anywhere(moe)  # the preparation's mappings, kept for the child's life
+    size = moe.stat().st_size
+    assert _cached(moe) >= 0.9 * size
+    inventory = _unload(api)
+    assert inventory["file_cache"]["last_release"][0]["released"] is True, inventory
+    assert not _mapped_anywhere(moe) and not _leased_by_someone(moe)
+    assert resident_bytes(moe) <= 0.05 * size
 
 
 def test_release_off_keeps_the_pages(served: Any, model: Path) -> None:
@@ -206,7 +243,9 @@ def _wait(what: Any, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def test_sigkill_leaves_no_lease_or_mapping_behind_and_sigterm_releases(tmp_path: Path, model: Path, llama_server_path: Path) -> None:
+def test_sigkill_leaves_no_lease_or_mapping_behind_and_sigterm_releases(
+    tmp_path: Path, model: Path, llama_server_path: Path
+) -> None:
     home = _home(tmp_path, model)
     args = ("--model", "tiny", "--model-cache-release", "on", "--backend-option")
     args += (f"llamacpp.llama_server={llama_server_path}",)
