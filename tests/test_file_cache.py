@@ -158,10 +158,10 @@ def test_an_instance_leases_its_files_and_records_the_release(tmp_path: Path) ->
         assert deployments is not None
         instance = next(iter(deployments.instances.values()))
         instance.use()
-        ready = instance.view().file_cache
+        ready = instance.file_cache()
         assert ready is not None and ready.mode == "on" and ready.release and ready.leased_files == 1
         assert instance.stop("test")
-        after = instance.view().file_cache
+        after = instance.file_cache()
         assert after is not None and after.leased_files == 0 and after.last_release is not None
         assert [f.released for f in after.last_release] == [True]
         released = f"file cache released for 1 file(s), {after.last_release[0].bytes} bytes"

@@ -108,8 +108,6 @@ class InstanceView:
     load_s: float | None = None
     #: never unloaded to make room (the profile's ``pin``, or an operator's pin/unpin)
     pinned: bool = False
-    #: the model files' page-cache guard (``None`` for a remote instance)
-    file_cache: InstanceFileCache | None = None
 
     @property
     def status(self) -> str:
@@ -173,6 +171,7 @@ class Instance:
         # the model-lifetime guard (docs/operations.md, "Model file cache"): leases on the
         # manifest's files while an adapter lives, released after it closed
         self._cache_mode: ReleaseMode | None = None if spec.endpoint is not None else self._mode(spec, config)
+        self._cache_release = self._cache_mode is not None and release_enabled(self._cache_mode)
         self._files: ModelFiles | None = None
         self._last_release: ReleaseReport | None = None
 
@@ -207,17 +206,18 @@ class Instance:
                 self._since_ms,
                 self._load_s,
                 self._pinned,
-                self._file_cache_locked(),
             )
 
-    def _file_cache_locked(self) -> InstanceFileCache | None:
+    def file_cache(self) -> InstanceFileCache | None:
+        """The model files' page-cache guard for the inventory (``None`` for a remote instance)."""
         if self._cache_mode is None:
             return None
-        last = self._last_release
+        with self._lock:
+            files, last = self._files, self._last_release
         return InstanceFileCache(
             mode=self._cache_mode,
-            release=release_enabled(self._cache_mode),
-            leased_files=0 if self._files is None else self._files.leased,
+            release=self._cache_release,
+            leased_files=0 if files is None else files.leased,
             last_release=None if last is None else [FileCacheFile.model_validate(f.as_dict()) for f in last.files],
         )
 
@@ -522,7 +522,7 @@ class Instance:
         if files is None or self._cache_mode is None:
             return
         try:
-            report = files.release(advise=release_enabled(self._cache_mode))
+            report = files.release(advise=self._cache_release)
         except OSError:
             log.warning("instance %s: the model files' release failed", self.id, exc_info=True)
             return

@@ -56,7 +56,7 @@ def deployment_report(deployments: DeploymentSet, hooks: BackendHooks) -> Deploy
                 pinned=view.pinned,
                 group=group.name if (group := deployments.residency.rules.group_of(instance.id)) else None,
                 memory_estimate_bytes=deployments.residency.estimate(instance) or None,
-                file_cache=view.file_cache,
+                file_cache=instance.file_cache(),
             )
         )
         plans.append(InstancePlan(instance=instance.id, plan=plan))

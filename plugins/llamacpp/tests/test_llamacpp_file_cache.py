@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -43,15 +44,19 @@ def _profile(release: str) -> str:
     return f'[[instance]]\nid = "tiny"\nmodel = "tiny"\nkeep_alive = "10m"\nmodel_cache_release = "{release}"\n'
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ~20 MB generated GGUF, written through to disk so its cached pages are clean."""
-    path = generate_model(tmp_path_factory.mktemp("cache") / "tiny.gguf", dim=256, layers=4)
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~20 MB generated GGUF, written through to disk so its cached pages are clean."""
+    path = generate_model(tmp_path_factory.mktemp("cache") / "tiny.gguf", dim=256, layers=4)
+    _fsync(path)
     return path
 
 
@@ -59,11 +64,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated MoE GGUF (8 experts in each of 4 layers), written through to disk."""
     path = generate_model(tmp_path_factory.mktemp("moe") / "moe.gguf", dim=256, layers=4, ffn=512, experts=8)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(path)
     return path
 
 
@@ -154,10 +155,12 @@ def _mapped_anywhere(model: Path) -> list[int]:
 
 @pytest.mark.parametrize("which", ["generated", "smollm2"])
 def test_release_on_drops_the_pages_after_the_child_is_gone(
-    served: Any, model: Path, which: str, request: pytest.FixtureRequest
+    served: Any, model: Path, which: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if which == "smollm2":
-        model = request.getfixturevalue("smollm2_gguf")
+    if which == "smollm2":  # a copy: other tests' children may map the cached file meanwhile
+        model = tmp_path / "SmolLM2-135M-Instruct.gguf"
+        shutil.copyfile(request.getfixturevalue("smollm2_gguf"), model)
+        _fsync(model)
     api = served("on", model)
     _chat(api)
     status, doc = api.get("/werk/v1/deployments")
