@@ -7,6 +7,7 @@ The page-level half of the model-file lifecycle (docs/operations.md, "Model file
   itself, so the address is known without exporting a Python buffer. A shared read-only mapping
   shares the file's page cache with every other process that maps it; it copies nothing.
 * :meth:`FileMapping.resident` counts the bytes whose pages are in memory (``mincore``).
+* :meth:`FileMapping.advise_random` turns readahead off for the mapping's faults.
 * :meth:`FileMapping.populate` establishes readable page-table entries for a range with
   ``madvise(MADV_POPULATE_READ)`` (Linux 5.14); where the kernel refuses it (``EINVAL``) it says
   so and, when asked, falls back to reading one byte per page, which faults the same pages in.
@@ -31,6 +32,8 @@ __all__ = ["MADV_POPULATE_READ", "PAGE", "FileMapping", "populate_supported", "r
 PAGE = mmap.PAGESIZE
 #: ``madvise`` advice that prefaults readable page-table entries (Linux 5.14+, uapi value).
 MADV_POPULATE_READ = 22
+#: ``madvise`` advice: faults read only their own page, no readahead around it.
+MADV_RANDOM = 1
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -83,6 +86,12 @@ class FileMapping:
         full = sum(b & 1 for b in vec[: pages - 1]) * PAGE
         last = length - (pages - 1) * PAGE
         return full + (last if vec[pages - 1] & 1 else 0)
+
+    def advise_random(self) -> None:
+        """``MADV_RANDOM`` over the whole mapping: a fault reads its own page and no neighbours."""
+        address, length = self._at(0, self.length)
+        if _libc.madvise(ctypes.c_void_p(address), length, MADV_RANDOM) != 0:
+            raise _fail("madvise(MADV_RANDOM)")
 
     def populate(self, start: int, length: int, *, fallback: bool = True) -> bool:
         """Prefault ``[start, start + length)`` readable; ``True`` when ``MADV_POPULATE_READ`` did

@@ -47,7 +47,6 @@ docs/deployments.md, "CPU expert page preparation". The contract:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import re
@@ -116,10 +115,6 @@ _MAPPED_LOAD_MODES: Final = ("auto", "mmap")
 _EXPS: Final = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _LAYER: Final = re.compile(r"blk\.(\d+)\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _SPLIT: Final = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_MADV_RANDOM: Final = 1
 
 
 class PrefetchConfigError(ValueError):
@@ -380,12 +375,6 @@ class _Chunk:
     missing: int
 
 
-def _advise_random(mapping: FileMapping) -> None:
-    if mapping.address is not None and _libc.madvise(ctypes.c_void_p(mapping.address), mapping.length, _MADV_RANDOM):
-        code = ctypes.get_errno()
-        raise OSError(code, f"madvise(MADV_RANDOM): {os.strerror(code)}")
-
-
 def prepare(
     planned: Plan,
     *,
@@ -459,7 +448,7 @@ def _populate(
                 continue
             mapping = FileMapping(fd, run.start, run.length)
             prep.mappings.append(mapping)
-            _advise_random(mapping)
+            mapping.advise_random()
             for at in range(0, run.length, chunk_bytes):
                 length = min(chunk_bytes, run.length - at)
                 absent = length - mapping.resident(at, length)
