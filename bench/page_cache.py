@@ -45,18 +45,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from werk_llamacpp import plugin as llama_plugin  # noqa: E402
 from werk_llamacpp.binary import find_llama_server  # noqa: E402
 from werk_llamacpp.prefetch import prepare_for as prefetch_for  # noqa: E402
 from werk_llamacpp.process import LlamaServerProcess  # noqa: E402
+from werk_llamacpp.testing.hosts import profile_host  # noqa: E402
 from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
 
-from werk_host.plugin import HostConfig, ModelManifest  # noqa: E402
 from werk_host.plugin.filecache import ModelFiles  # noqa: E402
 from werk_host.plugin.pages import resident_bytes  # noqa: E402
 from werk_host.realmodel import smollm2_gguf  # noqa: E402
 from werk_host.testing.api import Api  # noqa: E402
-from werk_host.testing.host import ModelRegistry, PluginHost, build_host  # noqa: E402
 from werk_host.testing.hosts import running  # noqa: E402
 
 OPERATOR = "sk-werk-bench-page-cache-op"
@@ -79,20 +77,9 @@ def _drop(path: Path) -> None:
 
 @contextlib.contextmanager
 def _host(home: Path, model: Path, server: Path, release: str) -> Any:
-    home.mkdir(parents=True)
-    ModelRegistry(home).add(ModelManifest.from_paths("m", [model], backend="llama.cpp"))
-    profile = home / "deployments.toml"
-    profile.write_text(f'[[instance]]\nid = "m"\nmodel = "m"\nmodel_cache_release = "{release}"\n')
-    plugins = PluginHost()
-    plugins.register(llama_plugin, "llamacpp")
-    config = HostConfig(
-        home=home,
-        operator_api_keys=(OPERATOR,),
-        api_keys=(OPERATOR,),
-        profile=profile,
-        backend_options={"llamacpp": {"llama_server": str(server)}},
-    )
-    with running(build_host(config, plugins=plugins)) as url:
+    profile = f'[[instance]]\nid = "m"\nmodel = "m"\nmodel_cache_release = "{release}"\n'
+    host = profile_host(home, {"m": model}, profile, server, api_keys=(OPERATOR,), operator_api_keys=(OPERATOR,))
+    with running(host) as url:
         yield Api(url, OPERATOR)
 
 

@@ -17,12 +17,11 @@ from urllib.parse import urlsplit
 
 import psutil  # type: ignore[import-untyped]
 import pytest
-from werk_llamacpp import plugin as llama_plugin
+from werk_llamacpp.testing.hosts import profile_host
 from werk_llamacpp.testing.testmodel import generate_model
 
-from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
-from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host
+from werk_host.testing.host import Host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver
@@ -36,22 +35,11 @@ PROFILE = (
 
 
 def _serve(tmp_path: Path, llama_server_path: Path, residency: str) -> Iterator[tuple[Host, str]]:
-    home = tmp_path / "home"
-    home.mkdir()
     model = generate_model(tmp_path / "tiny.gguf")
-    ModelRegistry(home).add(ModelManifest.from_paths("tiny", [model], backend="llama.cpp"))
-    profile = tmp_path / "deployments.toml"
-    profile.write_text(PROFILE + residency)
-    plugins = PluginHost()
-    plugins.register(llama_plugin, "llamacpp")
-    config = HostConfig(
-        home=home,
-        api_keys=(KEY,),
-        operator_api_keys=(OPERATOR,),
-        profile=profile,
-        backend_options={"llamacpp": {"llama_server": str(llama_server_path)}},
-    )
-    host = build_host(config, plugins=plugins)
+    host = profile_host(
+        tmp_path / "home", {"tiny": model}, PROFILE + residency, llama_server_path,
+        api_keys=(KEY,), operator_api_keys=(OPERATOR,),
+    )  # fmt: skip
     with running(host) as url:
         yield host, url
 

@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werk_llamacpp import plugin as llama_plugin
 from werk_llamacpp.modelfiles import ExtraFiles, extra_files, release_wanted
+from werk_llamacpp.testing.hosts import profile_host
 from werk_llamacpp.testing.testmodel import generate_model
 
-from werk_host.plugin import HostConfig, ModelManifest
+from werk_host.plugin import ModelManifest
 from werk_host.plugin.filecache import ModelFiles
 from werk_host.plugin.pages import resident_bytes
 from werk_host.testing.api import Api
-from werk_host.testing.host import ModelRegistry, PluginHost, build_host
+from werk_host.testing.host import ModelRegistry
 from werk_host.testing.hosts import running, serve_process
 
 pytestmark = pytest.mark.llamaserver
@@ -78,19 +78,11 @@ def _home(tmp_path: Path, model: Path) -> Path:
 @pytest.fixture
 def served(tmp_path: Path, model: Path, llama_server_path: Path) -> Iterator[Any]:
     def serve(release: str, gguf: Path = model) -> Api:
-        home = _home(tmp_path, gguf)
-        profile = tmp_path / "deployments.toml"
-        profile.write_text(_profile(release))
-        plugins = PluginHost()
-        plugins.register(llama_plugin, "llamacpp")
-        config = HostConfig(
-            home=home,
-            api_keys=(KEY,),
-            operator_api_keys=(OPERATOR,),
-            profile=profile,
-            backend_options={"llamacpp": {"llama_server": str(llama_server_path)}},
-        )
-        url = stack.enter_context(running(build_host(config, plugins=plugins)))
+        host = profile_host(
+            tmp_path / "home", {"tiny": gguf}, _profile(release), llama_server_path,
+            api_keys=(KEY,), operator_api_keys=(OPERATOR,),
+        )  # fmt: skip
+        url = stack.enter_context(running(host))
         return Api(url, OPERATOR)
 
     with contextlib.ExitStack() as stack:

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werk_llamacpp import plugin as llama_plugin
+from werk_llamacpp.testing.hosts import profile_host
 from werk_llamacpp.testing.testmodel import generate_model
 
-from werk_host.plugin import HostConfig, ModelManifest
 from werk_host.testing.api import Api
-from werk_host.testing.host import Host, ModelRegistry, PluginHost, build_host
+from werk_host.testing.host import Host
 from werk_host.testing.hosts import running
 
 pytestmark = pytest.mark.llamaserver
@@ -25,22 +24,11 @@ PROFILE = '[[instance]]\nid = "tiny"\nmodel = "tiny"\npreload = true\nkeep_alive
 
 @pytest.fixture
 def served(tmp_path: Path, llama_server_path: Path) -> Iterator[tuple[Host, str]]:
-    home = tmp_path / "home"
-    home.mkdir()
     model = generate_model(tmp_path / "tiny.gguf")
-    ModelRegistry(home).add(ModelManifest.from_paths("tiny", [model], backend="llama.cpp"))
-    profile = tmp_path / "deployments.toml"
-    profile.write_text(PROFILE)
-    plugins = PluginHost()
-    plugins.register(llama_plugin, "llamacpp")
-    config = HostConfig(
-        home=home,
-        api_keys=(KEY_A, KEY_B),
-        operator_api_keys=(OPERATOR,),
-        profile=profile,
-        backend_options={"llamacpp": {"llama_server": str(llama_server_path)}},
-    )
-    host = build_host(config, plugins=plugins)
+    host = profile_host(
+        tmp_path / "home", {"tiny": model}, PROFILE, llama_server_path,
+        api_keys=(KEY_A, KEY_B), operator_api_keys=(OPERATOR,),
+    )  # fmt: skip
     with running(host) as url:
         yield host, url
 
