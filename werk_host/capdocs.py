@@ -75,6 +75,8 @@ CAPABILITY_HOOKS: Final[Mapping[CapabilityId, Backing]] = {
     CapabilityId.SPEECH_SYNTHESIS: Backing(_names(_h.werk_speech_synthesis, _h.werk_speech_limits)),
     CapabilityId.SPEECH_INSTRUCTIONS: Backing(_names(_h.werk_speech_synthesis, _h.werk_speech_limits)),
     CapabilityId.SPEECH_STREAMING: Backing(_names(_h.werk_speech_synthesis, _h.werk_speech_limits)),
+    CapabilityId.EMBEDDINGS: Backing(_names(_h.werk_embed, _h.werk_embedding_limits), _names(_h.werk_tokenize)),
+    CapabilityId.RERANK: Backing(_names(_h.werk_rerank, _h.werk_embedding_limits), _names(_h.werk_tokenize)),
 }
 
 

@@ -24,6 +24,7 @@ from werk_host.pluginhost import PluginHost
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
 from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
+from werk_host.protocol.embeddings import EmbeddingLimits, EmbeddingResult, RerankResult
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
 from werk_host.protocol.media import ImageLimits, ImageResult
 from werk_host.protocol.speech import SpeechLimits, SpeechResult
@@ -33,6 +34,7 @@ from werk_host.seam import (
     CapabilityReport,
     DecodeOutput,
     DecodeWork,
+    EmbeddingWork,
     ImageWork,
     InferenceResponse,
     JsonObject,
@@ -42,6 +44,7 @@ from werk_host.seam import (
     PrefilledState,
     PrefillWork,
     PromptCache,
+    RerankWork,
     SessionSlot,
     Snapshot,
     SpeechWork,
@@ -211,6 +214,25 @@ class BackendHooks:
 
     def synthesize_speech(self, adapter: Adapter, work: SpeechWork) -> SpeechResult | None:
         return self._one(adapter, hookspecs.werk_speech_synthesis, SpeechResult, work=work)
+
+    # -- embeddings (docs/embeddings.md) ----------------------------------------------------
+    def embedding_limits(self, adapter: Adapter) -> EmbeddingLimits | None:
+        return self._one(adapter, hookspecs.werk_embedding_limits, EmbeddingLimits)
+
+    def embed(self, adapter: Adapter, work: EmbeddingWork) -> EmbeddingResult | None:
+        return self._one(adapter, hookspecs.werk_embed, EmbeddingResult, work=work)
+
+    def rerank(self, adapter: Adapter, work: RerankWork) -> RerankResult | None:
+        return self._one(adapter, hookspecs.werk_rerank, RerankResult, work=work)
+
+    def tokenize(self, adapter: Adapter, text: str) -> list[int] | None:
+        name = hookspecs.werk_tokenize.__name__
+        result = self._plugins.dispatch(name, adapter, text=text)
+        if result is None:
+            return None
+        if isinstance(result, list) and all(type(t) is int for t in result):
+            return result
+        raise _defect(self._plugins, adapter, name, "a list of token ids")
 
     # -- observation and memory ----------------------------------------------------------------
     def workers(self, adapter: Adapter) -> list[WorkerObservation] | None:

@@ -40,6 +40,7 @@ from werk_host.config import HostConfig
 from werk_host.protocol.chat import ChatLimits, ChatRequest, ReasoningProfile
 from werk_host.protocol.deployments import DeploymentPlan
 from werk_host.protocol.discovery import CapabilityId
+from werk_host.protocol.embeddings import EmbeddingLimits, EmbeddingResult, RerankResult
 from werk_host.protocol.experts import ExpertActionRequest, ExpertActionResult, ExpertListQuery, ExpertPage
 from werk_host.protocol.media import ImageLimits, ImageResult
 from werk_host.protocol.speech import SpeechLimits, SpeechResult
@@ -51,6 +52,7 @@ from werk_host.seam import (
     DecodeOutput,
     DecodeWork,
     DoctorCheck,
+    EmbeddingWork,
     ImageWork,
     InferenceResponse,
     JsonObject,
@@ -60,6 +62,7 @@ from werk_host.seam import (
     PrefilledState,
     PrefillWork,
     PromptCache,
+    RerankWork,
     SessionSlot,
     Snapshot,
     SpeechWork,
@@ -67,12 +70,14 @@ from werk_host.seam import (
 )
 
 #: The version of this hook API. It changes with the host's minor version while the host is
-#: 0.x: a plugin declares ``werk-host>=0.5,<0.6`` in its requirements and the host refuses to
+#: 0.x: a plugin declares ``werk-host>=0.6,<0.7`` in its requirements and the host refuses to
 #: load a plugin whose declared range excludes the running host (docs/plugin-hooks.md). 0.3:
 #: operation hooks are adapter methods; ``AdapterFactory.plugin_name`` is derived. 0.4: the
 #: media hooks ``werk_image_limits`` and ``werk_image_generation`` (docs/media.md). 0.5: the
 #: speech hooks ``werk_speech_limits`` and ``werk_speech_synthesis`` (docs/media.md, "Speech").
-HOOK_API_VERSION: Final = "0.5"
+#: 0.6: the embedding hooks ``werk_embedding_limits``, ``werk_embed``, ``werk_rerank`` and
+#: ``werk_tokenize`` (docs/embeddings.md).
+HOOK_API_VERSION: Final = "0.6"
 
 hookspec = pluggy.HookspecMarker("werk")
 
@@ -408,3 +413,43 @@ def werk_speech_synthesis(adapter: Adapter, work: SpeechWork) -> SpeechResult | 
     when the engine is down or died during the work, ``conflict`` when cancelled.
 
     Adapter method: ``@hookimpl(specname="werk_speech_synthesis") def synthesize(self, work)``."""
+
+
+@hookspec(firstresult=True)
+def werk_embedding_limits(adapter: Adapter) -> EmbeddingLimits | None:
+    """What this embedding (or reranking) instance offers: its vectors' width, pooling, whether
+    they are L2-normalized, the longest input in tokens, the most inputs per call and its
+    concurrent requests, ``rerank`` for a reranking instance (docs/embeddings.md). ``None``: this
+    adapter computes no embeddings (a chat instance), and the embedding routes refuse it with
+    400. From evidence (the running engine's own answers), cached after the first call.
+
+    Adapter method: ``@hookimpl(specname="werk_embedding_limits") def embedding_limits(self)``."""
+
+
+@hookspec(firstresult=True)
+def werk_embed(adapter: Adapter, work: EmbeddingWork) -> EmbeddingResult | None:
+    """One vector per input of ``work.inputs`` (strings or token ids), in order, with the prompt
+    tokens the engine counted. The host has bounded the batch by ``max_batch_inputs`` and every
+    input by ``max_input_tokens`` before the call. Blocks until done.
+
+    Errors: ``invalid_request`` for an input the model cannot embed, ``unavailable`` (retryable)
+    when the engine is down or died during the work.
+
+    Adapter method: ``@hookimpl(specname="werk_embed") def embed(self, work)``."""
+
+
+@hookspec(firstresult=True)
+def werk_rerank(adapter: Adapter, work: RerankWork) -> RerankResult | None:
+    """One relevance score per document of ``work.documents`` for ``work.query``, in the
+    documents' order (the host sorts and cuts ``top_n``), with the prompt tokens counted.
+
+    Adapter method: ``@hookimpl(specname="werk_rerank") def rerank(self, work)``."""
+
+
+@hookspec(firstresult=True)
+def werk_tokenize(adapter: Adapter, text: str) -> list[int] | None:
+    """The token ids the engine feeds for ``text`` as one embedding input (special tokens
+    included). The host asks only for an input that may exceed ``max_input_tokens``, to refuse
+    it with the limit named or, when the client asked, to truncate it (docs/embeddings.md).
+
+    Adapter method: ``@hookimpl(specname="werk_tokenize") def tokenize(self, text)``."""

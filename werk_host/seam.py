@@ -19,6 +19,7 @@ from werk_host.config import HostConfig
 from werk_host.models import ModelManifest
 from werk_host.protocol.base import CapabilityStatus, Tier
 from werk_host.protocol.discovery import CapabilityId
+from werk_host.protocol.embeddings import EmbedInput
 from werk_host.protocol.media import ImageRequest
 from werk_host.protocol.pd import MessagesInput, TextInput
 from werk_host.protocol.speech import SpeechRequest
@@ -280,6 +281,27 @@ class SpeechWork:
 
     request: SpeechRequest
     progress: Callable[[int, int], None]
+    cancelled: Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class EmbeddingWork:
+    """One batch for an embedding backend (docs/embeddings.md): ``inputs`` (strings or token-id
+    lists), at most the adapter's ``max_batch_inputs``, each within its ``max_input_tokens``
+    (the host checked and, where asked, truncated them), and ``cancelled()``, true once the
+    client has gone."""
+
+    inputs: list[EmbedInput]
+    cancelled: Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class RerankWork:
+    """One rerank for a reranking backend (docs/embeddings.md): ``query`` and ``documents``,
+    each pair within the adapter's ``max_input_tokens``, and ``cancelled()``."""
+
+    query: str
+    documents: list[str]
     cancelled: Callable[[], bool]
 
 

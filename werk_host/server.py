@@ -30,6 +30,7 @@ from werk_host.memory import HostMemorySource, MemoryManager, NvmlAcceleratorSou
 from werk_host.paths import ensure_private_dir
 from werk_host.pluginhost import PluginHost
 from werk_host.protocol.media import MAX_MEDIA_REQUEST_BYTES
+from werk_host.service.embeddings import EmbeddingService
 from werk_host.service.fleet import Fleet
 from werk_host.service.gate import InferenceGate, gate_limits
 from werk_host.service.inference import InferenceService
@@ -78,6 +79,7 @@ def _build_app(
     fleet: Fleet,
     media: MediaService,
     jobs: JobService,
+    embedder: EmbeddingService,
     *,
     after: int,
     deployed: threading.Event,
@@ -91,7 +93,15 @@ def _build_app(
 
     browser = BrowserPolicy(config.host, config.allowed_hosts, config.allowed_origins)
     return create_app(
-        service, auth, openapi=_openapi, inference=inference, fleet=fleet, browser=browser, media=media, jobs=jobs
+        service,
+        auth,
+        openapi=_openapi,
+        inference=inference,
+        fleet=fleet,
+        browser=browser,
+        media=media,
+        jobs=jobs,
+        embedder=embedder,
     )
 
 
@@ -134,13 +144,14 @@ def build_host(
     service = LocalControlService(fleet=fleet, auth=auth, store=store, memory=memory, cursor_secret=secret, gate=gate)
     inference = InferenceService(fleet, service.chat_stats, gate, service.prompt_caches)
     media = MediaService(fleet, gate)  # docs/media.md
+    embedder = EmbeddingService(fleet, service.chat_stats, gate)  # docs/embeddings.md
     jobs = JobService(JobStore(jobs_root(config.home)), media)  # nonterminal records: failed
     deployed = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="werk-app") as builder:
         # a child prestarted from the remembered launch is already loading its model
         after = SPAWNS.count - launch.loading()
         app = builder.submit(
-            _build_app, config, service, auth, inference, fleet, media, jobs, after=after, deployed=deployed
+            _build_app, config, service, auth, inference, fleet, media, jobs, embedder, after=after, deployed=deployed
         )
         try:
             try:

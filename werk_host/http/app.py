@@ -11,7 +11,7 @@ import falcon
 
 from werk_host.control import WerkControl
 from werk_host.errors import ErrorCode, WerkError
-from werk_host.http import anthropic, comfy, ollama, openai, responses, sdapi, speech, ui
+from werk_host.http import anthropic, comfy, embeddings, ollama, openai, responses, sdapi, speech, ui
 from werk_host.http import media as media_routes
 from werk_host.http.browser import BrowserPolicy
 from werk_host.http.errors import error_body, from_falcon, retry_after, status_for
@@ -28,6 +28,8 @@ from werk_host.http.middleware import (
 from werk_host.http.resources import ROUTES, OpenApiDocument, OpenApiResource, RawOpenApiResource
 from werk_host.logs import TracebackThrottle
 from werk_host.protocol.envelope import error_json
+from werk_host.service.counters import ChatStats
+from werk_host.service.embeddings import EmbeddingService
 from werk_host.service.fleet import Fleet
 from werk_host.service.jobs import JobService
 from werk_host.service.media import MediaService
@@ -113,6 +115,7 @@ def create_app(
     browser: BrowserPolicy | None = None,
     media: MediaService | None = None,
     jobs: JobService | None = None,
+    embedder: EmbeddingService | None = None,
 ) -> falcon.App[Any, Any]:
     """Build the WSGI app serving ``/werk/v1`` (and ``/v1`` when ``inference`` is given) and
     the document ``openapi()`` makes (:func:`werk_host.openapi.build_openapi`; the document module
@@ -121,7 +124,7 @@ def create_app(
     ``/werk/v1`` requests select their deployment instance (``X-Werk-Deployment``). ``browser``
     is the browser-safety policy (default: a host bound to loopback with nothing more allowed;
     docs/operations.md, "Browser safety"). With ``media`` and ``jobs``, the image and job routes
-    (docs/media.md)."""
+    (docs/media.md). With ``embedder``, the embedding and rerank routes (docs/embeddings.md)."""
     metrics = HostMetrics.for_control(control)
     middleware: list[Any] = [
         metrics.middleware,  # first, so that it sees every response (401s included)
@@ -141,7 +144,9 @@ def create_app(
         anthropic.add_routes(app, control, inference)  # docs/compat.md
         responses.add_routes(app, control, inference)  # docs/compat.md, "OpenAI Responses"
         if fleet is not None:
-            ollama.add_routes(app, control, inference, fleet)
+            embedder = embedder or EmbeddingService(fleet, ChatStats())
+            ollama.add_routes(app, control, inference, fleet, embedder)
+            embeddings.add_routes(app, embedder)  # docs/embeddings.md
     if media is not None and jobs is not None:
         media_routes.add_routes(app, media, jobs)  # docs/media.md
         sdapi.add_routes(app, media, jobs)

@@ -1,4 +1,5 @@
-"""Ollama routes under ``/api``: tags, ps, version, show, chat, generate and embed.
+"""Ollama routes under ``/api``: tags, ps, version, show, chat, generate and embed
+(the embed routes are werk_host/http/embeddings.py's).
 
 Thin resources over :mod:`werk_host.compat.ollama` and :mod:`werk_host.compat.ollama_models`
 (docs/compat.md). Generation is served by the same inference service as ``/v1`` (admission,
@@ -40,12 +41,14 @@ from werk_host.control import WerkControl
 from werk_host.deployments.instances import Instance
 from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
+from werk_host.http.embeddings import OllamaEmbed
 from werk_host.http.io import parse_body, principal, scope
 from werk_host.http.middleware import OLLAMA_PREFIX
 from werk_host.protocol import ChatRequest
 from werk_host.protocol.base import DEFAULT_OUTPUT_TOKENS
 from werk_host.protocol.deployments import InstanceStateName
 from werk_host.seam import InferenceResponse, JsonObject
+from werk_host.service.embeddings import EmbeddingService
 from werk_host.service.fleet import Fleet
 from werk_host.service.principals import Principal
 
@@ -343,23 +346,6 @@ class Generate(_Generation):
         )
 
 
-class Embed(_Resource):
-    """``/api/embed`` and the older ``/api/embeddings``: no backend served here computes
-    embeddings (the instances run for chat and completion), so a valid request for a served
-    model is 400 saying so, as Ollama answers a request for a capability the model lacks."""
-
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        from werk_host.compat import ollama as translate
-
-        request = parse_body(req, translate.OllamaEmbedRequest)
-        self.replicas(request.model)
-        raise WerkError(
-            ErrorCode.INVALID_REQUEST,
-            f"{json.dumps(request.model)} does not support embeddings: "
-            "the instances served here generate text only (chat and completion)",
-        )
-
-
 #: (path under ``/api``, resource class) of every Ollama route.
 ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
     ("/tags", Tags),
@@ -368,11 +354,14 @@ ROUTES: tuple[tuple[str, type[_Resource]], ...] = (
     ("/show", Show),
     ("/chat", Chat),
     ("/generate", Generate),
-    ("/embed", Embed),
-    ("/embeddings", Embed),
 )
 
 
-def add_routes(app: falcon.App[Any, Any], control: WerkControl, inference: Inference, fleet: Fleet) -> None:
+def add_routes(
+    app: falcon.App[Any, Any], control: WerkControl, inference: Inference, fleet: Fleet, embeddings: EmbeddingService
+) -> None:
     for path, resource in ROUTES:
         app.add_route(OLLAMA_PREFIX + path, resource(control, inference, fleet))
+    # embed and the older embeddings: the embedding service's path (werk_host/http/embeddings.py)
+    app.add_route(OLLAMA_PREFIX + "/embed", OllamaEmbed(embeddings, legacy=False))
+    app.add_route(OLLAMA_PREFIX + "/embeddings", OllamaEmbed(embeddings, legacy=True))

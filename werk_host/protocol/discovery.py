@@ -73,6 +73,9 @@ class CapabilityId(StrEnum):
     SPEECH_SYNTHESIS = "media.speech.synthesis"
     SPEECH_INSTRUCTIONS = "media.speech.instructions"
     SPEECH_STREAMING = "media.speech.streaming"
+    #: embeddings and reranking (docs/embeddings.md): additive to the seed's ids
+    EMBEDDINGS = "api.embeddings"
+    RERANK = "api.rerank"
 
     @classmethod
     def tier(cls, tier: str) -> CapabilityId:
@@ -116,4 +119,6 @@ CAPABILITY_OPERATIONS: Final[dict[CapabilityId, tuple[str, ...]]] = {
     CapabilityId.SPEECH_SYNTHESIS: ("synthesize", "voices", "languages", "formats"),
     CapabilityId.SPEECH_INSTRUCTIONS: ("synthesize",),
     CapabilityId.SPEECH_STREAMING: ("stream",),
+    CapabilityId.EMBEDDINGS: ("embed", "dimensions", "pooling", "normalized", "max_input_tokens", "batch"),
+    CapabilityId.RERANK: ("rerank",),
 }

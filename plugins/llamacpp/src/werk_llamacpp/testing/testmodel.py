@@ -166,6 +166,10 @@ def build_vocab(*, thinking: bool = False) -> tuple[list[str], list[float], list
     return tokens, scores, types
 
 
+#: ``--embedding`` and ``--reranker``: the GGUF pooling type each writes.
+POOLING: dict[str, gguf.PoolingType] = {"mean": gguf.PoolingType.MEAN, "rank": gguf.PoolingType.RANK}
+
+
 def generate_model(
     path: str | Path,
     *,
@@ -179,6 +183,7 @@ def generate_model(
     thinking: bool = False,
     experts: int = 0,
     experts_used: int = 2,
+    pooling: str | None = None,
 ) -> Path:
     """Write a tiny random-weight llama GGUF to ``path`` and return the path.
 
@@ -236,6 +241,8 @@ def generate_model(
         writer.add_layer_norm_rms_eps(1e-5)
         writer.add_vocab_size(n_vocab)
         writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        if pooling is not None:
+            writer.add_pooling_type(POOLING[pooling])
 
         writer.add_tokenizer_model("llama")
         writer.add_token_list(tokens)
