@@ -61,6 +61,10 @@ def reference_vector(item: EmbedInput, dimensions: int) -> list[float]:
     return [x / norm for x in total]
 
 
+def _dot(a: list[float], b: list[float]) -> float:
+    return math.fsum(x * y for x, y in zip(a, b, strict=True))
+
+
 def _param(manifest: ModelManifest, name: str, default: int) -> int:
     value = manifest.params.get(name, default)
     return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -99,9 +103,12 @@ class ReferenceEmbeddingAdapter:
     @hookimpl(specname="werk_capabilities")
     def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
         here = "the reference embedder is in this process"
-        no = CapabilityReport(CapabilityStatus.UNSUPPORTED, "this instance " + ("reranks" if self.rerank_mode else "embeds"))
+        kind = "reranks" if self.rerank_mode else "embeds"
+        no = CapabilityReport(CapabilityStatus.UNSUPPORTED, f"this instance {kind}")
         yes = CapabilityReport(CapabilityStatus.SUPPORTED, here)
-        return {CapabilityId.EMBEDDINGS: no if self.rerank_mode else yes, CapabilityId.RERANK: yes if self.rerank_mode else no}
+        if self.rerank_mode:
+            return {CapabilityId.EMBEDDINGS: no, CapabilityId.RERANK: yes}
+        return {CapabilityId.EMBEDDINGS: yes, CapabilityId.RERANK: no}
 
     @hookimpl(specname="werk_embedding_limits")
     def embedding_limits(self) -> EmbeddingLimits:
@@ -129,7 +136,7 @@ class ReferenceEmbeddingAdapter:
         self._call(len(work.documents))
         width = self.limits.dimensions
         query = reference_vector(work.query, width)
-        scores = [math.fsum(a * b for a, b in zip(query, reference_vector(d, width), strict=True)) for d in work.documents]
+        scores = [_dot(query, reference_vector(d, width)) for d in work.documents]
         tokens = sum(len(reference_tokens(work.query)) + len(reference_tokens(d)) for d in work.documents)
         return RerankResult(scores=scores, prompt_tokens=tokens)
 
