@@ -62,6 +62,7 @@ from werk_host.protocol import (
     Tier,
     WorkerObservation,
 )
+from werk_host.protocol.embeddings import EmbeddingLimits, EmbeddingResult, EmbedInput, RerankResult
 from werk_host.seam import (
     Adapter,
     AdapterFactory,
@@ -70,6 +71,7 @@ from werk_host.seam import (
     DecodeOutput,
     DecodeWork,
     DoctorCheck,
+    EmbeddingWork,
     ImageWork,
     InferenceResponse,
     JsonObject,
@@ -82,6 +84,7 @@ from werk_host.seam import (
     PrefillWork,
     PromptCache,
     PromptCacheLease,
+    RerankWork,
     SavedPrompt,
     Snapshot,
     SpeechWork,
@@ -106,6 +109,10 @@ __all__ = [
     "DecodeWork",
     "DeploymentPlan",
     "DoctorCheck",
+    "EmbedInput",
+    "EmbeddingLimits",
+    "EmbeddingResult",
+    "EmbeddingWork",
     "EndpointKind",
     "ErrorCode",
     "ExpertActionKind",
@@ -138,6 +145,8 @@ __all__ = [
     "PrefilledState",
     "PrivateDirError",
     "ReasoningProfile",
+    "RerankResult",
+    "RerankWork",
     "ReasoningTierId",
     "ReusePolicy",
     "ServerLimits",
