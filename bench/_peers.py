@@ -49,11 +49,17 @@ from pathlib import Path
 from typing import Any
 
 #: bench name -> (PyPI distribution, pinned version)
-PEERS: dict[str, tuple[str, str]] = {"hearth": ("hearth-llm", "0.1.1"), "stillwarm": ("stillwarm", "0.1.1")}
+PEERS: dict[str, tuple[str, str]] = {
+    "hearth": ("hearth-llm", "0.1.1"),
+    "stillwarm": ("stillwarm", "0.1.1"),
+    # the embedding clients of werk-llamacpp's tests (docs/embeddings.md, "Clients")
+    "litellm": ("litellm", "1.80.0"),
+    "llm": ("llm", "0.36"),
+}
 
 
 def say(message: str) -> None:
-    print(f"[warm_restart] {message}", file=sys.stderr, flush=True)
+    print(f"[peers] {message}", file=sys.stderr, flush=True)
 
 
 def bench_cache() -> Path:

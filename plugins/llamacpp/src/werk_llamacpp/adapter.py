@@ -60,6 +60,7 @@ from werk_host.plugin.http import post_json
 from . import reasoning, tools
 from .binary import LlamaServerNotFound
 from .core import BACKEND_ID, PLUGIN_NAME, unavailable
+from .embeddings import LlamaEmbeddingAdapter, instance_pooling
 from .native import NativeError
 from .process import LlamaServerProcess, last_flag_value
 from .promptcache import LlamaPromptCache
@@ -257,12 +258,19 @@ LLAMA_SERVER_MISSING = (
 )
 
 
-def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> LlamaCppAdapter:
+def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> LlamaCppAdapter | LlamaEmbeddingAdapter:
+    """A chat instance's adapter, or an embedding instance's (:mod:`.embeddings`: its
+    ``pooling`` option or the GGUF header's pooling type)."""
     if manifest is None:
         raise WerkError(ErrorCode.INVALID_REQUEST, "the llama.cpp backend needs a model")
     options = dict(config.backend_options.get(PLUGIN_NAME, {}))
+    pooling = instance_pooling(manifest, options)
+    adapter: LlamaCppAdapter | LlamaEmbeddingAdapter
     try:
-        adapter = LlamaCppAdapter(config, manifest, options)
+        if pooling is not None:
+            adapter = LlamaEmbeddingAdapter(config, manifest, options, pooling)
+        else:
+            adapter = LlamaCppAdapter(config, manifest, options)
     except LlamaServerNotFound as err:
         raise WerkError(ErrorCode.UNAVAILABLE, LLAMA_SERVER_MISSING, retryable=False) from err
     adapter.process()  # residency: the child starts with werk serve

@@ -39,6 +39,8 @@ REPORTED_CAPABILITIES = (
     CapabilityId.TIER_VRAM,
     CapabilityId.EXPERTS,
     *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
+    CapabilityId.EMBEDDINGS,
+    CapabilityId.RERANK,
 )
 
 
@@ -88,4 +90,8 @@ def capability_reports(running: bool, probe: ProbeResult | None) -> dict[Capabil
     )
     for cap_id, detail in CHAT_CAPABILITIES:
         reports[cap_id] = CapabilityReport(CapabilityStatus.SUPPORTED, detail)
+    for cap_id in (CapabilityId.EMBEDDINGS, CapabilityId.RERANK):
+        reports[cap_id] = CapabilityReport(
+            CapabilityStatus.UNSUPPORTED, "a chat instance: an instance with a pooling embeds (docs/embeddings.md)"
+        )
     return reports

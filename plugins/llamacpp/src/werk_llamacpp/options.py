@@ -11,7 +11,9 @@ instead of being ignored or failing at first use with a 503:
 * ``warmup_tokens``: an integer of at least 0 (docs/chat.md, "Warmup");
 * ``slot_wait_s``: a positive number of seconds, at most a year (the host's duration bound,
   werk_host/deployments/durations.py);
-* ``llama_server``: the path of a llama-server executable (a non-empty string).
+* ``llama_server``: the path of a llama-server executable (a non-empty string);
+* ``pooling``: ``none`` (a chat instance), ``mean``, ``cls``, ``last`` or ``rank`` (an
+  embedding or reranking instance, werk_llamacpp/embeddings.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from pydantic import JsonValue
 
 from werk_host.plugin import MAX_DURATION_S
 
+#: ``pooling`` values (werk_llamacpp/embeddings.py imports the same tuple).
+POOLINGS: Final = ("none", "mean", "cls", "last", "rank")
+
 #: option name → (the least value, whether fractions are allowed); ``llama_server`` is a path.
 _NUMBERS: Final = {
     "parallel": (1, False),
@@ -32,7 +37,7 @@ _NUMBERS: Final = {
     "warmup_tokens": (0, False),
     "slot_wait_s": (0, True),
 }
-OPTIONS: Final = ("llama_server", *sorted(_NUMBERS))
+OPTIONS: Final = ("llama_server", "pooling", *sorted(_NUMBERS))
 
 
 def validate_options(options: Mapping[str, JsonValue]) -> None:
@@ -42,6 +47,10 @@ def validate_options(options: Mapping[str, JsonValue]) -> None:
         if name == "llama_server":
             if not isinstance(value, str) or not value.strip():
                 raise ValueError("llama_server must be the path of a llama-server executable")
+            continue
+        if name == "pooling":
+            if value not in POOLINGS:
+                raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {value!r}")
             continue
         if name not in _NUMBERS:
             raise ValueError(f"unknown option {name} (llama.cpp takes {', '.join(OPTIONS)})")

@@ -30,11 +30,16 @@ llama-server loads it as a llama MoE model and routes each token to K experts; `
 and ``--n-cpu-moe`` select its ``*_exps`` tensors. ``experts=0`` (the default) writes the dense
 model, byte-identical to what it always was.
 
+Embeddings: ``--embedding`` writes ``llama.pooling_type`` = mean, ``--reranker`` rank; llama-server
+serves such a file with ``--embeddings`` (``/v1/embeddings``) or ``--reranking`` (``/v1/rerank``:
+the score is the rank pooling of the last hidden state, there being no classifier head), and Werk
+starts it as an embedding or reranking instance from that metadata (werk_llamacpp/embeddings.py).
+
 CLI::
 
     python -m werk_llamacpp.testing.testmodel OUT.gguf [--dim 64] [--layers 2] [--heads 4]
         [--kv-heads N] [--ffn N] [--ctx 4096] [--seed 0] [--thinking]
-        [--experts N [--experts-used K]]
+        [--experts N [--experts-used K]] [--embedding | --reranker]
 """
 
 from __future__ import annotations
@@ -191,7 +196,9 @@ def generate_model(
     (default: ``heads``). ``ffn`` defaults to ``4 * dim``. ``thinking`` embeds
     :data:`THINKING_TEMPLATE` and adds the thinking tags to the vocabulary (module
     docstring). ``experts`` (0, or at least 2) makes every layer's feed-forward a mixture of
-    that many experts, ``experts_used`` of them per token (module docstring). The same
+    that many experts, ``experts_used`` of them per token (module docstring). ``pooling``
+    (``mean`` or ``rank``, :data:`POOLING`) writes ``<arch>.pooling_type``: llama.cpp then serves
+    the file as an embedding model or a reranker (werk_llamacpp/embeddings.py). The same
     arguments always produce a byte-identical file.
     """
     kv = heads if kv_heads is None else kv_heads
@@ -300,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--thinking", action="store_true", help="Qwen3-style template with a thinking switch")
     parser.add_argument("--experts", type=int, default=0, help="experts per layer (MoE; default 0: dense)")
     parser.add_argument("--experts-used", type=int, default=2, help="experts routed per token (default 2)")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--embedding", action="store_true", help="an embedding model: mean pooling in its metadata")
+    kind.add_argument("--reranker", action="store_true", help="a reranker: rank pooling in its metadata")
     ns = parser.parse_args(argv)
     try:
         out = generate_model(
@@ -314,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             thinking=ns.thinking,
             experts=ns.experts,
             experts_used=ns.experts_used,
+            pooling="mean" if ns.embedding else "rank" if ns.reranker else None,
         )
     except ValueError as exc:
         parser.error(str(exc))
