@@ -156,10 +156,7 @@ def test_tools_and_a_tool_turn_are_served(client: falcon.testing.TestClient) -> 
 def test_embed_is_ollamas_error_naming_why(client: falcon.testing.TestClient, path: str) -> None:
     body = {"model": "tiny", "input": ["a", "b"]} if path == "/api/embed" else {"model": "tiny", "prompt": "a"}
     message = _error(_post(client, path, body), 400)
-    assert (
-        message
-        == '"tiny" does not support embeddings: the instances served here generate text only (chat and completion)'
-    )
+    assert message == '"tiny" does not support embeddings: it is a chat model'
     assert _error(_post(client, path, {**body, "model": "nope"}), 404)
     assert _error(_post(client, path, {"model": "tiny", "input": 1}), 400)
     assert _error(client.simulate_post(path, json=body), 401)

@@ -5,7 +5,8 @@ it came by (OpenAI ``/v1/embeddings``, Ollama ``/api/embed`` and ``/api/embeddin
 ``/v1/rerank``). The contract:
 
 * **Which instance.** ``model`` names an instance id, a served model name or an alias (the
-  deployment set's own routing, as for chats); without one, the first instance whose backend
+  deployment set's own routing, as for chats); without one, the first running instance that
+  is of the kind asked (its adapter's limits say so), else the first cold instance whose backend
   declares ``api.embeddings`` (``api.rerank`` for a rerank). The instance's adapter then says
   what it is (``werk_embedding_limits``): ``None`` (a chat instance) or the wrong kind (an
   embedding instance asked to rerank, or the reverse) is ``invalid_request`` naming the model,
@@ -133,9 +134,19 @@ class EmbeddingService:
         if deployments is not None and model is not None:
             return deployments.route(model)
         if deployments is not None:
+            cold: Instance | None = None
             for instance in deployments.instances.values():
-                if capability in instance.factory.capabilities:
+                if capability not in instance.factory.capabilities:
+                    continue
+                adapter = instance.peek()
+                if adapter is None:
+                    cold = cold or instance
+                    continue
+                limits = self.fleet.hooks.embedding_limits(adapter)
+                if limits is not None and limits.rerank == rerank:
                     return instance
+            if cold is not None:
+                return cold
         default = self.fleet.default
         if default is None:
             what = "reranking" if rerank else "embeddings"

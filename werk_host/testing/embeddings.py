@@ -8,9 +8,11 @@ manifest pinned to it. Its tokenizer is a BOS token (id 1) then one token per UT
 its id; an input's embedding is the mean of its tokens' vectors, L2-normalized, so the same
 input always gives the same vector and a different one another, as a real engine does. Its
 manifest params: ``dimensions`` (default 16), ``max_input_tokens`` (64), ``max_batch_inputs``
-(4: the host's batching is exercised) and ``rerank`` (a reranking instance: a document's score
-is the dot product of its and the query's embeddings). ``calls`` counts the batches each
-adapter ran; ``fail_next`` (a plugin attribute) makes the next call fail with ``unavailable``.
+(4: the host's batching is exercised), ``truncatable`` (Matryoshka vectors), ``delay_s`` (each call lasts that long, for tests of
+admission) and ``rerank`` (a reranking instance: a document's score is the dot product of its
+and the query's embeddings). ``calls`` counts the batches each adapter ran, ``tokenized`` the
+texts it tokenized; ``fail_next`` (a plugin attribute) makes the next call fail with
+``unavailable``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import hashlib
 import math
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -79,6 +82,7 @@ class ReferenceEmbeddingAdapter:
     backend: str = EMBED_BACKEND
     instance_id: str = ""
     calls: int = 0
+    tokenized: int = 0
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -90,6 +94,7 @@ class ReferenceEmbeddingAdapter:
             normalized=True,
             max_input_tokens=_param(self.manifest, "max_input_tokens", 64),
             max_batch_inputs=_param(self.manifest, "max_batch_inputs", 4),
+            truncatable=self.manifest.params.get("truncatable") is True,
             max_concurrent_requests=2,
             rerank=self.rerank_mode,
         )
@@ -117,6 +122,9 @@ class ReferenceEmbeddingAdapter:
     def _call(self, size: int) -> None:
         assert size <= self.limits.max_batch_inputs, "the host bounds the batch"
         self.calls += 1
+        delay = self.manifest.params.get("delay_s", 0)
+        if isinstance(delay, int | float) and delay > 0:
+            time.sleep(delay)
         if self.plugin.fail_next:
             self.plugin.fail_next = False
             raise WerkError(ErrorCode.UNAVAILABLE, "the reference embedder stopped", retryable=True)
@@ -142,6 +150,7 @@ class ReferenceEmbeddingAdapter:
 
     @hookimpl(specname="werk_tokenize")
     def tokenize(self, text: str) -> list[int]:
+        self.tokenized += 1
         return reference_tokens(text)
 
 
