@@ -48,6 +48,7 @@ from werk_host.seam import (
     PrefillWork,
     StoredStateRef,
 )
+from werk_host.testing.embeddings import EMBED_BACKEND, ReferenceEmbeddingPlugin
 from werk_host.testing.hosts import make_host
 from werk_host.testing.markers import covers_hooks
 from werk_host.testing.media import MEDIA_BACKEND, ReferenceMediaPlugin
@@ -88,6 +89,10 @@ def attached(host: PluginHost, adapter: MemoryAdapter, owner: str = "testbackend
 #: The operation hooks of media backends (docs/media.md), which the text reference leaves out.
 MEDIA_HOOKS = frozenset({hookspecs.werk_image_limits.__name__, hookspecs.werk_image_generation.__name__})
 SPEECH_HOOKS = frozenset({hookspecs.werk_speech_limits.__name__, hookspecs.werk_speech_synthesis.__name__})
+EMBEDDING_HOOKS = frozenset(
+    spec.__name__
+    for spec in (hookspecs.werk_embedding_limits, hookspecs.werk_embed, hookspecs.werk_rerank, hookspecs.werk_tokenize)
+)
 
 
 def test_the_reference_plugin_implements_every_hook() -> None:
@@ -99,8 +104,8 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     (factory,) = host.adapter_factories(HostConfig(home=Path("/nonexistent")))
     adapter = factory.create(HostConfig(home=Path("/nonexistent")), None)
     host.attach(adapter, factory)
-    # the text reference does every operation but the media ones, the media and speech references those
-    assert host.operations_of(adapter) == OPERATION_HOOKS - MEDIA_HOOKS - SPEECH_HOOKS
+    # the text reference does every operation but the media and embedding ones; their references do those
+    assert host.operations_of(adapter) == OPERATION_HOOKS - MEDIA_HOOKS - SPEECH_HOOKS - EMBEDDING_HOOKS
     media = ReferenceMediaPlugin()
     host.register(media, MEDIA_BACKEND)
     config = HostConfig(home=Path("/nonexistent"))
@@ -114,6 +119,12 @@ def test_the_reference_plugin_implements_every_hook() -> None:
     speech_adapter = speech_factory.create(config, ModelManifest("voice", (), SPEECH_BACKEND))
     host.attach(speech_adapter, speech_factory)
     assert host.operations_of(speech_adapter) == SPEECH_HOOKS | {"werk_capabilities"}
+    embedder = ReferenceEmbeddingPlugin()
+    host.register(embedder, EMBED_BACKEND)
+    (embed_factory,) = (f for f in host.adapter_factories(config) if f.owner == EMBED_BACKEND)
+    embed_adapter = embed_factory.create(config, ModelManifest("emb", (), EMBED_BACKEND))
+    host.attach(embed_adapter, embed_factory)
+    assert host.operations_of(embed_adapter) == EMBEDDING_HOOKS | {"werk_capabilities"}
     assert set(hook_names()) - {"werk_adapter_factories", "werk_doctor_checks", "werk_cli_commands"} == OPERATION_HOOKS
 
 

@@ -99,6 +99,8 @@ _TYPED: Final[dict[str, dict[str, str]]] = {
         "/api/show": "model:name? name:name? verbose:bool?",
         "/api/embed": "model:name truncate:bool? dimensions:int+? options:dict?",
         "/api/embeddings": "model:name prompt:str? options:dict?",
+        "/v1/embeddings": "model:name? dimensions:int+? truncate:bool? user:str?",
+        "/v1/rerank": "model:name? query:str documents:list+ top_n:int+? return_documents:bool?",
     }.items()
 }
 
@@ -116,6 +118,8 @@ _FIELDS: Final[dict[str, str]] = {
     "/api/show": "",
     "/api/embed": "input keep_alive",
     "/api/embeddings": "keep_alive",
+    "/v1/embeddings": "input encoding_format",
+    "/v1/rerank": "",
 }
 
 
@@ -157,6 +161,8 @@ def routes(model: str) -> tuple[Route, ...]:
         "/api/show": ("ollama", {"model": model}),
         "/api/embed": ("ollama", {"model": model, "input": "hi"}),
         "/api/embeddings": ("ollama", {"model": model, "prompt": "hi"}),
+        "/v1/embeddings": ("openai", {"model": model, "input": "hi"}),
+        "/v1/rerank": ("openai", {"model": model, "query": "hi", "documents": ["hi"]}),
     }
     posts = tuple(
         Route("POST", path, family, body, tuple(_TYPED[path]) + tuple(_FIELDS[path].split()))
