@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from dataclasses import replace
 from typing import Any, Final
 
 from werk_host.plugin import (
@@ -176,7 +177,9 @@ class LlamaEmbeddingAdapter:
                     ErrorCode.UNAVAILABLE, f"llama-server failed to start; native log tail:\n{tail}", retryable=False
                 ) from err
             self._process = proc
-            bounds = self.config.backend_bounds
+            # an embedding answer is an inference answer: the first-byte bound is its wait, not the
+            # short calls' (docs/operations.md, "Backend failures")
+            bounds = replace(self.config.backend_bounds, call_s=self.config.backend_bounds.first_byte_s)
             self._pool = ConnectionPool(proc.host, proc.port or 0, api_key=proc.api_key, bounds=bounds)
             return proc
 
