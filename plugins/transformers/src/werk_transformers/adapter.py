@@ -9,6 +9,9 @@ What it claims, each from evidence (docs/plugin-kit.md, "Capabilities" and "Engi
 ``api.chat.limits``: the context is ``max_position_embeddings`` of ``config.json``, one request
 at a time; ``runtime.state.prefix_cache`` ``unsupported``: only the running generation keeps a
 KV cache (the seed's Transformers row). A chat that forces a tool call is refused.
+``api.embeddings`` and ``api.rerank`` are ``unsupported`` on a chat instance; an embedding instance
+(the ``pooling`` option, or an encoder checkpoint) is
+:class:`werk_transformers.embeddings.TransformersEmbeddingAdapter` instead.
 
 What is this engine's own: which manifests it takes (an unpinned Hugging Face checkpoint
 directory that is not an MLX conversion), the context from ``config.json``, and the worker's
@@ -19,25 +22,40 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from werk_host.plugin import ErrorCode, HostConfig, ModelManifest, WerkError
+from werk_host.plugin import (
+    CapabilityId,
+    CapabilityReport,
+    CapabilityStatus,
+    ErrorCode,
+    HostConfig,
+    ModelManifest,
+    WerkError,
+    hookimpl,
+)
 from werk_host.plugin.checkpoints import checkpoint_dir, context_length, safetensors_metadata
-from werk_host.plugin.engines import REPORTED, EngineAdapter, started
-from werk_host.plugin.pool import WorkerPool
+from werk_host.plugin.engines import EngineAdapter, started
 
+from .core import BACKEND_ID, KEY_ENV, POOL, REPORTED, WORKER
+from .embeddings import TransformersEmbeddingAdapter, instance_pooling
 from .settings import PYTHON_ENV, Settings, cache_size, parse_options
 
-__all__ = ["BACKEND_ID", "REPORTED", "TransformersAdapter", "accepts", "create_adapter"]
-
-BACKEND_ID = "transformers"
-WORKER = Path(__file__).with_name("worker.py")
-POOL = WorkerPool(cache_size)
+__all__ = [
+    "BACKEND_ID",
+    "POOL",
+    "REPORTED",
+    "WORKER",
+    "TransformersAdapter",
+    "TransformersEmbeddingAdapter",
+    "accepts",
+    "create_adapter",
+]
 
 
 class TransformersAdapter(EngineAdapter):
     backend = BACKEND_ID
     label = "transformers"
     python_env = PYTHON_ENV
-    key_env = "WERK_TRANSFORMERS_WORKER_KEY"
+    key_env = KEY_ENV
     worker = WORKER
     pool = POOL
 
@@ -58,6 +76,16 @@ class TransformersAdapter(EngineAdapter):
         settings = self.settings
         return ["--device", settings.device, "--dtype", settings.dtype, "--threads", str(settings.threads)]
 
+    @hookimpl(specname="werk_capabilities")
+    def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
+        reports = super().capabilities()
+        chat = "a chat instance: set the pooling option (mean or cls) for an embedding instance of an encoder"
+        reports[CapabilityId.EMBEDDINGS] = CapabilityReport(CapabilityStatus.UNSUPPORTED, chat)
+        reports[CapabilityId.RERANK] = CapabilityReport(
+            CapabilityStatus.UNSUPPORTED, "the transformers backend serves no cross-encoder reranking"
+        )
+        return reports
+
 
 def accepts(manifest: ModelManifest | None) -> bool:
     """A manifest pinned to this backend, or an unpinned Hugging Face checkpoint directory that
@@ -71,7 +99,11 @@ def accepts(manifest: ModelManifest | None) -> bool:
     return directory is not None and (safetensors_metadata(directory) or {}).get("format") != "mlx"
 
 
-def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> TransformersAdapter:
+def create_adapter(
+    config: HostConfig, manifest: ModelManifest | None
+) -> TransformersAdapter | TransformersEmbeddingAdapter:
+    """A chat instance, or an embedding instance when :func:`instance_pooling` names a pooling;
+    its worker loaded."""
     if manifest is None:
         raise WerkError(ErrorCode.INVALID_REQUEST, "the transformers backend needs a model")
     directory = checkpoint_dir(manifest)
@@ -85,4 +117,7 @@ def create_adapter(config: HostConfig, manifest: ModelManifest | None) -> Transf
         cache_size()
     except ValueError as err:
         raise WerkError(ErrorCode.INVALID_REQUEST, f"transformers options: {err}") from err
+    pooling = instance_pooling(settings, directory)
+    if pooling is not None:
+        return started(TransformersEmbeddingAdapter(config, manifest, settings, directory, pooling))
     return started(TransformersAdapter(config, manifest, settings, directory))

@@ -7,6 +7,9 @@ model LRU's capacity (docs/transformers.md, "Settings").
   ``cuda:N``; ``dtype``: ``auto`` (the checkpoint's), ``float32``, ``float16``, ``bfloat16``;
   ``threads``: torch's CPU threads (0: torch's default); ``startup_timeout``: seconds to wait
   for a worker to load its model (default 300).
+* ``pooling``: ``mean`` or ``cls`` makes the instance an embedding instance (docs/transformers.md,
+  "Embeddings"); unset, an evidently encoder checkpoint is one with ``mean`` pooling
+  (:func:`werk_transformers.embeddings.instance_pooling`) and any other a chat instance.
 * ``WERK_TRANSFORMERS_MODEL_CACHE_SIZE``: how many models may be loaded at once, at least 1
   (default 1, the seed's bound). A value that is not a positive integer is refused when the
   backend starts.
@@ -24,11 +27,13 @@ from pydantic import JsonValue
 
 from werk_host.plugin.engines import engine_options, model_cache_size, torch_runtime
 
-__all__ = ["CACHE_SIZE_ENV", "PYTHON_ENV", "Settings", "cache_size", "parse_options"]
+__all__ = ["CACHE_SIZE_ENV", "POOLINGS", "PYTHON_ENV", "Settings", "cache_size", "parse_options"]
 
 PYTHON_ENV = "WERK_TRANSFORMERS_PYTHON"
 CACHE_SIZE_ENV = "WERK_TRANSFORMERS_MODEL_CACHE_SIZE"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+#: An embedding instance's poolings of the last hidden state (docs/transformers.md, "Embeddings").
+POOLINGS = ("mean", "cls")
 
 
 @dataclass(frozen=True)
@@ -38,16 +43,22 @@ class Settings:
     dtype: str = "auto"
     threads: int = 0
     startup_timeout: float = 300.0
+    #: ``None``: not set (the checkpoint decides, :func:`werk_transformers.embeddings.instance_pooling`).
+    pooling: str | None = None
 
 
 def parse_options(options: Mapping[str, JsonValue], env: Mapping[str, str] | None = None) -> Settings:
-    python, timeout = engine_options(options, PYTHON_ENV, env, extra=("device", "dtype", "threads"))
+    python, timeout = engine_options(options, PYTHON_ENV, env, extra=("device", "dtype", "threads", "pooling"))
     device, threads = torch_runtime(options)
     dtype = options.get("dtype", "auto")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
     assert isinstance(dtype, str)
-    return Settings(python, device, dtype, threads, timeout)
+    pooling = options.get("pooling")
+    if "pooling" in options and pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}")
+    assert pooling is None or isinstance(pooling, str)
+    return Settings(python, device, dtype, threads, timeout, pooling)
 
 
 def cache_size(env: Mapping[str, str] | None = None) -> int:

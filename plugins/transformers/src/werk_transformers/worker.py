@@ -6,7 +6,7 @@ transformers`` makes one), never imported by the plugin: it needs only the stand
 bounded reads, the routes) is the kit's worker side, ``werk_host/plugin/engine_worker.py``,
 loaded by the path the adapter passes as ``--kit``::
 
-    <venv>/bin/python worker.py --kit KIT --model DIR --port P [--device cpu] [--dtype auto]
+    <venv>/bin/python worker.py --kit KIT --model DIR --port P [--device cpu] [--dtype auto] [--embed]
 
 Contract (docs/transformers.md, "The worker"; docs/plugin-kit.md, "Engine workers"): the key comes
 from ``WERK_TRANSFORMERS_WORKER_KEY``; the model and its tokenizers load before the port listens;
@@ -14,6 +14,22 @@ from ``WERK_TRANSFORMERS_WORKER_KEY``; the model and its tokenizers load before 
 template with the generation prompt, tokenized without extra special tokens), from a tokenizer
 of its own; each generation keeps its KV cache only while it runs (the seed's
 "generation-local cache") and stops at the next token once its client went away.
+
+With ``--embed`` it is an embedding worker instead (:class:`Encoder`; docs/transformers.md,
+"Embeddings"): the base model (``AutoModel``, no LM head), no chat routes, and three JSON routes,
+outside the kit's generation lock (an embedding takes a lock of its own, a tokenization the second
+tokenizer's):
+
+* ``POST /info`` ``{}``: ``{"dimensions", "hidden_size", "max_input_tokens", "vocab_size"}``;
+  ``dimensions`` is the width of a probe vector computed at load, ``hidden_size`` the config's;
+* ``POST /embed`` ``{"inputs": [str | [int]], "pooling": "mean" | "cls"}``: ``{"vectors",
+  "prompt_tokens"}``, one L2-normalized vector per input, in order: the mean of the last hidden
+  state over the real tokens (the attention mask), or its first token's. Strings are tokenized
+  with the special tokens, token ids are fed as they are; the batch is right-padded under the
+  attention mask, so a vector does not depend on its batch. An input over ``max_input_tokens`` or
+  a token id outside the vocabulary is a 400 (the host truncates, never the worker). The pooling
+  is per request, so instances of one model with different poolings share the worker;
+* ``POST /tokenize`` ``{"text": str}``: ``{"tokens": [int]}``, the ids ``/embed`` feeds for it.
 """
 
 from __future__ import annotations
@@ -107,6 +123,99 @@ class Engine:
         yield text[len(sent) :], finish, len(produced)
 
 
+#: A tokenizer's ``model_max_length`` above this is transformers' "no limit" sentinel.
+SANE_LENGTH = 1 << 20
+PROBE = "Werk embedding probe."
+POOLINGS = ("mean", "cls")
+
+
+class Encoder:
+    """An embedding worker's model: the base model and two tokenizers (module docstring)."""
+
+    def __init__(self, model_dir: str, device: str, dtype: str) -> None:
+        torch: Any = importlib.import_module("torch")
+        transformers: Any = importlib.import_module("transformers")
+        self.torch = torch
+        transformers.utils.logging.disable_progress_bar()
+        torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        self.count_tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        self.model = transformers.AutoModel.from_pretrained(model_dir, dtype=torch_dtype)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model.to(device)
+        self.model.eval()
+        self.device = device
+        self.lock = threading.Lock()
+        self.count_lock = threading.Lock()
+        config = self.model.config
+        self.hidden_size = int(getattr(config, "hidden_size", 0) or 0)
+        self.vocab_size = int(getattr(config, "vocab_size", 0) or 0) or len(self.tokenizer)
+        bounds = [getattr(config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
+        sane = [int(b) for b in bounds if isinstance(b, int) and not isinstance(b, bool) and 0 < b <= SANE_LENGTH]
+        self.max_input_tokens = min(sane) if sane else 512
+        pad = self.tokenizer.pad_token_id
+        self.pad = int(pad) if isinstance(pad, int) else 0
+        self.dimensions = len(self.embed([PROBE])[0][0])
+
+    def ids(self, text: str, tokenizer: Any = None) -> list[int]:
+        """The token ids fed for ``text``: the checkpoint's tokenizer, special tokens added."""
+        ids: list[int] = (tokenizer or self.tokenizer)(text, add_special_tokens=True)["input_ids"]
+        return ids
+
+    def embed(self, inputs: list[Any], pooling: str = "mean") -> tuple[list[list[float]], int]:
+        """One L2-normalized vector per input and the tokens fed (module docstring)."""
+        torch = self.torch
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}")
+        with self.lock:
+            batch = [self.ids(x) if isinstance(x, str) else x for x in inputs]
+            for ids in batch:
+                if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+                    raise ValueError("an input is neither a string nor a non-empty list of token ids")
+                if len(ids) > self.max_input_tokens:
+                    raise ValueError(f"an input has {len(ids)} tokens; the model takes {self.max_input_tokens}")
+                if not all(0 <= t < self.vocab_size for t in ids):
+                    raise ValueError(f"a token id is outside the vocabulary of {self.vocab_size}")
+            width = max(len(ids) for ids in batch)
+            padded = [ids + [self.pad] * (width - len(ids)) for ids in batch]
+            masks = [[1] * len(ids) + [0] * (width - len(ids)) for ids in batch]
+            with torch.inference_mode():
+                input_ids = torch.tensor(padded, dtype=torch.long, device=self.device)
+                mask = torch.tensor(masks, dtype=torch.long, device=self.device)
+                hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+                if pooling == "cls":
+                    pooled = hidden[:, 0]
+                else:
+                    weights = mask.unsqueeze(-1).to(hidden.dtype)
+                    pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+                vectors: list[list[float]] = torch.nn.functional.normalize(pooled, p=2, dim=-1).cpu().tolist()
+            return vectors, sum(len(ids) for ids in batch)
+
+    def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The kit's ``answer`` hook: the embedding routes (module docstring)."""
+        if path == "/info":
+            return {
+                "dimensions": self.dimensions,
+                "hidden_size": self.hidden_size,
+                "max_input_tokens": self.max_input_tokens,
+                "vocab_size": self.vocab_size,
+            }
+        if path == "/embed":
+            inputs = body["inputs"]
+            if not isinstance(inputs, list) or not inputs:
+                raise ValueError("inputs must be a non-empty list")
+            vectors, tokens = self.embed(inputs, body.get("pooling", "mean"))
+            return {"vectors": vectors, "prompt_tokens": tokens}
+        if path == "/tokenize":
+            text = body["text"]
+            if not isinstance(text, str):
+                raise TypeError("text must be a string")
+            with self.count_lock:
+                return {"tokens": self.ids(text, self.count_tokenizer)}
+        return None
+
+
 def _pick(torch: Any, logits: Any, temperature: float, top_p: float, generator: Any) -> int:
     if temperature <= 0:
         return int(torch.argmax(logits).item())
@@ -134,13 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--embed", action="store_true", help="an embedding worker (the base model)")
     args = parser.parse_args(argv)
 
-    def load() -> Engine:
-        engine = Engine(args.model, args.device, args.dtype)
+    def load() -> Engine | Encoder:
         if args.threads > 0:
-            engine.torch.set_num_threads(args.threads)
-        return engine
+            importlib.import_module("torch").set_num_threads(args.threads)
+        if args.embed:
+            return Encoder(args.model, args.device, args.dtype)
+        return Engine(args.model, args.device, args.dtype)
 
     status: int = _kit(args.kit).run(KEY_ENV, args.port, load)
     return status
