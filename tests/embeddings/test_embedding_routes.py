@@ -159,6 +159,11 @@ def test_the_wrong_kind_of_instance_is_refused_in_each_api_s_shape(tmp_path: Pat
         assert post_json(live.url, "/api/embed", {"model": "emb", "input": ["a", ""]}, KEY_A)[0] == 400
         status, doc = post_json(live.url, "/api/embeddings", {"model": "emb", "prompt": ""}, KEY_A)
         assert status == 200 and doc == {"embedding": []}
+        # Ollama's show: an embedding model's one capability, once it runs
+        status, shown = post_json(live.url, "/api/show", {"model": "emb"}, KEY_A)
+        assert status == 200 and shown["capabilities"] == ["embedding"]
+        status, shown = post_json(live.url, "/api/show", {"model": "chat"}, KEY_A)
+        assert status == 200 and "embedding" not in shown["capabilities"]
 
 
 def test_a_key_at_its_bound_is_refused_while_another_key_is_served(tmp_path: Path) -> None:

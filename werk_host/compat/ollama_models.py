@@ -109,10 +109,15 @@ class Evidence:
     tools: bool | None = None
     thinking: bool | None = None
     vision: bool | None = None
+    #: a running embedding instance (its adapter's embedding limits; docs/embeddings.md)
+    embedding: bool | None = None
 
     def capabilities(self) -> list[JsonValue]:
-        """Ollama's ``capabilities``: ``completion`` (every served model chats), then each
-        capability with evidence; never ``embedding`` (no backend here embeds)."""
+        """Ollama's ``capabilities``: ``embedding`` alone for an embedding model, as Ollama's;
+        else ``completion`` (every other served model chats), then each capability with
+        evidence."""
+        if self.embedding:
+            return ["embedding"]
         found: list[JsonValue] = ["completion"]
         found += [name for name in ("tools", "thinking", "vision") if getattr(self, name) is True]
         return found

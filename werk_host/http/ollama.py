@@ -186,12 +186,21 @@ class Show(_Resource):
         name = request.requested
         replicas = self.replicas(name)
         ready = all(r.peek() is not None for r in replicas)
+        embedding = ready and all(self._embeds(r) for r in replicas)
         evidence = Evidence(
+            embedding=embedding if ready else None,
             tools=self.accepts(req, name, "tools") if ready else None,
             thinking=self.thinks(req, name, DEFAULT_OUTPUT_TOKENS),
             vision=self.accepts(req, name, "vision") if ready else None,
         )
         _json(resp, 200, ollama_models.show(replicas, self.context_of(req, name), evidence))
+
+    def _embeds(self, instance: Instance) -> bool:
+        adapter = instance.peek()
+        if adapter is None:
+            return False
+        limits = self.fleet.hooks.embedding_limits(adapter)
+        return limits is not None and not limits.rerank
 
 
 class _Generation(_Resource):

@@ -8,11 +8,11 @@ manifest pinned to it. Its tokenizer is a BOS token (id 1) then one token per UT
 its id; an input's embedding is the mean of its tokens' vectors, L2-normalized, so the same
 input always gives the same vector and a different one another, as a real engine does. Its
 manifest params: ``dimensions`` (default 16), ``max_input_tokens`` (64), ``max_batch_inputs``
-(4: the host's batching is exercised), ``truncatable`` (Matryoshka vectors), ``delay_s`` (each call lasts that long, for tests of
-admission) and ``rerank`` (a reranking instance: a document's score is the dot product of its
-and the query's embeddings). ``calls`` counts the batches each adapter ran, ``tokenized`` the
-texts it tokenized; ``fail_next`` (a plugin attribute) makes the next call fail with
-``unavailable``.
+(4: the host's batching is exercised), ``truncatable`` (Matryoshka vectors), ``delay_s`` (each
+call lasts that long, for tests of admission) and ``rerank`` (a reranking instance: a
+document's score is the dot product of its and the query's embeddings). ``calls`` counts the
+batches each adapter ran, ``tokenized`` the texts it tokenized; ``fail_next`` (a plugin
+attribute) makes the next call fail with ``unavailable``.
 """
 
 from __future__ import annotations
