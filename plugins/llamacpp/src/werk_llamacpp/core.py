@@ -83,6 +83,19 @@ def _available_memory() -> int:
         return 0
 
 
+def start_child(proc: LlamaServerProcess) -> None:
+    """Start ``proc``; a failed start is logged with its native log tail and raised as a
+    non-retryable ``unavailable`` carrying the last lines (redacted as the log is)."""
+    try:
+        proc.start()
+    except LlamaServerStartupError as err:
+        log.error("llama-server failed to start: %s\n%s", err, err.log_tail)
+        tail = "\n".join(err.log_tail.splitlines()[-12:])
+        raise WerkError(
+            ErrorCode.UNAVAILABLE, f"llama-server failed to start; native log tail:\n{tail}", retryable=False
+        ) from err
+
+
 def unavailable(message: str) -> WerkError:
     return WerkError(ErrorCode.UNAVAILABLE, message, retryable=True)
 
@@ -154,14 +167,7 @@ class LlamaServerCore:
                 extra_args=self._extra_args(),
                 cache_release=release_wanted(self.config.model_cache_release),
             )
-            try:
-                proc.start()
-            except LlamaServerStartupError as err:
-                log.error("llama-server failed to start: %s\n%s", err, err.log_tail)
-                tail = "\n".join(err.log_tail.splitlines()[-12:])
-                raise WerkError(
-                    ErrorCode.UNAVAILABLE, f"llama-server failed to start; native log tail:\n{tail}", retryable=False
-                ) from err
+            start_child(proc)
             self._model_files[proc.generation] = model_files  # before any reader can see proc
             self._process = proc
             self._watch(proc)

@@ -63,12 +63,12 @@ from werk_host.plugin.http import ConnectionPool, post_json
 
 from .binary import find_llama_server
 from .capabilities import REPORTED_CAPABILITIES
-from .core import BACKEND_ID
+from .core import BACKEND_ID, start_child
 from .gguf_meta import GgufError, read_metadata, trained_context
 from .modelfiles import release_wanted
 from .native import NativeError
 from .options import POOLINGS
-from .process import LlamaServerProcess, LlamaServerStartupError
+from .process import LlamaServerProcess
 
 __all__ = ["POOLINGS", "LlamaEmbeddingAdapter", "instance_pooling"]
 
@@ -168,14 +168,7 @@ class LlamaEmbeddingAdapter:
                 slot_save=False,
                 cache_release=release_wanted(self.config.model_cache_release),
             )
-            try:
-                proc.start()
-            except LlamaServerStartupError as err:
-                log.error("llama-server failed to start: %s\n%s", err, err.log_tail)
-                tail = "\n".join(err.log_tail.splitlines()[-12:])
-                raise WerkError(
-                    ErrorCode.UNAVAILABLE, f"llama-server failed to start; native log tail:\n{tail}", retryable=False
-                ) from err
+            start_child(proc)
             self._process = proc
             # an embedding answer is an inference answer: the first-byte bound is its wait, not the
             # short calls' (docs/operations.md, "Backend failures")
