@@ -1,4 +1,6 @@
-"""The peers of ``bench/warm_restart.py``: their pinned installs, and stillwarm's proxy.
+"""Pinned PyPI peers and clients in their own cached virtualenvs: those of ``bench/warm_restart.py``
+(and stillwarm's proxy), and the embedding clients LiteLLM and ``llm`` that werk-llamacpp's tests
+run (plugins/llamacpp/tests/test_llamacpp_embeddings.py).
 
 Standard library only: the bench imports it, and each peer's own virtualenv runs it as a script
 (``VENV/bin/python bench/_peers.py stillwarm-proxy ...``), where the host is not installed.

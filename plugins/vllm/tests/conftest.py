@@ -7,7 +7,8 @@ without vLLM (a stand-in executable, ``fake_vllm.py``, plays its part).
 
 ``tiny_hf_model`` is a tiny random Llama in Hugging Face format, written once per session by
 ``werk_vllm/testing/testmodel.py`` run with the vLLM virtualenv's own interpreter (which has torch and
-transformers); the plugin itself needs neither.
+transformers); the plugin itself needs neither. ``tiny_hf_classifier`` is the same model as a
+one-label sequence classifier (a reranker).
 """
 
 from __future__ import annotations
@@ -63,6 +64,18 @@ def tiny_hf_model(vllm_executable: Path, tmp_path_factory: pytest.TempPathFactor
     python = vllm_executable.parent / "python"
     script = Path(werk_vllm.__file__).parent / "testing" / "testmodel.py"
     subprocess.run([str(python), str(script), str(out), "--seed", "7"], check=True, capture_output=True, timeout=600)
+    assert (out / "config.json").is_file()
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_classifier(vllm_executable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny Llama as a one-label ``LlamaForSequenceClassification`` (a cross-encoder)."""
+    out = tmp_path_factory.mktemp("hf") / "tiny-llama-classifier"
+    python = vllm_executable.parent / "python"
+    script = Path(werk_vllm.__file__).parent / "testing" / "testmodel.py"
+    command = [str(python), str(script), str(out), "--seed", "7", "--classifier"]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
     assert (out / "config.json").is_file()
     return out
 

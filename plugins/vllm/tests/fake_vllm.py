@@ -12,15 +12,26 @@ Each run appends a JSON line to ``$FAKE_VLLM_RECORD/<what>.jsonl`` (``inspect``,
 own (an idle stand-in for the engine core) that only its process group ties to Werk.
 ``FAKE_VLLM_HEALTH`` sets the status ``/health`` answers (default 200). ``FAKE_VLLM_MODE=crash`` makes ``serve``
 print its key to its log and exit 1 (a startup failure whose log tail must be redacted).
+
+With ``--runner pooling`` (or ``FAKE_VLLM_RUNNER=pooling``: a model vLLM resolves to its pooling
+runner by itself) it is a pooling server like vLLM's: ``--convert classify`` a reranker
+(``/rerank``), else an embedder (``/v1/embeddings`` and ``/rerank``), and it has no chat routes.
+Its tokenizer is one token per whitespace-separated word (ids 5 to 504, a vocabulary of 512), its
+vectors the L2-normalized mean of 8-wide vectors drawn from each token id. Like vLLM's routers, a
+``GET`` of a route that exists only for ``POST`` is 405, of one that does not exist 404.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+import struct
 import subprocess
 import sys
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -36,7 +47,26 @@ HELP_FLAGS = (
     "  --enable-prefix-caching, --no-enable-prefix-caching",
     "                        Whether to enable prefix caching. (default: None)",
     "  --api-key API_KEY [API_KEY ...]",
+    "  --runner {auto,draft,generate,pooling}",
+    "  --convert {auto,classify,embed,none}",
+    "  --pooler-config POOLER_CONFIG",
 )
+VOCAB = 512
+WIDTH = 8
+
+
+def words(text: str) -> list[int]:
+    return [5 + zlib.crc32(w.encode()) % 500 for w in text.split()]
+
+
+def vector(tokens: list[int]) -> list[float]:
+    total = [0.0] * WIDTH
+    for token in tokens:
+        raw = hashlib.sha256(str(token).encode()).digest()
+        for i, x in enumerate(struct.unpack(f"<{WIDTH}i", raw)):
+            total[i] += x / 2**31
+    norm = math.sqrt(sum(x * x for x in total)) or 1.0
+    return [x / norm for x in total]
 
 
 def record(what: str, doc: dict[str, Any]) -> None:
@@ -79,6 +109,13 @@ def serve(argv: list[str]) -> int:
         return 1
     name = last(argv, "--served-model-name", "model") or "model"
     max_len = int(last(argv, "--max-model-len", "2048") or 2048)
+    pooling = last(argv, "--runner", os.environ.get("FAKE_VLLM_RUNNER")) == "pooling"
+    mode = ("rank" if last(argv, "--convert") == "classify" else "embed") if pooling else "chat"
+    routes = {
+        "chat": ("/tokenize", "/v1/chat/completions", "/v1/completions"),
+        "embed": ("/tokenize", "/v1/embeddings", "/rerank"),
+        "rank": ("/tokenize", "/rerank"),
+    }[mode]
     stats = {"queries": 0.0, "hits": 0.0}
 
     class Handler(BaseHTTPRequestHandler):
@@ -124,6 +161,8 @@ def serve(argv: list[str]) -> int:
                     f'vllm:prefix_cache_hits_total{{engine="0",model_name="{name}"}} {stats["hits"]}\n'
                 )
                 self.send(200, text.encode(), "text/plain; version=0.0.4")
+            elif self.path in routes:
+                self.send(405, {"detail": "Method Not Allowed"})
             else:
                 self.send(404, {"error": "not found"})
 
@@ -133,6 +172,16 @@ def serve(argv: list[str]) -> int:
             if not self.authorized():
                 return
             record("request", {"path": self.path, "body": body, "auth": self.headers.get("Authorization") is not None})
+            if self.path not in routes:
+                self.send(404, {"detail": "Not Found"})
+                return
+            if self.path == "/tokenize" and "prompt" in body:
+                tokens = words(str(body["prompt"]))
+                self.send(200, {"count": len(tokens), "max_model_len": max_len, "tokens": tokens})
+                return
+            if self.path in ("/v1/embeddings", "/rerank"):
+                self.pooled(body)
+                return
             if self.path == "/tokenize":
                 n = count(body)
                 self.send(200, {"count": n, "max_model_len": max_len, "tokens": list(range(n))})
@@ -166,6 +215,32 @@ def serve(argv: list[str]) -> int:
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": "hi"}} if chat else {"text": "hi"})
             self.send(200, {"id": "x", "object": "completion", "model": name, "choices": [choice], "usage": usage})
+
+        def pooled(self, body: dict[str, Any]) -> None:
+            if body.get("model") != name:
+                self.send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+                return
+            if self.path == "/rerank":
+                query = vector(words(body["query"]))
+                docs = [words(d) for d in body["documents"]]
+                scores = [sum(a * b for a, b in zip(query, vector(d), strict=True)) for d in docs]
+                results = [{"index": i, "relevance_score": s} for i, s in enumerate(scores)]
+                results.sort(key=lambda r: -r["relevance_score"])
+                used = sum(len(words(body["query"])) + len(d) for d in docs)
+                self.send(200, {"results": results, "usage": {"prompt_tokens": used, "total_tokens": used}})
+                return
+            raw = body["input"]
+            items = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else raw
+            tokens = [words(x) if isinstance(x, str) else x for x in items]
+            if any(t >= VOCAB for ts in tokens for t in ts):
+                self.send(400, {"error": {"message": "Token id 99999 is out of vocabulary (fake vllm raw text)"}})
+                return
+            if body.get("dimensions") is not None:
+                self.send(400, {"error": {"message": f"Model {name!r} does not support Matryoshka embeddings"}})
+                return
+            data = [{"index": i, "object": "embedding", "embedding": vector(t)} for i, t in enumerate(tokens)]
+            used = sum(len(t) for t in tokens)
+            self.send(200, {"object": "list", "data": data, "usage": {"prompt_tokens": used, "total_tokens": used}})
 
     host = last(argv, "--host", "127.0.0.1") or "127.0.0.1"
     port = int(last(argv, "--port", "8000") or 8000)

@@ -173,7 +173,12 @@ def test_the_started_process_argv_environment_and_capabilities(
         CapabilityId.ADMISSION,
         CapabilityId.CHAT_LIMITS,
         CapabilityId.REASONING,
+        CapabilityId.EMBEDDINGS,
+        CapabilityId.RERANK,
     }
+    for cap_id in (CapabilityId.EMBEDDINGS, CapabilityId.RERANK):
+        assert caps[cap_id].status is CapabilityStatus.UNSUPPORTED and "chat instance" in caps[cap_id].detail
+    assert adapter.embedding_limits() is None  # a chat instance
 
     limits = adapter.chat_limits(None)
     assert (

@@ -12,6 +12,12 @@ Two kinds of target sit behind one adapter class (:mod:`werk_vllm.targets`):
 Each operation the host calls is a method marked ``@hookimpl(specname=...)``; the host
 registers every adapter it creates, so a call reaches that adapter's own method.
 
+An adapter is a chat, an embedding or a reranking instance (:mod:`werk_vllm.embeddings`): the
+``pooling`` option or, without it, the routes vLLM registered say which, once, when the adapter
+is created, and an embedding instance measures its limits then. An embedding instance refuses
+chat and completion requests (``invalid_request``) and reports every chat and state capability
+``unsupported``.
+
 Everything reported is read from evidence at the time: a live process and its effective argv,
 an endpoint that answers, vLLM's ``/v1/models`` and ``/metrics``. vLLM exposes no named state,
 snapshot, restore, tier or expert control, so none of those capabilities is reported (the host
@@ -39,6 +45,9 @@ from werk_host.plugin import (
     ChatLimits,
     ChatRequest,
     DeploymentPlan,
+    EmbeddingLimits,
+    EmbeddingResult,
+    EmbeddingWork,
     EndpointKind,
     ErrorCode,
     HostConfig,
@@ -46,6 +55,8 @@ from werk_host.plugin import (
     JsonObject,
     ModelManifest,
     ReasoningProfile,
+    RerankResult,
+    RerankWork,
     WerkError,
     WorkerObservation,
     hookimpl,
@@ -53,12 +64,14 @@ from werk_host.plugin import (
 from werk_host.plugin.http import forward, post_json
 from werk_host.plugin.reasoning import unsupported_profile
 
+from . import embeddings
 from . import server as servers
 from .apc import injected_flag, prefix_cache_report
 from .backend import BACKEND_ID, CHAT_CAPABILITIES, PLUGIN_NAME
 from .backend import REPORTED_CAPABILITIES as REPORTED_CAPABILITIES
 from .backend import accepts as accepts
 from .client import get, get_json
+from .embeddings import CHAT, EMBED, RERANK, Kind
 from .executable import InspectionError, VllmNotFound, find_vllm, flag_name, inspect_vllm
 from .launch import (
     LaunchSettings,
@@ -86,6 +99,7 @@ TOKENIZE_PASSED = (
     "media_io_kwargs",
 )
 REMOTE_MODELS_TTL_S = 30.0
+CHAT_INSTANCE = "a chat instance: set the pooling option for an embedding or reranking instance"
 COUNT_CACHE = 256
 
 
@@ -98,7 +112,7 @@ class VllmAdapter:
 
     backend = BACKEND_ID
 
-    def __init__(self, config: HostConfig, manifest: ModelManifest, target: Target) -> None:
+    def __init__(self, config: HostConfig, manifest: ModelManifest, target: Target, pooling: str | None = None) -> None:
         self.config = config
         self.manifest = manifest
         self.target = target
@@ -110,6 +124,13 @@ class VllmAdapter:
         self._max_len_at = -1e9
         self._counts: OrderedDict[str, int] = OrderedDict()
         self.closed = False
+        #: the ``pooling`` option (``None``: none given)
+        self.pooling = pooling
+        #: chat, embed or rank: the option's, else vLLM's answer in :meth:`settle`
+        self.kind: Kind = embeddings.kind_of(pooling) or CHAT
+        self._limits: EmbeddingLimits | None = None
+        #: the process generation that last answered an embedding or rerank request
+        self._answered: str | None = None
 
     @property
     def remote(self) -> bool:
@@ -147,9 +168,14 @@ class VllmAdapter:
     # -- evidence --------------------------------------------------------------------------
     @hookimpl(specname="werk_capabilities")
     def capabilities(self) -> dict[CapabilityId, CapabilityReport]:
+        if self.kind != CHAT:
+            return self.pooling_capabilities()
         live = self.live()
         remote = self.remote
-        reports: dict[CapabilityId, CapabilityReport] = {}
+        reports: dict[CapabilityId, CapabilityReport] = {
+            CapabilityId.EMBEDDINGS: CapabilityReport(CapabilityStatus.UNSUPPORTED, CHAT_INSTANCE),
+            CapabilityId.RERANK: CapabilityReport(CapabilityStatus.UNSUPPORTED, CHAT_INSTANCE),
+        }
         if live is None:
             why = "the remote vLLM endpoint is not answering" if remote else "no vLLM process is running"
             reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(CapabilityStatus.UNAVAILABLE, why)
@@ -174,6 +200,45 @@ class VllmAdapter:
         reports[CapabilityId.REASONING] = CapabilityReport(
             CapabilityStatus.SUPPORTED, "answers truthfully: no reasoning budget control is verified for vLLM"
         )
+        return reports
+
+    def describe(self) -> str:
+        """What this instance is, in words (capabilities and refusals)."""
+        if self.kind == RERANK:
+            return "a reranking instance (vLLM's pooling runner)"
+        pooling = f"{self.pooling} pooling" if self.pooling else "the model's pooling"
+        return f"an embedding instance (vLLM's pooling runner, {pooling})"
+
+    def pooling_capabilities(self) -> dict[CapabilityId, CapabilityReport]:
+        """An embedding or reranking instance's reports: its own id ``supported`` once the live
+        process answered as that kind, every chat and state id ``unsupported``."""
+        live = self.live()
+        kind = self.describe()
+        reports = {
+            cap_id: CapabilityReport(CapabilityStatus.UNSUPPORTED, f"{kind}: no chat, no states")
+            for cap_id in REPORTED_CAPABILITIES
+        }
+        if live is None:
+            why = "the remote vLLM endpoint is not answering" if self.remote else "no vLLM process is running"
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(CapabilityStatus.UNAVAILABLE, why)
+        elif self.remote:
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
+                CapabilityStatus.EXTERNALLY_MANAGED, "the remote vLLM endpoint holds the model; Werk does not manage it"
+            )
+        else:
+            reports[CapabilityId.MODEL_RESIDENCY] = CapabilityReport(
+                CapabilityStatus.SUPPORTED, "the weights stay loaded in the Werk-started vLLM process"
+            )
+        mine, other = (
+            (CapabilityId.RERANK, CapabilityId.EMBEDDINGS)
+            if self.kind == RERANK
+            else (CapabilityId.EMBEDDINGS, CapabilityId.RERANK)
+        )
+        if live is not None and live.generation == self._answered:
+            reports[mine] = CapabilityReport(CapabilityStatus.SUPPORTED, f"vLLM answered as {kind}")
+        else:
+            reports[mine] = CapabilityReport(CapabilityStatus.UNAVAILABLE, "this vLLM process has not answered yet")
+        reports[other] = CapabilityReport(CapabilityStatus.UNSUPPORTED, kind)
         return reports
 
     def max_model_len(self, live: Live | None) -> int | None:
@@ -248,6 +313,7 @@ class VllmAdapter:
 
     @hookimpl(specname="werk_count_tokens")
     def count_tokens(self, request: ChatRequest) -> int:
+        self.refuse_chat()
         payload = self.tokenize_body(request)
         live = self.connect()
         key = hashlib.sha256(
@@ -284,11 +350,75 @@ class VllmAdapter:
     def text_completion(self, request: JsonObject) -> InferenceResponse:
         return self.relay("/v1/completions", request)
 
+    def refuse_chat(self) -> None:
+        """An embedding or reranking instance generates no text: ``invalid_request``, never relayed."""
+        if self.kind != CHAT:
+            raise WerkError(
+                ErrorCode.INVALID_REQUEST,
+                f"model {self.served_name} is {self.describe()}: it serves "
+                + ("/v1/rerank" if self.kind == RERANK else "/v1/embeddings")
+                + ", not chat or completions",
+            )
+
     def relay(self, path: str, request: JsonObject) -> InferenceResponse:
+        self.refuse_chat()
         live = self.connect()
         body: dict[str, JsonValue] = {k: v for k, v in request.items() if k != "werk"}
         body["model"] = self.served_name
         return forward(live.pool, live.pool.path(path), body)
+
+    # -- embeddings and reranking ----------------------------------------------------------------
+    def settle(self) -> None:
+        """Decide the kind (without a ``pooling`` option, from vLLM's routes) and measure an
+        embedding or reranking instance (:mod:`werk_vllm.embeddings`); run once, at creation."""
+        live = self.connect()
+        if self.pooling is None:
+            self.kind = embeddings.served_kind(live.pool)
+        if self.kind != CHAT:
+            self.measure(live)
+
+    def measure(self, live: Live) -> EmbeddingLimits:
+        limits = embeddings.measure(
+            live.pool, self.served_name, self.kind, self.pooling, self.max_model_len(live), self.max_num_seqs()
+        )
+        with self._lock:
+            self._limits, self._answered = limits, live.generation
+        return limits
+
+    @hookimpl(specname="werk_embedding_limits")
+    def embedding_limits(self) -> EmbeddingLimits | None:
+        if self.kind == CHAT:
+            return None
+        limits = self._limits
+        return limits if limits is not None else self.measure(self.connect())
+
+    def _pooling_instance(self, kind: Kind) -> Live:
+        if self.kind != kind:
+            what = "a chat instance" if self.kind == CHAT else self.describe()
+            does = "reranks" if kind == RERANK else "embeds"
+            raise WerkError(ErrorCode.INVALID_REQUEST, f"model {self.served_name} is {what}: it {does} nothing")
+        return self.connect()
+
+    @hookimpl(specname="werk_embed")
+    def embed(self, work: EmbeddingWork) -> EmbeddingResult:
+        live = self._pooling_instance(EMBED)
+        vectors, tokens = embeddings.embed(live.pool, self.served_name, list(work.inputs))
+        self._answered = live.generation
+        return EmbeddingResult(vectors=vectors, prompt_tokens=tokens)
+
+    @hookimpl(specname="werk_rerank")
+    def rerank(self, work: RerankWork) -> RerankResult:
+        live = self._pooling_instance(RERANK)
+        scores, tokens = embeddings.rerank(live.pool, self.served_name, work.query, list(work.documents))
+        self._answered = live.generation
+        return RerankResult(scores=scores, prompt_tokens=tokens)
+
+    @hookimpl(specname="werk_tokenize")
+    def tokenize(self, text: str) -> list[int] | None:
+        if self.kind == CHAT:
+            return None
+        live = self.connect()
+        return embeddings.tokenize(live.pool, self.served_name, text)
 
     # -- observation -------------------------------------------------------------------------
     def metrics(self, live: Live) -> VllmMetrics:
@@ -388,6 +518,7 @@ def _create_remote(config: HostConfig, manifest: ModelManifest, settings: Remote
             raise _unavailable(
                 f"the remote vLLM endpoint does not serve a model named {manifest.name}", retryable=False
             )
+        adapter.settle()
     except BaseException:
         adapter.close()
         raise
@@ -437,9 +568,9 @@ def _create_local(config: HostConfig, manifest: ModelManifest, settings: LaunchS
         startup_timeout=settings.startup_timeout,
     )
     target = LocalTarget(servers.acquire(spec), model_dir)
-    adapter = VllmAdapter(config, manifest, target)
+    adapter = VllmAdapter(config, manifest, target, settings.pooling)
     try:
-        adapter.connect()  # residency: the server starts with the instance
+        adapter.settle()  # residency: the server starts with the instance
     except BaseException:
         adapter.close()
         raise

@@ -22,6 +22,8 @@ REPORTED_CAPABILITIES = (
     CapabilityId.PREFIX_CACHE,
     *(cap_id for cap_id, _ in CHAT_CAPABILITIES),
     CapabilityId.REASONING,
+    CapabilityId.EMBEDDINGS,
+    CapabilityId.RERANK,
 )
 
 

@@ -5,7 +5,13 @@ A local server runs::
     vllm serve MODEL_DIR --host 127.0.0.1 --port PORT --served-model-name NAME
                [--max-model-len N] [--gpu-memory-utilization F] [--max-num-seqs N] [--dtype T]
                [--enable-prefix-caching | --no-enable-prefix-caching]   (werk_vllm.apc)
+               [--runner pooling --convert embed --pooler-config {"pooling_type":"MEAN"}]   (pooling)
                [WERK_VLLM_ARGS...]
+
+The ``pooling`` option makes the instance an embedding instance (``mean``, ``cls``, ``last``:
+vLLM's pooling runner with that sequence pooling, :data:`POOLING_TYPES`) or a reranking one
+(``rank``: ``--runner pooling --convert classify``, a cross-encoder answering ``/rerank``);
+without it the server generates text, as vLLM resolves the model (docs/vllm.md, "Embeddings").
 
 ``WERK_VLLM_ARGS`` (``shlex``-split) comes last, so it overrides any generated setting (vLLM's
 parser keeps the last occurrence); everything Werk reads back (context, concurrency, prefix
@@ -15,6 +21,7 @@ caching) is read from this final list. The API key never appears here: the child
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -34,7 +41,9 @@ __all__ = [
     "HOST",
     "LOCAL_OPTIONS",
     "OPTION_FLAGS",
+    "POOLING_TYPES",
     "PORT",
+    "RANK",
     "REMOTE_OPTIONS",
     "LaunchSettings",
     "RemoteSettings",
@@ -44,6 +53,7 @@ __all__ = [
     "int_flag",
     "last_value",
     "parse_options",
+    "pooling_args",
 ]
 
 ENV_ARGS = "WERK_VLLM_ARGS"
@@ -58,7 +68,11 @@ OPTION_FLAGS: dict[str, str] = {
     "max_num_seqs": "--max-num-seqs",
     "dtype": "--dtype",
 }
-LOCAL_OPTIONS = ("executable", "startup_timeout", *OPTION_FLAGS)
+LOCAL_OPTIONS = ("executable", "startup_timeout", *OPTION_FLAGS, "pooling")
+#: ``pooling`` values of an embedding instance and the ``--pooler-config`` pooling type of each.
+POOLING_TYPES: dict[str, str] = {"mean": "MEAN", "cls": "CLS", "last": "LAST"}
+#: The ``pooling`` value of a reranking (cross-encoder) instance.
+RANK = "rank"
 REMOTE_OPTIONS = ("endpoint", "api_key_env", "request_timeout")
 #: Flags whose values are secrets (every value up to the next flag is hidden in plans).
 SECRET_FLAGS = ("--api-key", "--hf-token", "--ssl-keyfile")
@@ -103,6 +117,8 @@ class LaunchSettings:
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     dtype: str | None = None
+    #: ``mean``/``cls``/``last`` (an embedding instance), ``rank`` (a reranker), ``None`` (chat)
+    pooling: str | None = None
 
     def option_args(self) -> list[str]:
         values: dict[str, object | None] = {
@@ -157,6 +173,9 @@ def parse_options(options: Mapping[str, JsonValue]) -> LaunchSettings | RemoteSe
     dtype = options.get("dtype")
     if dtype is not None and (not isinstance(dtype, str) or not _DTYPE.fullmatch(dtype)):
         raise _invalid("backend option vllm.dtype must be a vLLM dtype name such as auto, bfloat16 or float32")
+    pooling = options.get("pooling")
+    if pooling is not None and pooling not in (*POOLING_TYPES, RANK):
+        raise _invalid(f"backend option vllm.pooling must be one of {', '.join((*POOLING_TYPES, RANK))}")
     raw = {k: options.get(k) for k in ("startup_timeout", "max_model_len", "gpu_memory_utilization", "max_num_seqs")}
     return LaunchSettings(
         executable=executable,
@@ -171,6 +190,7 @@ def parse_options(options: Mapping[str, JsonValue]) -> LaunchSettings | RemoteSe
         else None,
         max_num_seqs=_positive_int("max_num_seqs", raw["max_num_seqs"]) if raw["max_num_seqs"] is not None else None,
         dtype=dtype,
+        pooling=pooling if isinstance(pooling, str) else None,
     )
 
 
@@ -189,7 +209,17 @@ def generated_args(model_dir: str, served_name: str, settings: LaunchSettings, a
     args += settings.option_args()
     if apc_flag is not None:
         args.append(apc_flag)
-    return args
+    return args + pooling_args(settings.pooling)
+
+
+def pooling_args(pooling: str | None) -> list[str]:
+    """The ``vllm serve`` flags of the ``pooling`` option (module docstring); none for chat."""
+    if pooling is None:
+        return []
+    if pooling == RANK:
+        return ["--runner", "pooling", "--convert", "classify"]
+    config = json.dumps({"pooling_type": POOLING_TYPES[pooling]}, separators=(",", ":"))
+    return ["--runner", "pooling", "--convert", "embed", "--pooler-config", config]
 
 
 def last_value(args: Sequence[str], flag: str) -> str | None:

@@ -10,6 +10,9 @@ applies a chat template, prefills, generates and uses the prefix cache.
 * A ChatML jinja chat template (saved with the tokenizer).
 * Model: 2 layers, hidden 128, 2 attention heads (head_dim 64), no GQA,
   intermediate 256, ``max_position_embeddings`` 2048, float32 safetensors.
+* With ``--classifier``: the same model as a ``LlamaForSequenceClassification``
+  with one label (a cross-encoder: vLLM's pooling runner serves it as a
+  reranker, ``/rerank``), ``pad_token_id`` 0.
 
 The same seed gives byte-identical files.
 
@@ -19,7 +22,7 @@ the vLLM virtualenv built by ``scripts/setup-vllm.sh``) inside :func:`generate`.
 It does not import ``werk_host`` or ``werk_vllm``, so the plugin can run it by
 path with the vLLM venv's interpreter::
 
-    <vllm venv>/bin/python /path/to/werk_vllm/testing/testmodel.py OUT [--seed N]
+    <vllm venv>/bin/python /path/to/werk_vllm/testing/testmodel.py OUT [--seed N] [--classifier]
 
 which writes the model directory OUT and prints its absolute path.
 """
@@ -60,8 +63,9 @@ _SENTENCES = (
 _CORPUS = [sentence for _ in range(50) for sentence in _SENTENCES]
 
 
-def generate(out: Path, *, seed: int = 0) -> Path:
-    """Write the tiny model (tokenizer, chat template, config, weights) into ``out``; return ``out``."""
+def generate(out: Path, *, seed: int = 0, classifier: bool = False) -> Path:
+    """Write the tiny model (tokenizer, chat template, config, weights) into ``out``; return ``out``.
+    With ``classifier`` it is a one-label ``LlamaForSequenceClassification`` (module docstring)."""
     # A single-threaded trainer keeps the merges independent of the thread count.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizers: Any = importlib.import_module("tokenizers")
@@ -104,7 +108,12 @@ def generate(out: Path, *, seed: int = 0) -> Path:
         tie_word_embeddings=False,
         dtype="float32",
     )
-    model = transformers.LlamaForCausalLM(config)
+    if classifier:
+        config.num_labels = 1
+        config.pad_token_id = 0
+        model = transformers.LlamaForSequenceClassification(config)
+    else:
+        model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     return out
 
@@ -115,8 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("out", type=Path, help="model directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    parser.add_argument("--classifier", action="store_true", help="a one-label sequence classifier (a reranker)")
     args = parser.parse_args(argv)
-    path = generate(args.out, seed=args.seed)
+    path = generate(args.out, seed=args.seed, classifier=args.classifier)
     print(path.resolve())
     return 0
 
