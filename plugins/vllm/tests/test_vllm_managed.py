@@ -31,12 +31,14 @@ from werk_host.plugin import (
     CapabilityId,
     CapabilityStatus,
     ChatRequest,
+    EmbeddingWork,
     EndpointKind,
     ErrorCode,
     HostConfig,
     InferenceResponse,
     ModelManifest,
     PersistenceDefaults,
+    RerankWork,
     WerkError,
 )
 from werk_host.plugin.process import free_port
@@ -307,6 +309,129 @@ def test_a_failed_start_is_typed_and_its_log_tail_redacted(
     assert run_dirs == []  # its run directory went with it
 
 
+# -- embedding and reranking instances ---------------------------------------------------------------------
+
+
+def embed_work(*inputs: str | list[int]) -> EmbeddingWork:
+    return EmbeddingWork(list(inputs), lambda: False)
+
+
+def test_pooling_starts_the_pooling_runner_and_measures_the_instance(
+    tmp_path: Path, fake_vllm: Path, fake_model: Path, adapters: list[VllmAdapter]
+) -> None:
+    cfg = config(tmp_path, executable=str(fake_vllm), pooling="cls", max_model_len=256, max_num_seqs=2)
+    adapter = create_adapter(cfg, model_manifest(fake_model))
+    adapters.append(adapter)
+    (spawn,) = records(tmp_path / "records", "spawn")
+    assert spawn["argv"][-6:] == [
+        "--runner",
+        "pooling",
+        "--convert",
+        "embed",
+        "--pooler-config",
+        '{"pooling_type":"CLS"}',
+    ]
+    limits = adapter.embedding_limits()
+    assert limits is not None and not limits.rerank
+    assert (limits.dimensions, limits.pooling, limits.normalized, limits.truncatable) == (8, "cls", True, False)
+    assert (limits.max_input_tokens, limits.max_batch_inputs, limits.max_concurrent_requests) == (256, 64, 2)
+    caps = adapter.capabilities()
+    assert caps[CapabilityId.EMBEDDINGS].status is CapabilityStatus.SUPPORTED  # the probe answered
+    assert caps[CapabilityId.RERANK].status is CapabilityStatus.UNSUPPORTED
+    for cap_id in (CapabilityId.TOKEN_COUNT, CapabilityId.CHAT_LIMITS, CapabilityId.PREFIX_CACHE):
+        assert caps[cap_id].status is CapabilityStatus.UNSUPPORTED and "embedding instance" in caps[cap_id].detail
+    assert caps[CapabilityId.MODEL_RESIDENCY].status is CapabilityStatus.SUPPORTED
+
+    ids = adapter.tokenize("a b c")
+    assert ids is not None and len(ids) == 3
+    words = adapter.embed(embed_work("a b c", "d e"))
+    tokens = adapter.embed(embed_work(ids))
+    assert words.prompt_tokens == 5 and tokens.vectors[0] == words.vectors[0]
+    requests = [r for r in records(tmp_path / "records", "request") if r["path"] == "/v1/embeddings"]
+    assert requests[-1]["body"]["input"] == [ids] and requests[-1]["auth"] is True
+    assert all(r["body"]["model"] == "tiny" for r in requests)
+
+    with pytest.raises(WerkError) as err:  # an id outside the vocabulary: vLLM's text stays in the log
+        adapter.embed(embed_work([1, 9999]))
+    assert err.value.code is ErrorCode.INVALID_REQUEST and "vocabulary" in err.value.message
+    assert "fake vllm raw text" not in err.value.message
+    for refused in (
+        lambda: adapter.relay("/v1/chat/completions", {"messages": []}),
+        lambda: adapter.count_tokens(ChatRequest.model_validate({"messages": [{"role": "user", "content": "a"}]})),
+        lambda: adapter.rerank(RerankWork("q", ["d"], lambda: False)),
+    ):
+        with pytest.raises(WerkError) as err:
+            refused()
+        assert err.value.code is ErrorCode.INVALID_REQUEST and "embedding instance" in err.value.message
+    assert not [r for r in records(tmp_path / "records", "request") if "completions" in r["path"]]  # never relayed
+
+
+def test_a_model_vllm_pools_by_itself_is_an_embedding_instance_without_the_option(
+    tmp_path: Path, fake_vllm: Path, fake_model: Path, monkeypatch: pytest.MonkeyPatch, adapters: list[VllmAdapter]
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_RUNNER", "pooling")  # as vLLM resolves a BertModel: no chat routes
+    adapter = create_adapter(config(tmp_path, executable=str(fake_vllm)), model_manifest(fake_model))
+    adapters.append(adapter)
+    (spawn,) = records(tmp_path / "records", "spawn")
+    assert "--runner" not in spawn["argv"]
+    limits = adapter.embedding_limits()
+    assert limits is not None and (limits.pooling, limits.dimensions, limits.max_concurrent_requests) == (
+        "model",
+        8,
+        None,
+    )
+    assert adapter.capabilities()[CapabilityId.EMBEDDINGS].status is CapabilityStatus.SUPPORTED
+
+
+def test_pooling_rank_is_a_reranking_instance(
+    tmp_path: Path, fake_vllm: Path, fake_model: Path, adapters: list[VllmAdapter]
+) -> None:
+    adapter = create_adapter(config(tmp_path, executable=str(fake_vllm), pooling="rank"), model_manifest(fake_model))
+    adapters.append(adapter)
+    (spawn,) = records(tmp_path / "records", "spawn")
+    assert spawn["argv"][-4:] == ["--runner", "pooling", "--convert", "classify"]
+    limits = adapter.embedding_limits()
+    assert limits is not None and limits.rerank and limits.pooling == "rank"
+    result = adapter.rerank(RerankWork("a b", ["c d", "a b", "e"], lambda: False))
+    assert len(result.scores) == 3 and max(result.scores) == result.scores[1]  # in the documents' order
+    assert result.prompt_tokens == 3 * 2 + 2 + 2 + 1
+    caps = adapter.capabilities()
+    assert caps[CapabilityId.RERANK].status is CapabilityStatus.SUPPORTED
+    assert caps[CapabilityId.EMBEDDINGS].status is CapabilityStatus.UNSUPPORTED
+    with pytest.raises(WerkError) as err:
+        adapter.embed(embed_work("x"))
+    assert err.value.code is ErrorCode.INVALID_REQUEST and "reranking instance" in err.value.message
+
+
+def test_a_vllm_without_the_pooling_runner_is_refused_before_spawning(
+    tmp_path: Path, fake_vllm: Path, fake_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_DROP", "--runner")
+    with pytest.raises(WerkError) as err:
+        create_adapter(config(tmp_path, executable=str(fake_vllm), pooling="mean"), model_manifest(fake_model))
+    assert err.value.code is ErrorCode.UNAVAILABLE and "--runner" in err.value.message
+    assert records(tmp_path / "records", "spawn") == []
+
+
+def test_an_embedding_instance_whose_process_died_is_unavailable_then_answers_again(
+    tmp_path: Path, fake_vllm: Path, fake_model: Path, adapters: list[VllmAdapter]
+) -> None:
+    adapter = create_adapter(config(tmp_path, executable=str(fake_vllm), pooling="mean"), model_manifest(fake_model))
+    adapters.append(adapter)
+    live = adapter.live()
+    assert live is not None and live.pid is not None
+    os.kill(live.pid, signal.SIGKILL)
+    assert gone(live.pid, timeout=10)
+    deadline = time.monotonic() + 10
+    while adapter.live() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert adapter.capabilities()[CapabilityId.EMBEDDINGS].status is CapabilityStatus.UNAVAILABLE
+    limits = adapter.embedding_limits()  # kept: the same argv and model
+    assert limits is not None and limits.dimensions == 8
+    assert len(adapter.embed(embed_work("x y")).vectors) == 1  # a new generation
+    assert adapter.capabilities()[CapabilityId.EMBEDDINGS].status is CapabilityStatus.SUPPORTED
+
+
 # -- remote endpoints -------------------------------------------------------------------------------------
 
 
@@ -360,6 +485,32 @@ def test_a_remote_endpoint_with_its_key(
         assert adapter.workers()[0].pid is None
     assert REMOTE_KEY not in caplog.text and REMOTE_KEY not in repr(adapter.target.pool)
     assert REMOTE_KEY not in plan.model_dump_json()
+
+
+def test_a_remote_embedding_endpoint_is_known_by_its_routes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adapters: list[VllmAdapter]
+) -> None:
+    port = free_port()
+    env = {**os.environ, "FAKE_VLLM_RECORD": str(tmp_path), "FAKE_VLLM_RUNNER": "pooling", "VLLM_API_KEY": REMOTE_KEY}
+    argv = [sys.executable, str(FAKE_VLLM), "serve", "m", "--port", str(port), "--served-model-name", "big"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+    monkeypatch.setenv("BIG_KEY", REMOTE_KEY)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "spawn.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        adapter = create_adapter(config(tmp_path, endpoint=f"http://127.0.0.1:{port}", api_key_env="BIG_KEY"), remote())
+        adapters.append(adapter)
+        limits = adapter.embedding_limits()
+        assert limits is not None and limits.dimensions == 8 and limits.max_input_tokens == 2048
+        assert adapter.embed(embed_work("a b")).prompt_tokens == 2
+        caps = adapter.capabilities()
+        assert caps[CapabilityId.EMBEDDINGS].status is CapabilityStatus.SUPPORTED
+        assert caps[CapabilityId.MODEL_RESIDENCY].status is CapabilityStatus.EXTERNALLY_MANAGED
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def test_remote_failures_are_typed(tmp_path: Path, remote_fake: str, monkeypatch: pytest.MonkeyPatch) -> None:

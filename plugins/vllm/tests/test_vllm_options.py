@@ -28,6 +28,7 @@ def _build(tmp_path: Path, text: str) -> Host:
     [
         ("frobnicate = 1", "unknown vllm backend option(s): frobnicate"),
         ("request_timeout = -1", "request_timeout"),
+        ('pooling = "max"', "vllm.pooling must be one of mean, cls, last, rank"),
     ],
 )
 def test_bad_options_refuse_the_profile_at_start(tmp_path: Path, options: str, fragment: str) -> None:

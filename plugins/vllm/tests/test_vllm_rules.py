@@ -70,6 +70,21 @@ def test_options_map_to_flags_in_order() -> None:
     assert generated(None, [])[-2:] == ["--served-model-name", "tiny"]  # nothing unasked
 
 
+@pytest.mark.parametrize(
+    "pooling, flags",
+    [
+        ("mean", ["--runner", "pooling", "--convert", "embed", "--pooler-config", '{"pooling_type":"MEAN"}']),
+        ("cls", ["--runner", "pooling", "--convert", "embed", "--pooler-config", '{"pooling_type":"CLS"}']),
+        ("last", ["--runner", "pooling", "--convert", "embed", "--pooler-config", '{"pooling_type":"LAST"}']),
+        ("rank", ["--runner", "pooling", "--convert", "classify"]),
+    ],
+)
+def test_pooling_starts_the_pooling_runner_after_the_other_options(pooling: str, flags: list[str]) -> None:
+    args = generated(PersistenceDefaults(), ["--dtype", "float32"], pooling=pooling, max_model_len=512)
+    assert args[8:] == ["--max-model-len", "512", APC_ON, *flags, "--dtype", "float32"]
+    assert display_args(args[1:], [MODEL_DIR])[-len(flags) - 2 : -2] == flags  # shown as they are
+
+
 def test_option_values_from_the_command_line_are_accepted() -> None:
     settings = parse_options({"max_model_len": "512", "gpu_memory_utilization": "0.25", "startup_timeout": 30})
     assert isinstance(settings, LaunchSettings)
@@ -92,6 +107,9 @@ def test_option_values_from_the_command_line_are_accepted() -> None:
         ({"api_key_env": "X"}, "api_key_env"),
         ({"endpoint": "ftp://x"}, "endpoint"),
         ({"endpoint": "http://h:1", "api_key_env": "1BAD"}, "api_key_env"),
+        ({"pooling": "max"}, "pooling"),
+        ({"pooling": "MEAN"}, "pooling"),
+        ({"pooling": True}, "pooling"),
     ],
 )
 def test_bad_options_are_invalid_requests_naming_the_option(options: dict[str, Any], names: str) -> None:

@@ -355,9 +355,9 @@ class VllmAdapter:
         if self.kind != CHAT:
             raise WerkError(
                 ErrorCode.INVALID_REQUEST,
-                f"model {self.served_name} is {self.describe()}: it serves "
-                + ("/v1/rerank" if self.kind == RERANK else "/v1/embeddings")
-                + ", not chat or completions",
+                f"model {self.served_name} is {self.describe()}: it "
+                + ("reranks documents" if self.kind == RERANK else "computes embeddings")
+                + " and generates no chat or completions",
             )
 
     def relay(self, path: str, request: JsonObject) -> InferenceResponse:

@@ -148,10 +148,14 @@ def parse_options(options: Mapping[str, JsonValue]) -> LaunchSettings | RemoteSe
     """The instance's ``vllm`` backend options as settings; ``invalid_request`` names a bad one.
 
     With ``endpoint`` the instance is remote and the launch options (which may come from
-    server-wide ``--backend-option vllm.KEY=V``) do not apply: nothing is launched."""
+    server-wide ``--backend-option vllm.KEY=V``) do not apply: nothing is launched, and the
+    endpoint's own routes say whether it embeds (``pooling`` is checked, then unused)."""
     unknown = sorted(k for k in options if k not in (*LOCAL_OPTIONS, *REMOTE_OPTIONS))
     if unknown:
         raise _invalid(f"unknown vllm backend option(s): {', '.join(unknown)}")
+    pooling = options.get("pooling")
+    if pooling is not None and pooling not in (*POOLING_TYPES, RANK):
+        raise _invalid(f"backend option vllm.pooling must be one of {', '.join((*POOLING_TYPES, RANK))}")
     endpoint = options.get("endpoint")
     if endpoint is not None:
         if not isinstance(endpoint, str) or not re.fullmatch(r"https?://[^\s/]+(/\S*)?", endpoint):
@@ -173,9 +177,6 @@ def parse_options(options: Mapping[str, JsonValue]) -> LaunchSettings | RemoteSe
     dtype = options.get("dtype")
     if dtype is not None and (not isinstance(dtype, str) or not _DTYPE.fullmatch(dtype)):
         raise _invalid("backend option vllm.dtype must be a vLLM dtype name such as auto, bfloat16 or float32")
-    pooling = options.get("pooling")
-    if pooling is not None and pooling not in (*POOLING_TYPES, RANK):
-        raise _invalid(f"backend option vllm.pooling must be one of {', '.join((*POOLING_TYPES, RANK))}")
     raw = {k: options.get(k) for k in ("startup_timeout", "max_model_len", "gpu_memory_utilization", "max_num_seqs")}
     return LaunchSettings(
         executable=executable,
