@@ -12,16 +12,14 @@ against a real backend::
         assert not problems(case, reply, leaks), (case.name, reply)
 
 * :func:`corpus`: a deterministic list of :class:`Case` (wrong JSON types for every top-level
-  field, huge/negative/float numbers, ``NaN``/``Infinity`` literals, deep nesting, long
-  strings, control bytes, lone surrogates, invalid UTF-8, empty and non-object bodies,
-  duplicate keys, wrong content types, malformed messages/content blocks/tools/tool_calls,
-  huge ``keep_alive``/``num_predict``/``num_ctx``/``max_tokens``) for every route of
-  :data:`ROUTES`.
-* :func:`strategies`: the same routes as Hypothesis strategies (Hypothesis is imported only
-  when this is called: it is a test dependency, not the host's).
-* :func:`problems`: what is wrong with a reply: a 5xx (docs/protocol.md, "Errors": client
-  input is never a server error), an error body that is not the route family's own shape
-  (docs/compat.md), or a leak (a traceback, a path, a process id, an API key, raw backend text).
+  field, huge/negative/float numbers, ``NaN``/``Infinity``, deep nesting, long strings, control
+  bytes, lone surrogates, invalid UTF-8, empty and non-object bodies, duplicate keys, wrong
+  content types, malformed messages/content blocks/tools/tool_calls, huge ``keep_alive``/
+  ``num_predict``/``num_ctx``/``max_tokens``) for every route of :data:`ROUTES`.
+* :func:`strategies`: the same routes as Hypothesis strategies (Hypothesis, a test dependency,
+  is imported only when this is called).
+* :func:`problems`: a reply's defects: a 5xx (docs/protocol.md), an error body not in its route
+  family's shape (docs/compat.md), a leak (traceback, path, pid, API key, raw backend text).
 """
 
 from __future__ import annotations
@@ -104,7 +102,7 @@ _TYPED: Final[dict[str, dict[str, str]]] = {
     }.items()
 }
 
-_FIELDS: Final[dict[str, str]] = {
+_FIELDS: Final[dict[str, str]] = {  # the other fields each route takes (none: no entry)
     "/v1/chat/completions": "stream_options temperature top_p n stop seed tools tool_choice response_format "
     "presence_penalty frequency_penalty logit_bias logprobs top_logprobs reasoning_effort werk user",
     "/v1/completions": "prompt temperature top_p n stop seed echo suffix logprobs best_of logit_bias",
@@ -115,11 +113,9 @@ _FIELDS: Final[dict[str, str]] = {
     "client_metadata truncation service_tier top_logprobs",
     "/api/chat": "format keep_alive think tools",
     "/api/generate": "format keep_alive think suffix template context images",
-    "/api/show": "",
     "/api/embed": "input keep_alive",
     "/api/embeddings": "keep_alive",
     "/v1/embeddings": "input encoding_format",
-    "/v1/rerank": "",
 }
 
 
@@ -165,7 +161,7 @@ def routes(model: str) -> tuple[Route, ...]:
         "/v1/rerank": ("openai", {"model": model, "query": "hi", "documents": ["hi"]}),
     }
     posts = tuple(
-        Route("POST", path, family, body, tuple(_TYPED[path]) + tuple(_FIELDS[path].split()))
+        Route("POST", path, family, body, tuple(_TYPED[path]) + tuple(_FIELDS.get(path, "").split()))
         for path, (family, body) in bodies.items()
     )
     gets = (("/v1/models", "openai"), ("/api/tags", "ollama"), ("/api/ps", "ollama"), ("/api/version", "ollama"))
