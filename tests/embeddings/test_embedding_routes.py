@@ -56,7 +56,7 @@ def embedding_host(root: Path, **config: Any) -> Iterator[tuple[LiveHost, Refere
     install_model(home, "chat")
     install_model(home, "emb", backend=EMBED_BACKEND, params={"max_input_tokens": 32})
     install_model(home, "mat", backend=EMBED_BACKEND, params={"truncatable": True, "dimensions": 8})
-    install_model(home, "slow", backend=EMBED_BACKEND, params={"delay_s": 0.4})
+    install_model(home, "slow", backend=EMBED_BACKEND, params={"delay_s": 1.0})
     install_model(home, "rank", backend=EMBED_BACKEND, params={"rerank": True})
     profile = root / "deployments.toml"
     profile.write_text(PROFILE)
@@ -168,19 +168,20 @@ def test_the_wrong_kind_of_instance_is_refused_in_each_api_s_shape(tmp_path: Pat
 
 def test_a_key_at_its_bound_is_refused_while_another_key_is_served(tmp_path: Path) -> None:
     limits = ServerLimits(inference_max=4, inference_per_key=1)
-    with embedding_host(tmp_path, limits=limits) as (live, _plugin):
+    with embedding_host(tmp_path, limits=limits) as (live, plugin):
         assert _embed(live, {"model": "slow", "input": "warm"})[0] == 200
-        started = threading.Event()
+        slow_adapter = _adapter(plugin, "slow")
         results: dict[str, tuple[int, Any]] = {}
 
         def slow() -> None:
-            started.set()
             results["a"] = _embed(live, {"model": "slow", "input": "held"}, KEY_A)
 
         worker = threading.Thread(target=slow)
         worker.start()
-        started.wait()
-        time.sleep(0.15)
+        deadline = time.monotonic() + 30
+        while slow_adapter.calls < 2:  # the held request is inside the backend, its ticket taken
+            assert time.monotonic() < deadline and worker.is_alive()
+            time.sleep(0.01)
         refused = _embed(live, {"model": "emb", "input": "second"}, KEY_A)
         other = _embed(live, {"model": "emb", "input": "other key"}, KEY_B)
         worker.join()
