@@ -1,14 +1,12 @@
-"""Pinned PyPI peers and clients in their own cached virtualenvs: those of ``bench/warm_restart.py``
-(and stillwarm's proxy), and the embedding clients LiteLLM and ``llm`` that werk-llamacpp's tests
-run (plugins/llamacpp/tests/test_llamacpp_embeddings.py).
+"""Pinned PyPI peers in their own cached virtualenvs: those of ``bench/warm_restart.py`` (and
+stillwarm's proxy).
 
-Standard library only: the bench imports it, and each peer's own virtualenv runs it as a script
-(``VENV/bin/python bench/_peers.py stillwarm-proxy ...``), where the host is not installed.
+Standard library only at import: the bench imports it, and each peer's own virtualenv runs it as a
+script (``VENV/bin/python bench/_peers.py stillwarm-proxy ...``), where the host is not installed.
 
 **Installs.** Each peer comes from PyPI, pinned, into its own virtualenv under
-``${XDG_CACHE_HOME:-~/.cache}/werk/bench/<dist>-<version>/venv`` (:func:`ensure_peer`). A marker
-``installed.json`` is written after the install was checked (``importlib.metadata.version``), so a
-second run only reads it; a half-done install is redone. pip's own output goes to stderr.
+``${XDG_CACHE_HOME:-~/.cache}/werk/bench/<dist>-<version>/venv`` (:func:`ensure_peer`), installed
+and marked by ``werk_host.testing.clients.client_venv``, so a second run only reads the marker.
 
 * ``hearth-llm==0.1.1`` (MIT, stdlib only) ships a proxy, ``hearth serve``: it starts
   ``llama-server`` from ``PATH`` itself (``--model GGUF --ctx N --upstream-port P --cache-dir D``,
@@ -33,7 +31,6 @@ second run only reads it; a half-done install is redone. pip's own output goes t
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import http.client
 import json
@@ -54,9 +51,6 @@ from typing import Any
 PEERS: dict[str, tuple[str, str]] = {
     "hearth": ("hearth-llm", "0.1.1"),
     "stillwarm": ("stillwarm", "0.1.1"),
-    # the embedding clients of werk-llamacpp's tests (docs/embeddings.md, "Clients")
-    "litellm": ("litellm", "1.80.0"),
-    "llm": ("llm", "0.36"),
 }
 
 
@@ -71,37 +65,12 @@ def bench_cache() -> Path:
 
 
 def ensure_peer(name: str) -> Path:
-    """The virtualenv of peer ``name`` with its pinned distribution installed (see the docstring)."""
+    """The virtualenv of peer ``name`` with its pinned distribution installed, under
+    :func:`bench_cache` (``werk_host.testing.clients.client_venv`` does the install)."""
+    from werk_host.testing.clients import client_venv  # the host's interpreter only, never a peer's
+
     dist, version = PEERS[name]
-    base = bench_cache() / f"{dist}-{version}"
-    venv = base / "venv"
-    python = venv / "bin" / "python"
-    marker = base / "installed.json"
-    want = {"dist": dist, "version": version, "python": sys.version.split()[0]}
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if python.exists() and json.loads(marker.read_text()) == want:
-                say(f"{dist}=={version}: cached in {venv}")
-                return venv
-        except (OSError, ValueError):
-            pass
-        marker.unlink(missing_ok=True)
-        say(f"{dist}=={version}: creating {venv}")
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        say(f"{dist}=={version}: pip install (from PyPI)")
-        pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-        subprocess.run([*pip, f"{dist}=={version}"], check=True, stdout=sys.stderr)
-        check = f"import importlib.metadata as m; print(m.version({dist!r}))"
-        got = subprocess.run([str(python), "-c", check], check=True, capture_output=True, text=True).stdout.strip()
-        if got != version:
-            raise RuntimeError(f"{dist}: installed {got}, wanted {version}")
-        tmp = marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps(want))
-        os.replace(tmp, marker)
-        say(f"{dist}=={version}: installed")
-    return venv
+    return client_venv(dist, version, cache=bench_cache())
 
 
 # -- stillwarm's proxy (runs in stillwarm's virtualenv) --------------------------------------------------------------

@@ -11,6 +11,8 @@ Shipped in the werk-host wheel and registered as the pytest plugin ``werk_host``
   :func:`backend_host`, :func:`install_model`).
 * :mod:`~werk_host.testing.api`: :class:`Api`, a tiny JSON-over-HTTP caller for real servers.
 * :mod:`~werk_host.testing.processes`: :func:`gone`, wait for a process to exit.
+* :mod:`~werk_host.testing.clients`: :func:`client_venv`, a pinned PyPI client in its own cached
+  virtualenv, for tests that run a real third-party client.
 * :mod:`~werk_host.testing.hostile`: the hostile-body corpus for the ``/v1``, ``/v1/messages`` and
   ``/api`` routes and its checker (:func:`corpus`, :func:`problems`, :func:`send`).
 * :mod:`~werk_host.testing.markers`: :func:`covers_hooks`, tag tests with the hooks they cover.

@@ -33,7 +33,7 @@ import pytest
 from werk_llamacpp.process import ENV_ARGS
 from werk_llamacpp.testing.testmodel import generate_model
 
-from bench._peers import ensure_peer
+from werk_host.testing.clients import client_venv
 from werk_host.testing.conformance import ConformanceTarget
 from werk_host.testing.embedding_conformance import EmbeddingConformance, post_json
 from werk_host.testing.hosts import serve_process
@@ -275,8 +275,12 @@ def test_rerank_in_the_jina_cohere_shape(served: Served) -> None:
     assert status == 400 and "only reranks documents" in refused["error"]["message"]
 
 
+#: the real embedding clients, pinned (docs/embeddings.md, "Clients")
+CLIENTS = {"litellm": ("litellm", "1.80.0"), "llm": ("llm", "0.36")}
+
+
 def _client_python(name: str) -> Path:
-    return ensure_peer(name) / "bin" / "python"
+    return client_venv(*CLIENTS[name]) / "bin" / "python"
 
 
 LITELLM = """
