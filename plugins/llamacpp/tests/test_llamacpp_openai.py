@@ -612,6 +612,8 @@ def test_v1_uses_werk_keys_and_openai_error_shape(env: Env) -> None:
     status, _, raw = env.raw_v1("POST", "/v1/chat/completions", {"messages": []})
     assert status == 400 and json.loads(raw)["error"]["type"] == "invalid_request_error"
     status, _, raw = env.raw_v1("POST", "/v1/embeddings", {"input": "x"})
+    assert status == 400 and json.loads(raw)["error"]["type"] == "invalid_request_error"
+    status, _, raw = env.raw_v1("POST", "/v1/assistants", {"model": "x"})
     assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
     status, headers, raw = env.raw_v1("GET", "/v1/chat/completions")
     assert status == 405 and set(json.loads(raw)) == {"error"} and "POST" in headers["allow"]
