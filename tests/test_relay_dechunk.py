@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from werk_host.backends.relay import MAX_CHUNK_LINE, BackendCut, _dechunk
+from werk_host.backends.relay import MAX_CHUNK_LINE, READ_CHUNK, BackendCut, _dechunk
 
 PAYLOAD = [b'data: {"a": 1}\n\n', b'data: {"b": 2}\n\n', b"x" * 300, b"data: [DONE]\n\n"]
 
@@ -51,7 +51,7 @@ class Response:
 
 def dechunk(reads: list[bytes]) -> tuple[list[bytes], Response]:
     response = Response(reads)
-    out = list(_dechunk(cast(http.client.HTTPResponse, response), "upstream"))
+    out = list(_dechunk(cast(http.client.HTTPResponse, response), lambda: response.fp.read1(READ_CHUNK), "upstream"))
     return out, response
 
 
@@ -118,4 +118,14 @@ def test_a_read_failure_is_a_backend_cut() -> None:
     response = Response([])
     response.fp = Failing([])
     with pytest.raises(BackendCut):
-        list(_dechunk(cast(http.client.HTTPResponse, response), "upstream"))
+        list(_dechunk(cast(http.client.HTTPResponse, response), lambda: response.fp.read1(READ_CHUNK), "upstream"))
+
+
+def test_a_pumped_read_with_nothing_yields_an_empty_piece_and_the_payload_stays_whole() -> None:
+    raw = framed(PAYLOAD)
+    reads: list[bytes | None] = [raw[:7], None, raw[7:30], None, None, raw[30:]]
+    response = Response([])
+    out = list(_dechunk(cast(http.client.HTTPResponse, response), lambda: reads.pop(0) if reads else b"", "upstream"))
+    assert out.count(b"") == 3
+    assert b"".join(out) == b"".join(PAYLOAD)
+    assert response.length == 0

@@ -305,17 +305,54 @@ class RerankWork:
     cancelled: Callable[[], bool]
 
 
+@runtime_checkable
+class Pumpable(Protocol):
+    """The upstream socket behind a relayed body that one event loop may drive instead of a
+    thread per stream (docs/operations.md, "Where relay time goes"; werk_host/pump.py).
+
+    While :meth:`pumped` is on, the body never blocks: when the socket has nothing, it yields
+    ``b""`` (wait until :meth:`fileno` is readable and ask again). Every layer that wraps such a
+    body and passes ``b""`` on may pass its ``source`` on too; one that does not drops it, and
+    its body is read by its thread as before."""
+
+    #: The longest silence of the upstream between two reads, in seconds.
+    idle_s: float
+
+    def fileno(self) -> int:
+        """The upstream socket to wait on."""
+        ...
+
+    def pumped(self, on: bool) -> None:
+        """Reads that yield ``b""`` instead of blocking (``on``), or blocking reads again."""
+        ...
+
+    def expire(self) -> None:
+        """The upstream was silent for ``idle_s``: the body's next read fails as a cut answer."""
+        ...
+
+
 @dataclass
 class InferenceResponse:
     """A proxied inference response: status, headers and a streamed body.
 
     ``body`` yields raw bytes as they arrive; ``close`` cancels the upstream request.
+    ``source``: the upstream socket an event loop may drive the body from (:class:`Pumpable`);
+    ``None`` for a body that only its thread reads.
     """
 
     status: int
     headers: dict[str, str]
     body: Iterator[bytes]
     close: Callable[[], None]
+    source: Pumpable | None = None
+
+
+#: The WSGI environ key of the serving layer's pump, when it has one: ``pump(body, source)``
+#: relays ``body`` to the client from one event loop and returns ``True`` when nothing is left
+#: to send (the body ended or the client left) or ``False`` when the request's own thread must
+#: go on (the client reads slowly; ``source`` blocks again). An exception of the body is raised
+#: in the caller's thread (werk_host/pump.py).
+PUMP_ENVIRON = "werk.pump"
 
 
 @runtime_checkable

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import heapq
 import logging
 import resource
@@ -53,7 +54,10 @@ from typing import Any
 from waitress.adjustments import Adjustments  # type: ignore[import-untyped]
 from waitress.channel import HTTPChannel  # type: ignore[import-untyped]
 from waitress.server import MultiSocketServer, TcpWSGIServer  # type: ignore[import-untyped]
-from waitress.task import ErrorTask, ThreadedTaskDispatcher  # type: ignore[import-untyped]
+from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask  # type: ignore[import-untyped]
+
+from werk_host.pump import Pump
+from werk_host.seam import PUMP_ENVIRON
 
 log = logging.getLogger("werk_host.server")
 
@@ -93,6 +97,17 @@ class ShapedErrorTask(ErrorTask):  # type: ignore[misc]
         self.write(body)
 
 
+class PumpedTask(WSGITask):  # type: ignore[misc]
+    """A request whose environ offers the server's pump (werk_host/pump.py) to the app."""
+
+    def get_environment(self) -> dict[str, Any]:
+        environ: dict[str, Any] = super().get_environment()
+        if PUMP_ENVIRON not in environ:
+            pump: Pump = self.channel.server.pump
+            environ[PUMP_ENVIRON] = functools.partial(pump.run, self)
+        return environ
+
+
 class Channel(HTTPChannel):  # type: ignore[misc]
     """A connection that knows since when its current request has been arriving.
 
@@ -100,6 +115,7 @@ class Channel(HTTPChannel):  # type: ignore[misc]
     once the request is received whole; ``read_bytes`` counts that request's bytes so far."""
 
     error_task_class = ShapedErrorTask
+    task_class = PumpedTask
     reading_since: float | None = None
     read_bytes = 0
     #: a worker thread is inside :meth:`write_soon` (module docstring, "No write spin")
@@ -177,13 +193,18 @@ class Server(TcpWSGIServer):  # type: ignore[misc]
 
     channel_class = Channel
 
-    def __init__(self, *args: Any, request_read_timeout: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, request_read_timeout: float, pump: Pump, **kwargs: Any) -> None:
         self.request_read_timeout = request_read_timeout
+        self.pump = pump
         self._warned = -WARN_INTERVAL
         self._next_shed = 0.0
         self._shed_count = 0
         self._expired_count = 0
         super().__init__(*args, **kwargs)
+
+    def close(self) -> None:
+        self.pump.close()  # its streams go back to their threads
+        super().close()
 
     def readable(self) -> bool:
         if self.accepting and len(self._map) >= self.adj.connection_limit:
@@ -287,6 +308,7 @@ def create_server(app: Any, *, request_read_timeout: float, **adjustments: Any) 
             raise address_error(host, port, None) from None
         raise
     dispatcher = ThreadedTaskDispatcher()
+    pump = Pump()  # one event loop for every address's pumped streams
     socket_map: dict[int, Any] = {}
     servers: list[Server] = []
     try:
@@ -300,6 +322,7 @@ def create_server(app: Any, *, request_read_timeout: float, **adjustments: Any) 
                         adj=adj,
                         sockinfo=sockinfo,
                         request_read_timeout=request_read_timeout,
+                        pump=pump,
                     )
                 )
     except OSError as err:

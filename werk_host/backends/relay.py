@@ -49,6 +49,13 @@ contract:
   read past ``idle_s``) raises :class:`BackendCut` from the body
   iterator, a retryable ``unavailable`` with a fixed message: the relaying route ends its
   answer with it (werk_host/http/openai.py).
+* **Pumping.** A chunked answer's response carries its socket as ``source``
+  (:class:`werk_host.seam.Pumpable`), so that the serving layer's event loop can drive its body
+  instead of the request's thread (werk_host/pump.py). While pumped, the socket does not block:
+  the body first passes on what ``http.client`` buffered with the headers, then reads the socket
+  directly, and yields ``b""`` when it holds nothing; a silence of ``idle_s`` that the loop
+  reports (``expire``) ends it with :class:`BackendCut`, as a timed-out read would. Closing the
+  response puts the socket back in blocking mode before the connection is pooled.
 * **Cancellation.** Closing the response before its end closes the upstream connection, which
   a server takes as its client going away (llama-server and vLLM then cancel the generation).
   While waiting for the first response byte, :func:`forward` polls
@@ -59,9 +66,11 @@ contract:
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import select
+import socket
 import ssl
 import threading
 import time
@@ -355,6 +364,7 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
         try:
             conn.request("POST", pool.prefix + path, body=payload, headers=headers)
             _await_answer(conn, gone, pool.first_byte_timeout)
+            sock = conn.sock  # http.client lets go of it for an answer that closes the connection
             response = conn.getresponse()
             break
         except ClientGone:
@@ -369,10 +379,12 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
                 continue  # the server had closed this keep-alive connection: it never ran the request
             raise pool.unavailable() from err
     state = {"done": False, "closed": False}
+    chunked = response.chunked and response.fp is not None and sock is not None
+    source = _Source(sock, response.fp, pool.timeout) if chunked else None
 
     def body_iter() -> Iterator[bytes]:
-        if response.chunked and response.fp is not None:
-            yield from _dechunk(response, pool.label)
+        if source is not None:
+            yield from _dechunk(response, source.read, pool.label)
             state["done"] = True
             return
         while True:
@@ -391,6 +403,8 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
         if state["closed"]:
             return
         state["closed"] = True
+        if source is not None:
+            source.pumped(False)  # a pooled connection blocks, within its bounds
         if not state["done"]:
             conn.close()  # early close: the upstream sees the disconnect and stops generating
             return
@@ -405,27 +419,70 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
         pool.prepare()
 
     relayed = {k: v for k, v in response.getheaders() if k.lower() in PASSED_HEADERS}
-    return InferenceResponse(status=response.status, headers=relayed, body=body_iter(), close=close)
+    relayed_body = body_iter()
+    return InferenceResponse(status=response.status, headers=relayed, body=relayed_body, close=close, source=source)
+
+
+class _Source:
+    """A chunked answer's upstream socket, for an event loop to drive (module docstring,
+    "Pumping"; :class:`werk_host.seam.Pumpable`)."""
+
+    __slots__ = ("fp", "sock", "idle_s", "_on", "_drained", "_expired")
+
+    def __init__(self, sock: socket.socket, fp: io.BufferedReader, idle_s: float) -> None:
+        self.fp, self.sock, self.idle_s = fp, sock, idle_s
+        self._on = self._drained = self._expired = False
+
+    def fileno(self) -> int:
+        return int(self.sock.fileno())
+
+    def pumped(self, on: bool) -> None:
+        if on == self._on or self.sock.fileno() < 0:  # closed
+            return
+        self._on, self._drained, self._expired = on, False, False
+        self.sock.settimeout(0.0 if on else self.idle_s)
+
+    def expire(self) -> None:
+        self._expired = True
+
+    def read(self) -> bytes | None:
+        """What the socket holds (``b""`` at its end), or ``None`` when pumped and it holds nothing."""
+        if not self._on:
+            return self.fp.read1(READ_CHUNK)
+        if self._expired:
+            raise TimeoutError()
+        if not self._drained:  # first what http.client buffered with the headers
+            data = self.fp.read1(READ_CHUNK)  # buffered bytes, else one read: b"" says nothing, or the end
+            if data:
+                return data
+            self._drained = True
+        try:
+            got: bytes = self.sock.recv(READ_CHUNK)
+        except BlockingIOError:
+            return None
+        return got
 
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
 
 
-def _dechunk(response: http.client.HTTPResponse, label: str) -> Iterator[bytes]:
-    """The payload of ``response``'s chunked body, one piece per read of the socket (module
+def _dechunk(response: http.client.HTTPResponse, read: Callable[[], bytes | None], label: str) -> Iterator[bytes]:
+    """The payload of ``response``'s chunked body, one piece per ``read()`` of the socket (module
     docstring, "Streaming"); raises :class:`BackendCut` for a body that ends (or breaks its
-    framing) before its last chunk and trailers. Returns after the body's last byte, with the
-    connection positioned for its next response; ``response`` is marked read to the end (and
+    framing) before its last chunk and trailers. Yields ``b""`` when ``read()`` says the socket
+    holds nothing (``None``: pumped, module docstring). Returns after the body's last byte, with
+    the connection positioned for its next response; ``response`` is marked read to the end (and
     ``will_close`` when bytes followed the body, so that the connection is not reused)."""
-    fp = response.fp
-    assert fp is not None
     pending = b""
     phase, left = _SIZE, 0
     while True:
         try:
-            data = fp.read1(READ_CHUNK)
+            data = read()
         except _CONNECTION_ERRORS as err:  # reset, timed out
             raise BackendCut(label) from err
+        if data is None:
+            yield b""
+            continue
         if not data:
             raise BackendCut(label)
         pending = pending + data if pending else data

@@ -30,7 +30,7 @@ from werk_host.deployments.registry import DEPLOYMENT_HEADER
 from werk_host.errors import ErrorCode, WerkError
 from werk_host.http.io import object_body, principal
 from werk_host.logs import RateLimitFilter
-from werk_host.seam import InferenceResponse, JsonObject, client_disconnected
+from werk_host.seam import PUMP_ENVIRON, InferenceResponse, JsonObject, Pumpable, client_disconnected
 from werk_host.service.loading import LoadFailed
 from werk_host.service.principals import Principal
 
@@ -72,9 +72,18 @@ def render_error(resp: falcon.Response, status: int, error: WerkError) -> None:
     )
 
 
-def _stream(response: InferenceResponse) -> Iterator[bytes]:
-    """The relayed body; a failure inside it ends the answer as the module docstring says."""
+#: The serving layer's pump (werk_host/seam.py, ``PUMP_ENVIRON``).
+Pump = Callable[[Iterator[bytes], Pumpable], bool]
+
+
+def _stream(response: InferenceResponse, pump: Pump | None) -> Iterator[bytes]:
+    """The relayed body; a failure inside it ends the answer as the module docstring says. With
+    the serving layer's ``pump`` and a body that has a ``source``, one event loop relays it
+    (werk_host/pump.py) until it ends, the client leaves or the client reads too slowly, when
+    this thread goes on."""
     try:
+        if pump is not None and response.source is not None and pump(response.body, response.source):
+            return
         yield from response.body
     except Exception as err:  # the answer has begun: end it in words, not with a broken body
         failure = err if isinstance(err, WerkError) else WerkError(ErrorCode.UNAVAILABLE, STREAM_FAILED)
@@ -117,7 +126,8 @@ def _relay(req: falcon.Request, resp: falcon.Response, call: Call) -> None:
     served_by = response.headers.get(DEPLOYMENT_HEADER)
     if served_by is not None:
         req.context.instance_id = served_by  # the metrics label of this request
-    resp.stream = _stream(response)
+    pump = req.env.get(PUMP_ENVIRON)
+    resp.stream = _stream(response, pump if callable(pump) else None)
 
 
 class ChatCompletions:

@@ -537,7 +537,8 @@ class InferenceService:
                 if usage is not None and verify is not None:
                     verify(usage[0])
 
-        return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
+        source = response.source  # the body passes b"" on (werk_host/seam.py, Pumpable)
+        return InferenceResponse(response.status, response.headers, body(), close, source)
 
     def chat_completion(
         self, principal: Principal, body: JsonObject, *, clamp_output: bool = False

@@ -43,6 +43,9 @@ _MEMBER = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
 def _events(chunks: Iterable[bytes], member: bytes) -> Iterator[bytes]:
     held = b""
     for chunk in chunks:
+        if not chunk:  # a pumped body's "nothing yet": passed on (werk_host/seam.py, Pumpable)
+            yield chunk
+            continue
         data = held + chunk if held else chunk
         cut = data.rfind(b"\n") + 1
         held = data[cut:]
@@ -58,8 +61,10 @@ def named(response: InferenceResponse, model: str) -> InferenceResponse:
         return response
     kind = next((v for k, v in response.headers.items() if k.lower() == "content-type"), "").lower()
     member = b'"model":' + json.dumps(model, ensure_ascii=False).encode().replace(b"\\", b"\\\\")
+    source = None
     if kind.startswith("text/event-stream"):
         body: Iterator[bytes] = _events(response.body, member)
+        source = response.source
     elif kind.startswith("application/json"):
         try:
             whole = _MEMBER.sub(member, b"".join(response.body))
@@ -73,7 +78,7 @@ def named(response: InferenceResponse, model: str) -> InferenceResponse:
         body = iter([whole])
     else:
         return response
-    return InferenceResponse(status=response.status, headers=response.headers, body=body, close=response.close)
+    return InferenceResponse(response.status, response.headers, body, response.close, source)
 
 
 __all__ = ["named"]

@@ -410,7 +410,8 @@ class PromptCaches:
                 finally:
                     lease.release()
 
-        return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
+        source = response.source  # the body passes b"" on (werk_host/seam.py, Pumpable)
+        return InferenceResponse(response.status, response.headers, body(), close, source)
 
     def _settle(self, work: _Request, tail: bytes) -> None:
         event = usage_event(tail)

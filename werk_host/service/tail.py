@@ -20,6 +20,8 @@ class Tail:
         self._held = 0
 
     def add(self, chunk: bytes) -> None:
+        if not chunk:  # a pumped body's "nothing yet" (werk_host/seam.py, Pumpable)
+            return
         self._recent.append(chunk)
         self._held += len(chunk)
         if self._held > 2 * self.size:

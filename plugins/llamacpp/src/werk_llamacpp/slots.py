@@ -261,7 +261,8 @@ def held_for_life(response: InferenceResponse, lease: SlotLease) -> InferenceRes
         finally:
             lease.release()
 
-    return InferenceResponse(status=response.status, headers=response.headers, body=body(), close=close)
+    source = response.source  # the body passes b"" on (werk_host.plugin.Pumpable)
+    return InferenceResponse(response.status, response.headers, body(), close, source)
 
 
 def child_died(proc: LlamaServerProcess, err: WerkError) -> bool:
