@@ -47,10 +47,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-#: bench name -> (PyPI distribution, pinned version)
-PEERS: dict[str, tuple[str, str]] = {
-    "hearth": ("hearth-llm", "0.1.1"),
-    "stillwarm": ("stillwarm", "0.1.1"),
+#: bench name -> (PyPI distribution, pinned version, extras)
+PEERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "hearth": ("hearth-llm", "0.1.1", ()),
+    "stillwarm": ("stillwarm", "0.1.1", ()),
+    # bench/relay_throughput.py's Python proxy peer: ``litellm --config`` (its ``proxy`` extra)
+    "litellm-proxy": ("litellm", "1.80.0", ("proxy",)),
 }
 
 
@@ -69,8 +71,8 @@ def ensure_peer(name: str) -> Path:
     :func:`bench_cache` (``werk_host.testing.clients.client_venv`` does the install)."""
     from werk_host.testing.clients import client_venv  # the host's interpreter only, never a peer's
 
-    dist, version = PEERS[name]
-    return client_venv(dist, version, cache=bench_cache())
+    dist, version, extras = PEERS[name]
+    return client_venv(dist, version, extras=extras, cache=bench_cache())
 
 
 # -- stillwarm's proxy (runs in stillwarm's virtualenv) --------------------------------------------------------------

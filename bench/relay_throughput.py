@@ -88,6 +88,7 @@ sys.path.insert(0, str(ROOT))
 
 from werk_llamacpp.testing.testmodel import generate_model  # noqa: E402
 
+from bench._relay_peers import litellm_relay, nginx_relay, tree_cpu_s  # noqa: E402
 from bench.proxy_overhead import (  # noqa: E402
     KEY,
     MODEL,
@@ -313,6 +314,8 @@ class Setup:
     kinds: dict[str, Kind]
     pids: dict[str, int]
     described: str
+    #: targets whose CPU is their process's and its children's (nginx's workers)
+    trees: set[str] = field(default_factory=set)
 
 
 def llamacpp_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body: dict[str, bytes]) -> Setup:
@@ -346,6 +349,13 @@ def llamacpp_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body:
     pids = {name: werk_pid for name in kinds}
     floor_port, pids["floor"] = stack.enter_context(floor_relay(direct_port, args.werk_args))
     kinds["floor"] = Kind("floor", floor_port, "/v1/chat/completions", "openai", {}, body["openai"])
+    trees = set()
+    if args.peers:  # bench/_relay_peers.py
+        nginx_port, pids["nginx"] = stack.enter_context(nginx_relay(direct_port, work))
+        kinds["nginx"] = Kind("nginx", nginx_port, "/v1/chat/completions", "openai", {}, body["openai"])
+        litellm_port, pids["litellm"] = stack.enter_context(litellm_relay(direct_port, MODEL, work))
+        kinds["litellm"] = Kind("litellm", litellm_port, "/v1/chat/completions", "openai", {}, body["openai"])
+        trees = {"nginx", "litellm"}
     if args.baseline:
         base_port, _, base_pid = stack.enter_context(
             serve_werk(homes["base"], server, args.threads, extra, src=args.baseline.resolve())
@@ -356,7 +366,7 @@ def llamacpp_setup(stack: ExitStack, work: Path, args: argparse.Namespace, body:
         f"llama-server {server} -np {PARALLEL} -c {PARALLEL * SLOT_CTX} (werk's: -np {PARALLEL + 1}) "
         f"-t {args.threads} | model {described}"
     )
-    return Setup(kinds, pids, header)
+    return Setup(kinds, pids, header, trees)
 
 
 def _served_port(pid: int) -> int:
@@ -443,6 +453,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="llama-server compute threads")
     parser.add_argument("--werk-args", default=WERK_ARGS, help="extra `werk serve` arguments")
     parser.add_argument("--baseline", type=Path, help="a second checkout to measure as `base` (llama.cpp)")
+    parser.add_argument("--no-peers", dest="peers", action="store_false", help="without nginx and LiteLLM (llama.cpp)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="werk-bench-relay-"))
@@ -461,9 +472,10 @@ def main() -> int:
             for rep in range(args.reps):
                 for name in names if rep % 2 == 0 else names[::-1]:
                     pid = setup.pids.get(name, 0)
-                    before = cpu_s(pid) if pid else 0.0
+                    clock = tree_cpu_s if name in setup.trees else cpu_s
+                    before = clock(pid) if pid else 0.0
                     run = run_load(kinds[name], n, per)
-                    run.cpu_s = cpu_s(pid) - before if pid else 0.0
+                    run.cpu_s = clock(pid) - before if pid else 0.0
                     if run.failures:
                         print(f"  {name} n={n}: {len(run.failures)} failed: {run.failures[0][:300]!r}", file=sys.stderr)
                     runs.setdefault((name, n), []).append(run)
@@ -519,6 +531,17 @@ def main() -> int:
         if ("floor", n) in runs:
             target = target[:-1] + f", floor {ttft('floor', n) - ttft('direct', n):+.2f} ms)" if target else ""
         print(f"RATIO {prefix}relay_added_ttft_p50_ms_n{n} = {ttft('werk', n) - ttft('direct', n):+.2f}{target}")
+    for n in ns:  # CPU per relayed token (docs/operations.md, "Where relay time goes")
+        if ("floor", n) not in runs:
+            continue
+        werk, floor = cpu("werk", n), cpu("floor", n)
+        target = f"target <= {0.35 * floor:.1f} = 0.35 x floor {floor:.1f}" + (" and <= 20" if n == 64 else "")
+        peers = "".join(f", {p} {cpu(p, n):.1f}" for p in ("nginx", "litellm") if (p, n) in runs)
+        print(f"RATIO {prefix}relay_cpu_us_per_token_n{n} = {werk:.1f} ({target}{peers})")
+        if ("litellm", n) in runs:
+            print(f"RATIO {prefix}relay_cpu_vs_litellm_n{n} = {werk / cpu('litellm', n):.3f} (target <= 0.1)")
+        if ("nginx", n) in runs:
+            print(f"RATIO {prefix}nginx_relay_tokens_per_s_n{n} = {ratio('nginx', n):.3f} (compiled reference)")
     if args.baseline:
         for n in ns:
             print(f"RATIO baseline_relay_tokens_per_s_n{n} = {ratio('base', n):.3f} (before this checkout)")

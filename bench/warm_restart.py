@@ -886,7 +886,7 @@ def main() -> int:
         )
         print(f"answer {ANSWER_TOKENS} tokens, temperature 0, streamed /v1/chat/completions | rounds {args.rounds}")
         for name, venv in venvs.items():
-            dist, version = _peers.PEERS[name]
+            dist, version, _ = _peers.PEERS[name]
             print(f"peer {name}: {dist}=={version} in {venv}")
         for line in skipped:
             print(line)
