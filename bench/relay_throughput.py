@@ -57,6 +57,11 @@ key 12, so 64 concurrent streams of one key would be refused, not relayed.
 Ends with ``RATIO`` lines: ``relay_tokens_per_s_n{1,4,16,64}`` (target >= 0.95),
 ``anthropic_relay_tokens_per_s_n{4,16}`` and ``ollama_relay_tokens_per_s_n{4,16}`` (>= 0.9),
 ``relay_added_ttft_p50_ms_n{1,4,16,64}`` (target <= 1 ms at n <= 4, <= 5 ms at n = 16).
+``relay_cpu_us_per_token_n{1,4,16,64}``: Werk's CPU µs per relayed token (target <= 0.35 x the
+floor's figure at every n, <= 20 at n = 64), with nginx's and LiteLLM's figures beside it;
+``relay_cpu_vs_litellm_n*`` (target <= 0.1) and ``nginx_relay_tokens_per_s_n*``. The peers
+(llama.cpp only; ``--no-peers`` leaves them out) are nginx from Debian as an SSE reverse proxy
+and the LiteLLM proxy, both on the bare llama-server (bench/_relay_peers.py).
 
     .venv/bin/python bench/relay_throughput.py [--reps 3] [--per 64] [--max-tokens 32]
         [--engine llamacpp|vllm] [--model generated|smollm2] [--threads 1] [--baseline DIR]
