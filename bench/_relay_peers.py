@@ -67,6 +67,7 @@ def nginx_binary() -> Path:
         deb = next(Path(tmp).glob("nginx_*.deb"))
         staging = base / "root.tmp"
         shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
         subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True)
         staging.rename(base / "root")
     return binary
