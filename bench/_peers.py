@@ -227,12 +227,17 @@ def stillwarm_proxy(argv: Sequence[str]) -> int:
         httpd.server_close()
         return 0
     finally:
-        llama.terminate()
-        try:
-            llama.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            llama.kill()
-            llama.wait()
+        stop_process(llama)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """Terminate ``proc`` and wait for it; killed when it has not exited within 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":

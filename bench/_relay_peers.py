@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from bench._peers import bench_cache, ensure_peer, say
+from bench._peers import bench_cache, ensure_peer, say, stop_process
 
 
 def _free_port() -> int:
@@ -120,8 +120,7 @@ http {{
         _wait_port(port, proc, "nginx", "/health")
         yield port, proc.pid
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_process(proc)
 
 
 @contextmanager
@@ -146,9 +145,5 @@ def litellm_relay(upstream: int, model: str, work: Path) -> Iterator[tuple[int, 
         _wait_port(port, proc, "litellm", "/health/liveliness")
         yield port, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         log.close()

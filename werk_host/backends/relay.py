@@ -419,8 +419,7 @@ def forward(pool: ConnectionPool, path: str, body: dict[str, Any]) -> InferenceR
         pool.prepare()
 
     relayed = {k: v for k, v in response.getheaders() if k.lower() in PASSED_HEADERS}
-    relayed_body = body_iter()
-    return InferenceResponse(status=response.status, headers=relayed, body=relayed_body, close=close, source=source)
+    return InferenceResponse(status=response.status, headers=relayed, body=body_iter(), close=close, source=source)
 
 
 class _Source:
